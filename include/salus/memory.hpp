@@ -1,0 +1,174 @@
+// The memory manager: Salus owns the process's GPU memory.
+//
+// Physical memory is held in pages of the device granularity; every device gets one large virtual
+// range, and blocks are carved from it best-fit. A block's pages need not be physically contiguous,
+// and a page can be remapped without its address changing. Freed blocks are cached (still mapped)
+// and reused in stream order; pages are unmapped only under pressure or by trim().
+//
+// Every allocation belongs to a job and a lifetime class; accounting and budgets are per job and
+// class, and per device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "salus/device.hpp"
+#include "salus/export.hpp"
+
+namespace salus {
+
+// Persistent: lives across iterations (weights, optimizer state). Ephemeral: one iteration
+// (activations, workspaces).
+enum class Lifetime : std::uint8_t { persistent = 0, ephemeral = 1 };
+inline constexpr std::size_t kLifetimeCount = 2;
+[[nodiscard]] SALUS_API const char* to_string(Lifetime lifetime) noexcept;
+
+struct JobId {
+  std::uint32_t value = 0;
+  friend constexpr auto operator<=>(const JobId&, const JobId&) = default;
+};
+// Memory that no registered job claimed (e.g. a framework's own allocations) is charged here.
+inline constexpr JobId kUnattributedJob{0};
+
+inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
+
+struct JobMemoryLimits {
+  std::size_t total = kUnlimited;  // all devices, both classes
+  std::size_t persistent = kUnlimited;
+  std::size_t ephemeral = kUnlimited;
+};
+
+struct AllocationRequest {
+  std::size_t bytes = 0;
+  int device = 0;
+  StreamHandle stream{};  // the stream that will use the block first
+  JobId job = kUnattributedJob;
+  Lifetime lifetime = Lifetime::persistent;
+};
+
+struct MemoryOptions {
+  // Physical bytes Salus may hold on each device; 0 = the device's total memory minus
+  // `device_headroom_bytes`. A device with no entry uses 0.
+  std::vector<std::size_t> device_limits;
+  std::size_t device_headroom_bytes = 0;
+  // Virtual address space reserved per device, as a multiple of its limit (VA is cheap; a larger
+  // range means fragmentation never forces a new reservation).
+  std::size_t va_factor = 4;
+};
+
+struct ClassBytes {
+  std::size_t in_use = 0;  // live block bytes (requests rounded to the block alignment)
+  std::size_t peak = 0;
+  std::size_t blocks = 0;  // live blocks
+};
+
+struct JobMemoryStats {
+  JobId job;
+  std::string name;
+  bool alive = true;
+  ClassBytes by_class[kLifetimeCount];
+  std::vector<std::size_t> in_use_by_device;  // both classes
+  std::size_t in_use = 0;
+  std::size_t peak = 0;
+  std::uint64_t promoted_bytes = 0;  // ephemeral bytes that outlived an iteration
+};
+
+struct DeviceMemoryStats {
+  int device = 0;
+  std::size_t limit = 0;          // physical bytes Salus may hold
+  std::size_t granularity = 0;    // page size
+  std::size_t allocated = 0;      // live block bytes
+  std::size_t peak_allocated = 0;
+  std::size_t reserved = 0;       // physical pages held (mapped or pooled)
+  std::size_t peak_reserved = 0;
+  std::size_t mapped = 0;         // of `reserved`, pages mapped into the virtual range
+  std::size_t cached = 0;         // free bytes in mapped blocks, ready for reuse
+  ClassBytes by_class[kLifetimeCount];
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t page_maps = 0;
+  std::uint64_t page_unmaps = 0;
+  std::uint64_t chunk_creates = 0;
+  std::uint64_t chunk_releases = 0;
+  std::uint64_t cross_stream_reuses = 0;  // blocks handed to another stream behind an event
+  std::uint64_t out_of_memory = 0;
+};
+
+struct MemoryStats {
+  std::vector<DeviceMemoryStats> devices;
+  std::vector<JobMemoryStats> jobs;
+};
+
+// A block as the allocator sees it (for diagnostics and tests).
+struct BlockInfo {
+  DevicePtr ptr = 0;
+  std::size_t bytes = 0;       // block size (request rounded up)
+  std::size_t requested = 0;   // what the caller asked for
+  int device = 0;
+  StreamHandle stream{};
+  JobId job;
+  Lifetime lifetime = Lifetime::persistent;
+};
+
+class SALUS_API MemoryManager {
+ public:
+  // Block sizes are multiples of this; it is also the alignment of every pointer handed out.
+  static constexpr std::size_t kBlockAlignment = 512;
+
+  explicit MemoryManager(std::shared_ptr<DeviceBackend> backend, MemoryOptions options = {});
+  ~MemoryManager();
+  MemoryManager(const MemoryManager&) = delete;
+  MemoryManager& operator=(const MemoryManager&) = delete;
+
+  [[nodiscard]] DeviceBackend& backend() const noexcept;
+  [[nodiscard]] int device_count() const noexcept;
+
+  // Jobs. Ids are never reused. release_job frees every block the job still holds, on every
+  // device, and retires the id; its later use is UnknownJob.
+  JobId register_job(std::string name, JobMemoryLimits limits = {});
+  void set_job_limits(JobId job, JobMemoryLimits limits);
+  void release_job(JobId job);
+  // Moves the job's live ephemeral blocks to the persistent class (call at iteration end);
+  // returns the bytes moved.
+  std::size_t promote_ephemeral(JobId job);
+
+  // Throws InvalidArgument (size 0, size beyond the device, unknown device), UnknownJob, or
+  // OutOfMemory (a budget or the device cannot hold it; nothing changes).
+  [[nodiscard]] DevicePtr allocate(const AllocationRequest& request);
+  // Throws InvalidArgument for a pointer that is not a live block's start (unknown pointer,
+  // double free). The block becomes reusable at once on its stream, and on other streams only
+  // behind an event.
+  void deallocate(DevicePtr ptr);
+  // As above, checking the caller's view of the block (C ABI / PyTorch hook shape).
+  void deallocate(DevicePtr ptr, std::size_t bytes, int device);
+
+  // Marks that `stream` also uses the block: on free, its reuse waits for that stream's work too.
+  void record_stream_use(DevicePtr ptr, StreamHandle stream);
+
+  [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr) const;
+
+  // Returns unused physical pages to the device (waits for pending stream work on cached blocks).
+  // Returns the bytes released.
+  std::size_t trim();
+  std::size_t trim(int device);
+
+  // Moves the physical pages under [ptr, ptr + bytes) of a live block to fresh chunks at `where`;
+  // the address and the bytes stay. Ordered after all work submitted so far (synchronous).
+  void remap(DevicePtr ptr, Location where);
+
+  [[nodiscard]] MemoryStats stats() const;
+  [[nodiscard]] DeviceMemoryStats device_stats(int device) const;
+  [[nodiscard]] JobMemoryStats job_stats(JobId job) const;
+  void reset_peaks();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace salus

@@ -1,0 +1,99 @@
+// One reserved virtual range carved into blocks, best-fit with coalescing, plus the page table
+// that says which of its pages are backed by physical memory. No locking and no device calls:
+// the owning StreamHeap does both.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <vector>
+
+#include "salus/device.hpp"
+#include "salus/memory.hpp"
+
+namespace salus::memory {
+
+struct Block {
+  DevicePtr addr = 0;
+  std::size_t size = 0;
+  Block* prev = nullptr;  // address-order neighbours within the arena, free or live
+  Block* next = nullptr;
+  bool free = true;
+
+  // Meaningful while live.
+  std::size_t requested = 0;
+  JobId job{};
+  Lifetime lifetime = Lifetime::persistent;
+  Block* job_prev = nullptr;  // the owner's intrusive list of its live blocks of one class
+  Block* job_next = nullptr;
+  std::vector<StreamHandle> other_streams;  // record_stream_use
+
+  [[nodiscard]] DevicePtr end() const { return addr + size; }
+};
+
+// A physical page as mapped into an arena.
+struct PageSlot {
+  ChunkHandle chunk{};
+  Location where{};
+  bool mapped = false;
+};
+
+class Arena {
+ public:
+  Arena(DevicePtr base, std::size_t bytes, std::size_t page_bytes);
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  [[nodiscard]] DevicePtr base() const { return base_; }
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }
+  [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
+  [[nodiscard]] bool contains(DevicePtr p) const { return p >= base_ && p < base_ + bytes_; }
+
+  // The smallest free block of at least `size` bytes, cut to exactly `size` and marked live;
+  // nullptr when none fits.
+  Block* carve(std::size_t size);
+  // Marks a live block free and merges it with free neighbours; returns the merged block.
+  Block* release(Block* block);
+
+  // Pages [first, last) that `block` touches, and those entirely inside it.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> pages_touched(const Block& block) const;
+  [[nodiscard]] std::pair<std::size_t, std::size_t> pages_inside(const Block& block) const;
+  [[nodiscard]] DevicePtr page_addr(std::size_t index) const { return base_ + index * page_bytes_; }
+  [[nodiscard]] PageSlot& page(std::size_t index) { return pages_[index]; }
+  [[nodiscard]] std::size_t page_count() const { return pages_.size(); }
+
+  // Free blocks, largest first (for reclaiming their pages).
+  template <class F>
+  void for_each_free_largest_first(F&& visit) const {
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) visit(**it);
+  }
+  // Every block in address order.
+  template <class F>
+  void for_each_block(F&& visit) const {
+    for (const Block* b = head_; b != nullptr; b = b->next) visit(*b);
+  }
+  [[nodiscard]] std::size_t free_bytes() const { return free_bytes_; }
+
+ private:
+  struct BySizeThenAddress {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+
+  Block* new_block();
+  void recycle(Block* block);
+
+  DevicePtr base_;
+  std::size_t bytes_;
+  std::size_t page_bytes_;
+  std::deque<Block> storage_;  // owns every Block; a deque never moves its elements
+  std::vector<Block*> spare_;  // recycled storage
+  Block* head_ = nullptr;
+  std::set<Block*, BySizeThenAddress> free_;
+  std::size_t free_bytes_ = 0;
+  std::vector<PageSlot> pages_;
+};
+
+}  // namespace salus::memory

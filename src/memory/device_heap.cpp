@@ -1,0 +1,160 @@
+#include "memory/device_heap.hpp"
+
+#include <fmt/format.h>
+
+#include "memory/job_table.hpp"
+
+namespace salus::memory {
+
+namespace {
+constexpr std::size_t idx(Lifetime lifetime) { return static_cast<std::size_t>(lifetime); }
+}  // namespace
+
+void DeviceCounters::on_allocate(Lifetime lifetime, std::size_t bytes) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  raise_peak(peak_allocated, allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  const std::size_t c = idx(lifetime);
+  raise_peak(peak_by_class[c], by_class[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  blocks_by_class[c].fetch_add(1, std::memory_order_relaxed);
+}
+
+void DeviceCounters::on_free(Lifetime lifetime, std::size_t bytes) {
+  frees.fetch_add(1, std::memory_order_relaxed);
+  allocated.fetch_sub(bytes, std::memory_order_relaxed);
+  by_class[idx(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
+  blocks_by_class[idx(lifetime)].fetch_sub(1, std::memory_order_relaxed);
+}
+
+void DeviceCounters::on_promote(std::size_t bytes, std::size_t blocks) {
+  constexpr std::size_t per = idx(Lifetime::persistent);
+  constexpr std::size_t eph = idx(Lifetime::ephemeral);
+  raise_peak(peak_by_class[per], by_class[per].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  by_class[eph].fetch_sub(bytes, std::memory_order_relaxed);
+  blocks_by_class[per].fetch_add(blocks, std::memory_order_relaxed);
+  blocks_by_class[eph].fetch_sub(blocks, std::memory_order_relaxed);
+}
+
+DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, int device, std::size_t limit_bytes,
+                       std::size_t va_factor)
+    : backend_(std::move(backend)),
+      device_(device),
+      va_factor_(va_factor),
+      pool_(*backend_, Location::gpu(device), backend_->granularity(Location::gpu(device)),
+            limit_bytes),
+      grants_{AccessGrant{device, Access::read_write}} {}
+
+DeviceHeap::~DeviceHeap() {
+  {
+    std::lock_guard lock(create_mu_);
+    heaps_.clear();  // unmaps their pages into the pool
+  }
+  pool_.trim();
+}
+
+StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
+  const std::size_t n = published_count_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    StreamHeap* heap = published_[i].load(std::memory_order_acquire);
+    if (heap->stream() == stream) return *heap;
+  }
+  std::lock_guard lock(create_mu_);
+  for (const auto& heap : heaps_) {
+    if (heap->stream() == stream) return *heap;
+  }
+  if (heaps_.size() == kMaxStreams) {
+    throw InvalidArgument(fmt::format("device {}: more than {} streams allocate memory", device_,
+                                      kMaxStreams));
+  }
+  // Address space is cheap; a generous range means fragmentation never needs a second one.
+  const std::size_t page = granularity();
+  const std::size_t limit_pages = (limit() + page - 1) / page;
+  const std::size_t large = std::max<std::size_t>(limit_pages * va_factor_, 1) * page;
+  const std::size_t small = std::max<std::size_t>(limit_pages / 4, 1) * page;
+  auto& heap = heaps_.emplace_back(std::make_unique<StreamHeap>(*this, stream, small, large));
+  published_[heaps_.size() - 1].store(heap.get(), std::memory_order_release);
+  published_count_.store(heaps_.size(), std::memory_order_release);
+  return *heap;
+}
+
+StreamHeap* DeviceHeap::heap_of(DevicePtr ptr) const {
+  const std::size_t n = published_count_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    StreamHeap* heap = published_[i].load(std::memory_order_acquire);
+    if (heap->contains(ptr)) return heap;
+  }
+  return nullptr;
+}
+
+DevicePtr DeviceHeap::allocate(const AllocationRequest& request, std::size_t bytes,
+                               std::string& why_not) {
+  StreamHeap& heap = heap_for(request.stream);
+  // Pages held by other streams' free blocks are taken only when the pool has none; a second try
+  // covers pages that another thread took between our reclaim and our retry.
+  constexpr int kAttempts = 3;
+  std::size_t short_by = 0;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const CarveResult r = heap.allocate(bytes, request.bytes, request.job, request.lifetime);
+    if (r.ptr != 0) return r.ptr;
+    if (r.out_of_address_space) {
+      why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
+      counters_.out_of_memory.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
+    short_by = r.pages_short;
+    if (reclaim_from_others(&heap, short_by) == 0 && attempt > 0) break;
+  }
+  why_not = fmt::format("device memory exhausted: {} more pages of {} bytes needed", short_by,
+                        granularity());
+  counters_.out_of_memory.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
+std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_t pages) {
+  std::size_t taken = 0;
+  for_each_stream_heap([&](StreamHeap& heap) {
+    if (&heap == except || taken >= pages) return;
+    const std::size_t got = heap.reclaim_pages(pages - taken);
+    taken += got;
+    counters_.cross_stream_reuses.fetch_add(got, std::memory_order_relaxed);
+  });
+  return taken;
+}
+
+DeviceMemoryStats DeviceHeap::stats() const {
+  DeviceMemoryStats s;
+  s.device = device_;
+  s.limit = limit();
+  s.granularity = granularity();
+  s.allocated = counters_.allocated.load(std::memory_order_relaxed);
+  s.peak_allocated = counters_.peak_allocated.load(std::memory_order_relaxed);
+  s.reserved = pool_.held_bytes();
+  s.peak_reserved = pool_.peak_held_bytes();
+  s.mapped = counters_.mapped.load(std::memory_order_relaxed);
+  s.cached = s.mapped > s.allocated ? s.mapped - s.allocated : 0;
+  for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+    s.by_class[c] = {counters_.by_class[c].load(std::memory_order_relaxed),
+                     counters_.peak_by_class[c].load(std::memory_order_relaxed),
+                     counters_.blocks_by_class[c].load(std::memory_order_relaxed)};
+  }
+  s.allocations = counters_.allocations.load(std::memory_order_relaxed);
+  s.frees = counters_.frees.load(std::memory_order_relaxed);
+  s.page_maps = counters_.page_maps.load(std::memory_order_relaxed);
+  s.page_unmaps = counters_.page_unmaps.load(std::memory_order_relaxed);
+  s.chunk_creates = pool_.creates();
+  s.chunk_releases = pool_.releases();
+  s.cross_stream_reuses = counters_.cross_stream_reuses.load(std::memory_order_relaxed);
+  s.out_of_memory = counters_.out_of_memory.load(std::memory_order_relaxed);
+  return s;
+}
+
+void DeviceHeap::reset_peaks() {
+  counters_.peak_allocated.store(counters_.allocated.load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
+  for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+    counters_.peak_by_class[c].store(counters_.by_class[c].load(std::memory_order_relaxed),
+                                     std::memory_order_relaxed);
+  }
+  pool_.reset_peak();
+}
+
+}  // namespace salus::memory

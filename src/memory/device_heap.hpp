@@ -1,0 +1,94 @@
+// Everything Salus holds on one device: the page pool, one StreamHeap per stream that allocated
+// there, and the device's counters.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "memory/page_pool.hpp"
+#include "memory/stream_heap.hpp"
+#include "salus/device.hpp"
+#include "salus/memory.hpp"
+
+namespace salus::memory {
+
+struct DeviceCounters {
+  std::atomic<std::size_t> allocated{0};
+  std::atomic<std::size_t> peak_allocated{0};
+  std::atomic<std::size_t> mapped{0};
+  std::atomic<std::size_t> by_class[kLifetimeCount] = {};
+  std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
+  std::atomic<std::size_t> blocks_by_class[kLifetimeCount] = {};
+  std::atomic<std::uint64_t> allocations{0};
+  std::atomic<std::uint64_t> frees{0};
+  std::atomic<std::uint64_t> page_maps{0};
+  std::atomic<std::uint64_t> page_unmaps{0};
+  std::atomic<std::uint64_t> cross_stream_reuses{0};
+  std::atomic<std::uint64_t> out_of_memory{0};
+
+  void on_allocate(Lifetime lifetime, std::size_t bytes);
+  void on_free(Lifetime lifetime, std::size_t bytes);
+  void on_promote(std::size_t bytes, std::size_t blocks);
+};
+
+class DeviceHeap {
+ public:
+  // At most this many streams may allocate on one device (each gets its own address range).
+  static constexpr std::size_t kMaxStreams = 64;
+
+  DeviceHeap(std::shared_ptr<DeviceBackend> backend, int device, std::size_t limit_bytes,
+             std::size_t va_factor);
+  ~DeviceHeap();
+  DeviceHeap(const DeviceHeap&) = delete;
+  DeviceHeap& operator=(const DeviceHeap&) = delete;
+
+  [[nodiscard]] int device() const { return device_; }
+  [[nodiscard]] std::size_t granularity() const { return pool_.page_bytes(); }
+  [[nodiscard]] std::size_t limit() const { return pool_.limit_bytes(); }
+  [[nodiscard]] DeviceBackend& backend() const { return *backend_; }
+  [[nodiscard]] const std::shared_ptr<DeviceBackend>& shared_backend() const { return backend_; }
+  [[nodiscard]] PagePool& pool() { return pool_; }
+  [[nodiscard]] const PagePool& pool() const { return pool_; }
+  [[nodiscard]] DeviceCounters& counters() { return counters_; }
+  [[nodiscard]] const DeviceCounters& counters() const { return counters_; }
+  // Devices that must be able to access every page mapped here.
+  [[nodiscard]] std::span<const AccessGrant> grants() const { return grants_; }
+
+  // Allocates or explains why not (the returned string is empty on success).
+  DevicePtr allocate(const AllocationRequest& request, std::size_t bytes, std::string& why_not);
+  // The heap that owns `ptr`, or nullptr. Lock-free.
+  [[nodiscard]] StreamHeap* heap_of(DevicePtr ptr) const;
+  // Takes up to `pages` pages from the free blocks of streams other than `except`.
+  std::size_t reclaim_from_others(const StreamHeap* except, std::size_t pages);
+
+  template <class F>
+  void for_each_stream_heap(F&& visit) const {
+    const std::size_t n = published_count_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) visit(*published_[i].load(std::memory_order_acquire));
+  }
+
+  [[nodiscard]] DeviceMemoryStats stats() const;
+  void reset_peaks();
+
+ private:
+  StreamHeap& heap_for(StreamHandle stream);
+
+  std::shared_ptr<DeviceBackend> backend_;
+  const int device_;
+  const std::size_t va_factor_;
+  PagePool pool_;
+  std::vector<AccessGrant> grants_;
+  DeviceCounters counters_;
+
+  // Heaps are published once built and live as long as the DeviceHeap, so lookups need no lock.
+  std::mutex create_mu_;
+  std::vector<std::unique_ptr<StreamHeap>> heaps_;  // owner; guarded by create_mu_
+  std::array<std::atomic<StreamHeap*>, kMaxStreams> published_{};
+  std::atomic<std::size_t> published_count_{0};
+};
+
+}  // namespace salus::memory

@@ -1,0 +1,84 @@
+#include "memory/job_table.hpp"
+
+#include <fmt/format.h>
+
+namespace salus::memory {
+
+namespace {
+constexpr std::size_t index(Lifetime lifetime) { return static_cast<std::size_t>(lifetime); }
+
+// Adds `bytes` to `counter` unless that would pass `limit`.
+bool try_add(std::atomic<std::size_t>& counter, std::size_t bytes, std::size_t limit) {
+  std::size_t seen = counter.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit || seen > limit - bytes) return false;
+  } while (!counter.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed));
+  return true;
+}
+}  // namespace
+
+JobRecord::JobRecord(JobId job, std::string job_name, JobMemoryLimits limits)
+    : id(job), name(std::move(job_name)) {
+  set_limits(limits);
+}
+
+void JobRecord::set_limits(const JobMemoryLimits& limits) {
+  limit_total.store(limits.total, std::memory_order_relaxed);
+  limit_by_class[index(Lifetime::persistent)].store(limits.persistent, std::memory_order_relaxed);
+  limit_by_class[index(Lifetime::ephemeral)].store(limits.ephemeral, std::memory_order_relaxed);
+}
+
+std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t bytes) {
+  const std::size_t total_limit = limit_total.load(std::memory_order_relaxed);
+  if (!try_add(in_use_total, bytes, total_limit)) {
+    return fmt::format("job budget of {} bytes would be exceeded", total_limit);
+  }
+  auto& by_class = in_use_by_class[index(lifetime)];
+  const std::size_t class_limit = limit_by_class[index(lifetime)].load(std::memory_order_relaxed);
+  if (!try_add(by_class, bytes, class_limit)) {
+    in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
+    return fmt::format("job {} budget of {} bytes would be exceeded", to_string(lifetime),
+                       class_limit);
+  }
+  blocks_by_class[index(lifetime)].fetch_add(1, std::memory_order_relaxed);
+  raise_peak(peak_total, in_use_total.load(std::memory_order_relaxed));
+  raise_peak(peak_by_class[index(lifetime)], by_class.load(std::memory_order_relaxed));
+  return std::nullopt;
+}
+
+void JobRecord::uncharge(Lifetime lifetime, std::size_t bytes) {
+  in_use_by_class[index(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
+  blocks_by_class[index(lifetime)].fetch_sub(1, std::memory_order_relaxed);
+  in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes, std::size_t blocks) {
+  in_use_by_class[index(to)].fetch_add(bytes, std::memory_order_relaxed);
+  in_use_by_class[index(from)].fetch_sub(bytes, std::memory_order_relaxed);
+  blocks_by_class[index(to)].fetch_add(blocks, std::memory_order_relaxed);
+  blocks_by_class[index(from)].fetch_sub(blocks, std::memory_order_relaxed);
+  raise_peak(peak_by_class[index(to)], in_use_by_class[index(to)].load(std::memory_order_relaxed));
+}
+
+JobTable::JobTable() { add("unattributed", {}); }
+
+JobId JobTable::add(std::string name, JobMemoryLimits limits) {
+  // The index is only known after the slot exists, so grow first and fill the slot after.
+  auto slot = jobs_.grow_by(1);
+  const JobId job{static_cast<std::uint32_t>(slot - jobs_.begin())};
+  *slot = std::make_unique<JobRecord>(job, std::move(name), limits);
+  return job;
+}
+
+JobRecord& JobTable::any(JobId job) const {
+  if (job.value >= jobs_.size() || !jobs_[job.value]) throw UnknownJob(job.value);
+  return *jobs_[job.value];
+}
+
+JobRecord& JobTable::live(JobId job) const {
+  JobRecord& record = any(job);
+  if (!record.alive.load(std::memory_order_acquire)) throw UnknownJob(job.value);
+  return record;
+}
+
+}  // namespace salus::memory

@@ -1,0 +1,60 @@
+// Jobs as the memory manager sees them: a name, budgets and live byte counts per lifetime class.
+// Records are never removed, so ids stay unique and a stale id is detectable.
+#pragma once
+
+#include <oneapi/tbb/concurrent_vector.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "salus/memory.hpp"
+
+namespace salus::memory {
+
+struct JobRecord {
+  JobRecord(JobId id, std::string name, JobMemoryLimits limits);
+
+  const JobId id;
+  const std::string name;
+  std::atomic<bool> alive{true};
+  std::atomic<std::size_t> limit_total;
+  std::atomic<std::size_t> limit_by_class[kLifetimeCount];
+  std::atomic<std::size_t> in_use_total{0};
+  std::atomic<std::size_t> in_use_by_class[kLifetimeCount] = {};
+  std::atomic<std::size_t> peak_total{0};
+  std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
+  std::atomic<std::size_t> blocks_by_class[kLifetimeCount] = {};
+  std::atomic<std::uint64_t> promoted{0};
+
+  void set_limits(const JobMemoryLimits& limits);
+  // Charges `bytes` against the budgets; on refusal nothing changes and the reason is returned.
+  [[nodiscard]] std::optional<std::string> try_charge(Lifetime lifetime, std::size_t bytes);
+  void uncharge(Lifetime lifetime, std::size_t bytes);
+  // Moves bytes between classes without a budget check: promotion cannot fail.
+  void move_class(Lifetime from, Lifetime to, std::size_t bytes, std::size_t blocks);
+};
+
+class JobTable {
+ public:
+  JobTable();
+  JobId add(std::string name, JobMemoryLimits limits);
+  // The live record of `job`; throws UnknownJob for ids never handed out or released.
+  [[nodiscard]] JobRecord& live(JobId job) const;
+  // The record whether live or released; throws UnknownJob for ids never handed out.
+  [[nodiscard]] JobRecord& any(JobId job) const;
+  [[nodiscard]] std::size_t size() const { return jobs_.size(); }
+
+ private:
+  tbb::concurrent_vector<std::unique_ptr<JobRecord>> jobs_;
+};
+
+// Raises `peak` to at least `value`.
+inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) {
+  std::size_t seen = peak.load(std::memory_order_relaxed);
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace salus::memory

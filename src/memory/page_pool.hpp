@@ -1,0 +1,54 @@
+// Physical pages of one location. Pages are chunks of exactly one granule, created on demand up
+// to a byte limit and kept for reuse once unmapped; trim() gives the kept ones back.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+#include "salus/device.hpp"
+
+namespace salus::memory {
+
+class PagePool {
+ public:
+  PagePool(DeviceBackend& backend, Location where, std::size_t page_bytes, std::size_t limit_bytes);
+  ~PagePool();
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  // Appends up to `count` pages to `out`, reusing kept pages first, then creating chunks while
+  // under the limit. Returns how many were added. Throws DeviceError only for driver failures
+  // other than running out of memory.
+  std::size_t acquire(std::size_t count, std::vector<ChunkHandle>& out);
+  // Keeps unmapped pages for reuse.
+  void put(ChunkHandle page);
+  void put(const std::vector<ChunkHandle>& pages);
+  // Releases every kept page to the device; returns the bytes released.
+  std::size_t trim();
+
+  [[nodiscard]] Location where() const { return where_; }
+  [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
+  [[nodiscard]] std::size_t limit_bytes() const { return limit_bytes_; }
+  [[nodiscard]] std::size_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t peak_held_bytes() const { return peak_held_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t kept_pages() const;
+  [[nodiscard]] std::uint64_t creates() const { return creates_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_held_.store(held_bytes(), std::memory_order_relaxed); }
+
+ private:
+  DeviceBackend& backend_;
+  const Location where_;
+  const std::size_t page_bytes_;
+  const std::size_t limit_bytes_;
+  mutable std::mutex mu_;
+  std::vector<ChunkHandle> kept_;  // guarded by mu_
+  std::atomic<std::size_t> held_{0};
+  std::atomic<std::size_t> peak_held_{0};
+  std::atomic<std::uint64_t> creates_{0};
+  std::atomic<std::uint64_t> releases_{0};
+};
+
+}  // namespace salus::memory

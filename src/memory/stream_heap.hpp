@@ -1,0 +1,117 @@
+// The blocks of one stream on one device. Blocks freed here are reused here at once (stream order
+// makes that safe); other streams get this heap's memory only page by page, after its pending
+// work is known to be finished (see DeviceHeap::reclaim_from_others).
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/arena.hpp"
+#include "salus/device.hpp"
+#include "salus/memory.hpp"
+
+namespace salus::memory {
+
+class DeviceHeap;
+
+// What a free or release took back, for the job's accounting.
+struct FreedBlock {
+  JobId job;
+  Lifetime lifetime;
+  std::size_t bytes;
+};
+
+struct CarveResult {
+  DevicePtr ptr = 0;             // non-zero on success
+  std::size_t pages_short = 0;   // pages the device could not provide
+  bool out_of_address_space = false;
+};
+
+class StreamHeap {
+ public:
+  // Requests up to this size share pages in a separate arena, so that small long-lived blocks do
+  // not pin pages among large ones.
+  static constexpr std::size_t kSmallRequest = 1 << 20;
+
+  StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
+             std::size_t large_bytes);
+  ~StreamHeap();
+  StreamHeap(const StreamHeap&) = delete;
+  StreamHeap& operator=(const StreamHeap&) = delete;
+
+  [[nodiscard]] StreamHandle stream() const { return stream_; }
+  [[nodiscard]] bool contains(DevicePtr p) const { return p >= va_base_ && p < va_base_ + va_bytes_; }
+
+  CarveResult allocate(std::size_t bytes, std::size_t requested, JobId job, Lifetime lifetime);
+  // Throws InvalidArgument when `ptr` is not a live block start, or its size disagrees.
+  FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes);
+  void record_stream_use(DevicePtr ptr, StreamHandle other);
+  // Frees every live block of `job`; reports each through `on_free`.
+  template <class F>
+  void release_job(JobId job, F&& on_free);
+  // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}.
+  std::pair<std::size_t, std::size_t> promote(JobId job);
+  [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr);
+  // Unmaps up to `wanted` pages lying wholly inside free blocks and gives them to the pool, after
+  // this stream's work so far has finished. Returns how many.
+  std::size_t reclaim_pages(std::size_t wanted);
+  void remap(DevicePtr ptr, Location where);
+  // Live bytes of `job` here, both classes.
+  [[nodiscard]] std::size_t job_bytes(JobId job);
+
+ private:
+  struct JobBlocks {
+    Block* head[kLifetimeCount] = {};
+    std::size_t bytes[kLifetimeCount] = {};
+  };
+
+  Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
+  Arena& arena_of(const Block& block) { return small_.contains(block.addr) ? small_ : large_; }
+  Block* live_block(DevicePtr ptr, const char* what);
+  void link(Block* block);
+  void unlink(Block* block);
+  FreedBlock free_block(Block* block);
+  void retire_pending();
+  std::size_t reclaim_locked(std::size_t wanted, std::vector<ChunkHandle>& out);
+  void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<ChunkHandle>& pages);
+  void unmap_page(Arena& arena, std::size_t index, std::vector<ChunkHandle>& local_pages);
+  void drain_stream();
+
+  DeviceHeap& device_;
+  const StreamHandle stream_;
+  std::mutex mu_;  // guards everything below
+  DevicePtr va_base_ = 0;
+  std::size_t va_bytes_ = 0;
+  Arena small_;
+  Arena large_;
+  DevicePtr scratch_page_ = 0;  // for remap: new pages are filled here before taking the place
+  std::unordered_map<DevicePtr, Block*> live_;
+  std::unordered_map<std::uint32_t, JobBlocks> jobs_;
+  // Blocks freed while other streams may still use them, with an event per such stream.
+  struct Pending {
+    Block* block;
+    std::vector<Event> events;
+  };
+  std::vector<Pending> pending_;
+  std::optional<Event> drained_;  // recorded on this stream to learn its work so far finished
+};
+
+template <class F>
+void StreamHeap::release_job(JobId job, F&& on_free) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job.value);
+  if (it == jobs_.end()) return;
+  for (Block* head : it->second.head) {
+    for (Block* b = head; b != nullptr;) {
+      Block* next = b->job_next;
+      on_free(free_block(b));
+      b = next;
+    }
+  }
+  jobs_.erase(job.value);
+}
+
+}  // namespace salus::memory
