@@ -1,0 +1,134 @@
+// SimBackend: construction, teardown, topology and introspection. Memory lives in sim_memory.cpp,
+// streams and events in sim_streams.cpp.
+#include "cuda/sim_backend.hpp"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+namespace salus::sim {
+namespace {
+
+UniqueFd make_memfd(const std::string& name, std::size_t bytes) {
+  UniqueFd fd{::memfd_create(name.c_str(), MFD_CLOEXEC)};
+  if (fd.get() < 0) throw_errno("memfd_create", errno, name);
+  // ftruncate leaves the file sparse: untouched simulated memory costs no host memory.
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) throw_errno("ftruncate", errno, name);
+  return fd;
+}
+
+}  // namespace
+
+SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
+  const auto count = config_.devices.size();
+  links_.assign(count, std::vector<std::optional<SimLinkConfig>>(count));
+  for (const auto& link : config_.links) {
+    links_[static_cast<std::size_t>(link.a)][static_cast<std::size_t>(link.b)] = link;
+    links_[static_cast<std::size_t>(link.b)][static_cast<std::size_t>(link.a)] = link;
+  }
+  auto add_pool = [this](Location where, std::size_t capacity, std::size_t granularity) {
+    Pool pool;
+    pool.where = where;
+    pool.fd = make_memfd(fmt::format("salus-sim-{}", to_string(where)), capacity);
+    pool.capacity = capacity;
+    pool.granularity = granularity;
+    pool.free_extents.emplace(0, capacity);
+    pools_.push_back(std::move(pool));
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    add_pool(Location::gpu(static_cast<int>(i)), config_.devices[i].memory_bytes,
+             config_.devices[i].granularity);
+  }
+  add_pool(Location::host(), config_.host_memory_bytes, config_.host_granularity);
+  default_streams_.resize(count);
+}
+
+SimBackend::~SimBackend() {
+  // Workers may still touch mapped memory, so they go first; the reservations' and memfds' owners
+  // then unmap and close everything when the members are destroyed.
+  shutdown_streams();
+}
+
+int SimBackend::device_count() const {
+  return static_cast<int>(config_.devices.size());
+}
+
+void SimBackend::check_device(int device, const char* what) const {
+  if (device < 0 || device >= device_count()) {
+    throw InvalidArgument(fmt::format("{}: device {} out of range (sim backend has {} devices)",
+                                      what, device, device_count()));
+  }
+}
+
+DeviceProperties SimBackend::properties(int device) const {
+  check_device(device, "properties");
+  const auto& d = config_.devices[static_cast<std::size_t>(device)];
+  return {d.name, d.memory_bytes, d.granularity};
+}
+
+std::size_t SimBackend::pool_index(Location where) const {
+  if (where.is_host()) {
+    // The simulator has one host memory pool; other NUMA nodes do not exist.
+    if (where.index != 0) {
+      throw InvalidArgument(
+          fmt::format("{}: the sim backend only has host NUMA node 0", to_string(where)));
+    }
+    return pools_.size() - 1;
+  }
+  check_device(where.index, "location");
+  return static_cast<std::size_t>(where.index);
+}
+
+std::size_t SimBackend::granularity(Location where) const {
+  return pools_[pool_index(where)].granularity;
+}
+
+PeerLink SimBackend::peer_link(int from, int to) const {
+  check_device(from, "peer_link(from)");
+  check_device(to, "peer_link(to)");
+  if (from == to) return {LinkKind::self, true, 0, config_.local_bandwidth_gbps};
+  const auto& link = links_[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)];
+  if (!link) return {LinkKind::none, false, 0, 0.0};
+  return {link->kind, true, link->performance_rank, link->bandwidth_gbps};
+}
+
+StreamPriorityRange SimBackend::stream_priority_range(int device) const {
+  check_device(device, "stream_priority_range");
+  return config_.priorities;
+}
+
+Access SimBackend::access_of(DevicePtr va, int device) const {
+  check_device(device, "access_of");
+  std::lock_guard lock(mem_mutex_);
+  const Page* page = page_at(va);
+  return page ? page->access[static_cast<std::size_t>(device)] : Access::none;
+}
+
+std::optional<Location> SimBackend::location_of(DevicePtr va) const {
+  std::lock_guard lock(mem_mutex_);
+  const Page* page = page_at(va);
+  if (!page) return std::nullopt;
+  return page->where;
+}
+
+std::size_t SimBackend::chunk_bytes(Location where) const {
+  std::lock_guard lock(mem_mutex_);
+  return pools_[pool_index(where)].used;
+}
+
+std::size_t SimBackend::mapped_bytes() const {
+  std::lock_guard lock(mem_mutex_);
+  return mapped_bytes_;
+}
+
+std::size_t SimBackend::reserved_bytes() const {
+  std::lock_guard lock(mem_mutex_);
+  std::size_t total = 0;
+  for (const auto& [base, range] : reservations_) total += range.bytes();
+  return total;
+}
+
+}  // namespace salus::sim

@@ -1,0 +1,195 @@
+// Internal: the simulated-GPU backend behind salus::make_sim_backend (see salus/sim.hpp).
+//
+// Physical memory of each simulated device (and of the host) is one sparse memfd; chunks are
+// page-granular extents of it. Virtual ranges are PROT_NONE reservations; mapping a chunk is
+// mmap(MAP_SHARED | MAP_FIXED) of its file extent, so remapping a range onto another chunk keeps
+// the pointer while real bytes live in the new chunk. Streams are worker threads.
+//
+// Tests and the layers above may downcast the DeviceBackend to SimBackend for introspection.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "salus/device.hpp"
+#include "salus/sim.hpp"
+
+namespace salus::sim {
+
+// CUDA driver status codes mirrored by the simulator so both backends raise the same errors.
+inline constexpr int kCudaErrorInvalidValue = 1;
+inline constexpr int kCudaErrorOutOfMemory = 2;
+
+// A failed syscall as a DeviceError: call = the syscall, status = errno's name, detail = its text.
+[[noreturn]] void throw_errno(const char* syscall, int err, std::string_view context = {});
+
+// Throws InvalidArgument naming the first inconsistency in `config`.
+void validate_config(const SimConfig& config);
+
+// Owns a file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  [[nodiscard]] int get() const noexcept { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Owns a range of the process address space (whatever is mapped there): munmap on destruction.
+class AddressRange {
+ public:
+  AddressRange() = default;
+  AddressRange(DevicePtr base, std::size_t bytes) noexcept : base_(base), bytes_(bytes) {}
+  AddressRange(AddressRange&& other) noexcept
+      : base_(std::exchange(other.base_, 0)), bytes_(std::exchange(other.bytes_, 0)) {}
+  AddressRange& operator=(AddressRange&& other) noexcept;
+  AddressRange(const AddressRange&) = delete;
+  AddressRange& operator=(const AddressRange&) = delete;
+  ~AddressRange();
+  [[nodiscard]] DevicePtr base() const noexcept { return base_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] DevicePtr end() const noexcept { return base_ + bytes_; }
+
+ private:
+  DevicePtr base_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+class SimBackend final : public DeviceBackend {
+ public:
+  explicit SimBackend(SimConfig config);  // expects a validated config
+  SimBackend(const SimBackend&) = delete;
+  SimBackend& operator=(const SimBackend&) = delete;
+  ~SimBackend() override;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "sim"; }
+  [[nodiscard]] int device_count() const override;
+  [[nodiscard]] DeviceProperties properties(int device) const override;
+  [[nodiscard]] std::size_t granularity(Location where) const override;
+  [[nodiscard]] PeerLink peer_link(int from, int to) const override;
+
+  ChunkHandle create_chunk(Location where, std::size_t bytes) override;
+  void release_chunk(ChunkHandle chunk) override;
+
+  DevicePtr reserve_address(std::size_t bytes, std::size_t alignment) override;
+  void free_address(DevicePtr base, std::size_t bytes) override;
+  void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) override;
+  void unmap(DevicePtr va, std::size_t bytes) override;
+  void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) override;
+
+  [[nodiscard]] StreamPriorityRange stream_priority_range(int device) const override;
+  StreamHandle create_stream(int device, int priority) override;
+  void destroy_stream(StreamHandle stream) override;
+  void synchronize_stream(StreamHandle stream) override;
+  EventHandle create_event(int device) override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event, StreamHandle stream) override;
+  [[nodiscard]] bool query_event(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void stream_wait_event(StreamHandle stream, EventHandle event) override;
+  void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
+  void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+
+  // Introspection (tests, layers above). Out-of-range devices raise InvalidArgument.
+  // Access that `device` was granted to the mapped page holding `va`; none when unmapped.
+  [[nodiscard]] Access access_of(DevicePtr va, int device) const;
+  // Physical location of the mapped page holding `va`; nullopt when unmapped.
+  [[nodiscard]] std::optional<Location> location_of(DevicePtr va) const;
+  // Physical bytes held by chunks at `where`, including released chunks still mapped somewhere.
+  [[nodiscard]] std::size_t chunk_bytes(Location where) const;
+  [[nodiscard]] std::size_t mapped_bytes() const;
+  [[nodiscard]] std::size_t reserved_bytes() const;
+  [[nodiscard]] const SimConfig& config() const noexcept { return config_; }
+
+ private:
+  // One memfd: a device's (or the host's) physical memory, carved into extents.
+  struct Pool {
+    Location where;
+    UniqueFd fd;
+    std::size_t capacity = 0;
+    std::size_t granularity = 0;
+    std::size_t used = 0;
+    std::map<std::size_t, std::size_t> free_extents;  // file offset -> length, coalesced
+  };
+  struct Chunk {
+    std::size_t pool = 0;  // index into pools_
+    std::size_t offset = 0;
+    std::size_t bytes = 0;
+    std::size_t mapped_pages = 0;
+    bool released = false;  // the handle is dead; the extent goes when the last page is unmapped
+  };
+  struct Page {
+    std::uint64_t chunk = 0;
+    std::size_t bytes = 0;  // granularity of the chunk's location
+    Location where;
+    std::vector<Access> access;  // per device
+  };
+  struct Stream;
+  struct Event;
+  using Task = std::function<void(std::stop_token)>;
+
+  using PageIt = std::map<DevicePtr, Page>::iterator;
+
+  // Memory helpers; all expect mem_mutex_ held.
+  [[nodiscard]] std::size_t pool_index(Location where) const;
+  [[nodiscard]] std::map<DevicePtr, Page>::const_iterator find_page(DevicePtr va) const;
+  [[nodiscard]] const Page* page_at(DevicePtr va) const;
+  [[nodiscard]] const AddressRange* reservation_at(DevicePtr va) const;
+  // The pages covering exactly [va, va + bytes), or InvalidArgument naming `what`.
+  std::pair<PageIt, PageIt> covering_pages(DevicePtr va, std::size_t bytes, const char* what);
+  // Forgets the pages (their mapping is already gone) and frees chunks released meanwhile.
+  void drop_pages(PageIt first, PageIt last);
+  // Erases a chunk and returns its extent to the pool.
+  void free_extent(std::uint64_t chunk);
+  [[nodiscard]] bool range_usable(DevicePtr lo, std::size_t bytes, bool write) const;
+  [[nodiscard]] std::optional<Location> physical_location(DevicePtr va) const;
+  [[nodiscard]] double copy_bandwidth_gbps(std::optional<Location> dst,
+                                           std::optional<Location> src) const;
+
+  void check_device(int device, const char* what) const;
+  std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
+  std::shared_ptr<Event> event_for(EventHandle event) const;
+  void enqueue(StreamHandle stream, int device, Task task);
+  void shutdown_streams() noexcept;
+
+  const SimConfig config_;
+  std::vector<std::vector<std::optional<SimLinkConfig>>> links_;  // [from][to]
+
+  mutable std::mutex mem_mutex_;
+  std::vector<Pool> pools_;  // devices 0..n-1, then the host
+  std::unordered_map<std::uint64_t, Chunk> chunks_;
+  std::uint64_t next_chunk_ = 1;
+  std::map<DevicePtr, AddressRange> reservations_;  // base -> range
+  std::map<DevicePtr, Page> pages_;                 // page base -> mapped page
+  std::size_t mapped_bytes_ = 0;
+
+  mutable std::mutex stream_mutex_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Stream>> streams_;
+  std::vector<std::shared_ptr<Stream>> default_streams_;  // per device, started on first use
+  std::unordered_map<std::uint64_t, std::shared_ptr<Event>> events_;
+  std::uint64_t next_stream_ = 1;
+  std::uint64_t next_event_ = 1;
+};
+
+}  // namespace salus::sim

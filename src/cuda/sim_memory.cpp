@@ -1,0 +1,333 @@
+// SimBackend physical memory (memfd extents), virtual reservations, map/unmap and access.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <iterator>
+
+#include "cuda/sim_backend.hpp"
+
+namespace salus::sim {
+namespace {
+
+void* as_ptr(DevicePtr va) {
+  return reinterpret_cast<void*>(va);
+}
+
+int prot_for(Access access) {
+  switch (access) {
+    case Access::read_write:
+      return PROT_READ | PROT_WRITE;
+    case Access::read:
+      return PROT_READ;
+    case Access::none:
+      break;
+  }
+  return PROT_NONE;
+}
+
+Access strongest(const std::vector<Access>& access) {
+  return access.empty() ? Access::none : *std::max_element(access.begin(), access.end());
+}
+
+// Puts a fresh inaccessible anonymous mapping over [va, va + bytes): the range stays reserved
+// (no other mmap can land there) but no longer refers to any chunk.
+int unback(DevicePtr va, std::size_t bytes) {
+  void* p = ::mmap(as_ptr(va), bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  return p == MAP_FAILED ? errno : 0;
+}
+
+}  // namespace
+
+ChunkHandle SimBackend::create_chunk(Location where, std::size_t bytes) {
+  std::lock_guard lock(mem_mutex_);
+  const std::size_t index = pool_index(where);
+  Pool& pool = pools_[index];
+  if (bytes == 0 || bytes % pool.granularity != 0) {
+    throw InvalidArgument(
+        fmt::format("create_chunk: {} bytes on {} is not a positive multiple of "
+                    "its granularity {}",
+                    bytes, to_string(where), pool.granularity));
+  }
+  auto fit = std::find_if(pool.free_extents.begin(), pool.free_extents.end(),
+                          [bytes](const auto& extent) { return extent.second >= bytes; });
+  if (fit == pool.free_extents.end()) {
+    throw DeviceError("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", kCudaErrorOutOfMemory,
+                      fmt::format("{}: {} bytes requested, {} of {} bytes in use", to_string(where),
+                                  bytes, pool.used, pool.capacity));
+  }
+  const auto [offset, length] = *fit;
+  pool.free_extents.erase(fit);
+  if (length > bytes) pool.free_extents.emplace(offset + bytes, length - bytes);
+  pool.used += bytes;
+  const std::uint64_t id = next_chunk_++;
+  chunks_.emplace(id, Chunk{index, offset, bytes, 0, false});
+  return ChunkHandle{id};
+}
+
+void SimBackend::release_chunk(ChunkHandle chunk) {
+  std::lock_guard lock(mem_mutex_);
+  auto it = chunks_.find(chunk.value);
+  if (it == chunks_.end() || it->second.released) {
+    throw InvalidArgument(fmt::format(
+        "release_chunk: unknown chunk {} (never created or already released)", chunk.value));
+  }
+  // CUDA keeps released memory alive while mapped; the last unmap frees it (see drop_pages).
+  if (it->second.mapped_pages > 0) {
+    it->second.released = true;
+    return;
+  }
+  free_extent(chunk.value);
+}
+
+void SimBackend::free_extent(std::uint64_t id) {
+  auto it = chunks_.find(id);
+  const Chunk chunk = it->second;
+  chunks_.erase(it);
+  Pool& pool = pools_[chunk.pool];
+  // Punching the hole hands the pages back to the OS, as freeing device memory would.
+  const int failed = ::fallocate(pool.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                 static_cast<off_t>(chunk.offset), static_cast<off_t>(chunk.bytes));
+  const int err = failed ? errno : 0;
+  pool.used -= chunk.bytes;
+  auto [pos, inserted] = pool.free_extents.emplace(chunk.offset, chunk.bytes);
+  if (auto next = std::next(pos);
+      next != pool.free_extents.end() && pos->first + pos->second == next->first) {
+    pos->second += next->second;
+    pool.free_extents.erase(next);
+  }
+  if (pos != pool.free_extents.begin()) {
+    if (auto prev = std::prev(pos); prev->first + prev->second == pos->first) {
+      prev->second += pos->second;
+      pool.free_extents.erase(pos);
+    }
+  }
+  // The bookkeeping is already consistent; only the memory's return to the OS failed.
+  if (err != 0) throw_errno("fallocate", err, "cuMemRelease");
+}
+
+DevicePtr SimBackend::reserve_address(std::size_t bytes, std::size_t alignment) {
+  std::size_t min_granularity = pools_.front().granularity;
+  std::size_t max_granularity = min_granularity;
+  for (const Pool& pool : pools_) {
+    min_granularity = std::min(min_granularity, pool.granularity);
+    max_granularity = std::max(max_granularity, pool.granularity);
+  }
+  if (bytes == 0 || bytes % min_granularity != 0) {
+    throw InvalidArgument(
+        fmt::format("reserve_address: {} bytes is not a positive multiple of the granularity {}",
+                    bytes, min_granularity));
+  }
+  if (alignment != 0 && !std::has_single_bit(alignment)) {
+    throw InvalidArgument(
+        fmt::format("reserve_address: alignment {} is not a power of two", alignment));
+  }
+  // Aligning to the largest granularity lets a chunk from any location map at the base.
+  const std::size_t align = std::max(alignment, max_granularity);
+  if (bytes > SIZE_MAX - align) {
+    throw InvalidArgument(fmt::format("reserve_address: {} bytes is too large", bytes));
+  }
+  const std::size_t total = bytes + align;
+  void* p = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw_errno("mmap", errno, "cuMemAddressReserve");
+  const auto raw = reinterpret_cast<DevicePtr>(p);
+  const DevicePtr base = (raw + align - 1) & ~(DevicePtr{align} - 1);
+  // Over-reserved to find an aligned base; give back the slack on both sides.
+  if (base > raw) ::munmap(p, base - raw);
+  if (raw + total > base + bytes) ::munmap(as_ptr(base + bytes), raw + total - (base + bytes));
+  AddressRange range(base, bytes);
+  std::lock_guard lock(mem_mutex_);
+  reservations_.emplace(base, std::move(range));
+  return base;
+}
+
+void SimBackend::free_address(DevicePtr base, std::size_t bytes) {
+  std::lock_guard lock(mem_mutex_);
+  auto it = reservations_.find(base);
+  if (it == reservations_.end() || it->second.bytes() != bytes) {
+    throw InvalidArgument(
+        fmt::format("free_address: [{:#x}, +{}) is not a reservation", base, bytes));
+  }
+  // Dropping the reservation munmaps the whole range, chunk mappings included.
+  AddressRange range = std::move(it->second);
+  reservations_.erase(it);
+  drop_pages(pages_.lower_bound(base), pages_.lower_bound(base + bytes));
+}
+
+const AddressRange* SimBackend::reservation_at(DevicePtr va) const {
+  auto it = reservations_.upper_bound(va);
+  if (it == reservations_.begin()) return nullptr;
+  --it;
+  return va < it->second.end() ? &it->second : nullptr;
+}
+
+std::map<DevicePtr, SimBackend::Page>::const_iterator SimBackend::find_page(DevicePtr va) const {
+  auto it = pages_.upper_bound(va);
+  if (it == pages_.begin()) return pages_.end();
+  --it;
+  return va < it->first + it->second.bytes ? it : pages_.end();
+}
+
+const SimBackend::Page* SimBackend::page_at(DevicePtr va) const {
+  auto it = find_page(va);
+  return it == pages_.end() ? nullptr : &it->second;
+}
+
+void SimBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) {
+  std::lock_guard lock(mem_mutex_);
+  auto cit = chunks_.find(chunk.value);
+  if (cit == chunks_.end() || cit->second.released) {
+    throw InvalidArgument(fmt::format("map: unknown chunk {}", chunk.value));
+  }
+  Chunk& c = cit->second;
+  const Pool& pool = pools_[c.pool];
+  const std::size_t g = pool.granularity;
+  if (bytes == 0 || va % g != 0 || bytes % g != 0 || chunk_offset % g != 0) {
+    throw InvalidArgument(
+        fmt::format("map: va {:#x}, {} bytes, chunk offset {} must be positive multiples of the {} "
+                    "granularity {}",
+                    va, bytes, chunk_offset, to_string(pool.where), g));
+  }
+  if (chunk_offset > c.bytes || bytes > c.bytes - chunk_offset) {
+    throw InvalidArgument(fmt::format("map: [{}, +{}) lies outside chunk {} of {} bytes",
+                                      chunk_offset, bytes, chunk.value, c.bytes));
+  }
+  const AddressRange* range = reservation_at(va);
+  if (range == nullptr || bytes > range->end() - va) {
+    throw InvalidArgument(
+        fmt::format("map: [{:#x}, +{}) is not inside one reservation", va, bytes));
+  }
+  if (auto first = pages_.lower_bound(va);
+      find_page(va) != pages_.end() || (first != pages_.end() && first->first < va + bytes)) {
+    throw InvalidArgument(fmt::format("map: [{:#x}, +{}) overlaps mapped pages", va, bytes));
+  }
+  // Like cuMemMap, the new mapping is inaccessible until set_access.
+  void* p = ::mmap(as_ptr(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, pool.fd.get(),
+                   static_cast<off_t>(c.offset + chunk_offset));
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    unback(va, bytes);  // a failed MAP_FIXED may have torn a hole in the reservation
+    throw_errno("mmap", err, "cuMemMap");
+  }
+  auto hint = pages_.lower_bound(va);
+  for (DevicePtr page = va; page < va + bytes; page += g) {
+    hint = pages_.emplace_hint(hint, page,
+                               Page{chunk.value, g, pool.where,
+                                    std::vector<Access>(config_.devices.size(), Access::none)});
+    ++hint;
+  }
+  c.mapped_pages += bytes / g;
+  mapped_bytes_ += bytes;
+}
+
+std::pair<SimBackend::PageIt, SimBackend::PageIt> SimBackend::covering_pages(DevicePtr va,
+                                                                             std::size_t bytes,
+                                                                             const char* what) {
+  if (bytes == 0 || bytes > UINTPTR_MAX - va) {
+    throw InvalidArgument(fmt::format("{}: invalid range [{:#x}, +{})", what, va, bytes));
+  }
+  const auto first = pages_.find(va);
+  if (first == pages_.end()) {
+    throw InvalidArgument(fmt::format("{}: {:#x} is not the start of a mapped page", what, va));
+  }
+  auto it = first;
+  DevicePtr cursor = va;
+  const DevicePtr end = va + bytes;
+  while (cursor < end) {
+    if (it == pages_.end() || it->first != cursor) {
+      throw InvalidArgument(fmt::format("{}: [{:#x}, +{}) is not fully mapped (hole at {:#x})",
+                                        what, va, bytes, cursor));
+    }
+    cursor += it->second.bytes;
+    ++it;
+  }
+  if (cursor != end) {
+    throw InvalidArgument(
+        fmt::format("{}: [{:#x}, +{}) does not end on a page boundary", what, va, bytes));
+  }
+  return {first, it};
+}
+
+void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
+  std::lock_guard lock(mem_mutex_);
+  const auto [first, last] = covering_pages(va, bytes, "unmap");
+  if (const int err = unback(va, bytes); err != 0) throw_errno("mmap", err, "cuMemUnmap");
+  drop_pages(first, last);
+}
+
+void SimBackend::drop_pages(PageIt first, PageIt last) {
+  std::vector<std::uint64_t> freed;
+  for (auto it = first; it != last; ++it) {
+    mapped_bytes_ -= it->second.bytes;
+    Chunk& chunk = chunks_.at(it->second.chunk);
+    if (--chunk.mapped_pages == 0 && chunk.released) freed.push_back(it->second.chunk);
+  }
+  // Erasing the pages also forgets their access, as CUDA does on unmap.
+  pages_.erase(first, last);
+  for (std::uint64_t id : freed) free_extent(id);
+}
+
+void SimBackend::set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) {
+  for (const AccessGrant& grant : grants) check_device(grant.device, "set_access");
+  std::lock_guard lock(mem_mutex_);
+  const auto [first, last] = covering_pages(va, bytes, "set_access");
+  std::vector<std::vector<Access>> updated;
+  for (auto it = first; it != last; ++it) {
+    updated.push_back(it->second.access);
+    for (const AccessGrant& grant : grants) {
+      updated.back()[static_cast<std::size_t>(grant.device)] = grant.access;
+    }
+  }
+  // Host threads stand in for every device, so the MMU can only enforce the strongest grant.
+  // Protect runs of equal protection with one mprotect each, before committing any state.
+  std::size_t i = 0;
+  for (auto it = first; it != last;) {
+    const DevicePtr start = it->first;
+    const int prot = prot_for(strongest(updated[i]));
+    std::size_t run = 0;
+    while (it != last && prot_for(strongest(updated[i])) == prot) {
+      run += it->second.bytes;
+      ++it;
+      ++i;
+    }
+    if (::mprotect(as_ptr(start), run, prot) != 0) throw_errno("mprotect", errno, "cuMemSetAccess");
+  }
+  i = 0;
+  for (auto it = first; it != last; ++it) it->second.access = std::move(updated[i++]);
+}
+
+bool SimBackend::range_usable(DevicePtr lo, std::size_t bytes, bool write) const {
+  if (bytes == 0) return true;
+  if (lo == 0 || bytes > UINTPTR_MAX - lo) return false;
+  const DevicePtr hi = lo + bytes;
+  const Access needed = write ? Access::read_write : Access::read;
+  auto it = reservations_.upper_bound(lo);
+  if (it != reservations_.begin() && std::prev(it)->second.end() > lo) --it;
+  // Memory outside every reservation is ordinary host memory, which the caller vouches for; a
+  // range that is partly reserved must be wholly reserved and mapped.
+  if (it == reservations_.end() || it->first >= hi) return true;
+  DevicePtr cursor = lo;
+  for (; it != reservations_.end() && it->first < hi; ++it) {
+    if (it->first > cursor) return false;
+    const DevicePtr end = std::min(hi, it->second.end());
+    while (cursor < end) {
+      auto page = find_page(cursor);
+      if (page == pages_.end() || strongest(page->second.access) < needed) return false;
+      cursor = page->first + page->second.bytes;
+    }
+    cursor = std::max(cursor, end);
+  }
+  return cursor >= hi;
+}
+
+std::optional<Location> SimBackend::physical_location(DevicePtr va) const {
+  const Page* page = page_at(va);
+  if (page == nullptr) return std::nullopt;
+  return page->where;
+}
+
+}  // namespace salus::sim
