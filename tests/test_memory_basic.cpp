@@ -1,0 +1,257 @@
+// Allocation, accounting, promotion, job release, budgets and bad input on simulated GPUs.
+#include <gtest/gtest.h>
+
+#include "support/memory_fixture.hpp"
+
+namespace salus::testing {
+namespace {
+
+constexpr auto kPersistent = static_cast<std::size_t>(Lifetime::persistent);
+constexpr auto kEphemeral = static_cast<std::size_t>(Lifetime::ephemeral);
+
+using MemoryBasic = SimMemoryTest;
+
+TEST_F(MemoryBasic, AllocatedBytesAreUsableAndAligned) {
+  const DevicePtr small = alloc(100);
+  const DevicePtr big = alloc(5 * MiB + 3);
+  EXPECT_EQ(small % MemoryManager::kBlockAlignment, 0u);
+  EXPECT_EQ(big % MemoryManager::kBlockAlignment, 0u);
+  fill_pattern(small, 100, 1);
+  fill_pattern(big, 5 * MiB + 3, 2);
+  EXPECT_TRUE(check_pattern(small, 100, 1));
+  EXPECT_TRUE(check_pattern(big, 5 * MiB + 3, 2));
+
+  const auto info = memory->find(big);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->requested, 5 * MiB + 3);
+  EXPECT_EQ(info->bytes, 5 * MiB + 512);
+  EXPECT_EQ(info->device, 0);
+  EXPECT_FALSE(memory->find(big + 512).has_value());
+
+  memory->deallocate(small);
+  memory->deallocate(big);
+  EXPECT_EQ(memory->device_stats(0).allocated, 0u);
+}
+
+TEST_F(MemoryBasic, SameStreamReusesAFreedBlockAtOnce) {
+  const DevicePtr a = alloc(3 * MiB);
+  memory->deallocate(a);
+  const DevicePtr b = alloc(3 * MiB);
+  EXPECT_EQ(a, b);
+  const auto s = memory->device_stats(0);
+  EXPECT_EQ(s.chunk_creates, 2u) << "the second allocation must reuse the cached pages";
+  memory->deallocate(b);
+}
+
+TEST_F(MemoryBasic, MultiPageBlocksNeedNotBeContiguousAndFreedPagesComeBack) {
+  // Interleave blocks so that freed pages are scattered, then ask for one block that needs them.
+  build(SimConfig::uniform(1, 64 * MiB));
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(alloc(4 * MiB));  // 64 MiB: the whole device
+  EXPECT_THROW(alloc(2 * MiB), OutOfMemory);
+  for (std::size_t i = 0; i < blocks.size(); i += 2) memory->deallocate(blocks[i]);
+  // 32 MiB free in eight separate holes; one 32 MiB block still fits because pages are stitched.
+  const DevicePtr big = alloc(32 * MiB);
+  fill_pattern(big, 32 * MiB, 7);
+  EXPECT_TRUE(check_pattern(big, 32 * MiB, 7));
+  EXPECT_EQ(memory->device_stats(0).reserved, 64 * MiB);
+}
+
+TEST_F(MemoryBasic, AccountingPerJobClassAndDevice) {
+  const JobId a = memory->register_job("a");
+  const JobId b = memory->register_job("b");
+  const DevicePtr w = alloc(10 * MiB, 0, a, Lifetime::persistent);
+  const DevicePtr x = alloc(4 * MiB, 0, a, Lifetime::ephemeral);
+  const DevicePtr y = alloc(2 * MiB, 1, a, Lifetime::ephemeral);
+  const DevicePtr z = alloc(1 * MiB, 1, b, Lifetime::persistent);
+
+  const JobMemoryStats sa = memory->job_stats(a);
+  EXPECT_EQ(sa.by_class[kPersistent].in_use, 10 * MiB);
+  EXPECT_EQ(sa.by_class[kEphemeral].in_use, 6 * MiB);
+  EXPECT_EQ(sa.by_class[kEphemeral].blocks, 2u);
+  EXPECT_EQ(sa.in_use, 16 * MiB);
+  ASSERT_EQ(sa.in_use_by_device.size(), 2u);
+  EXPECT_EQ(sa.in_use_by_device[0], 14 * MiB);
+  EXPECT_EQ(sa.in_use_by_device[1], 2 * MiB);
+  EXPECT_EQ(memory->job_stats(b).in_use, 1 * MiB);
+  EXPECT_EQ(memory->device_stats(0).allocated, 14 * MiB);
+  EXPECT_EQ(memory->device_stats(1).allocated, 3 * MiB);
+  EXPECT_EQ(memory->device_stats(1).by_class[kEphemeral].in_use, 2 * MiB);
+
+  memory->deallocate(x);
+  EXPECT_EQ(memory->job_stats(a).by_class[kEphemeral].in_use, 2 * MiB);
+  EXPECT_EQ(memory->job_stats(a).by_class[kEphemeral].peak, 6 * MiB);
+  EXPECT_EQ(memory->job_stats(a).peak, 16 * MiB);
+
+  for (DevicePtr p : {w, y, z}) memory->deallocate(p);
+  const MemoryStats all = memory->stats();
+  for (const auto& d : all.devices) EXPECT_EQ(d.allocated, 0u);
+  for (const auto& j : all.jobs) EXPECT_EQ(j.in_use, 0u);
+}
+
+TEST_F(MemoryBasic, PromotionMovesSurvivingEphemeralBlocks) {
+  const JobId job = memory->register_job("trainer");
+  const DevicePtr activation = alloc(8 * MiB, 0, job, Lifetime::ephemeral);
+  const DevicePtr optimizer_state = alloc(3 * MiB, 0, job, Lifetime::ephemeral);
+  memory->deallocate(activation);
+  EXPECT_EQ(memory->promote_ephemeral(job), 3 * MiB);
+  const JobMemoryStats s = memory->job_stats(job);
+  EXPECT_EQ(s.by_class[kPersistent].in_use, 3 * MiB);
+  EXPECT_EQ(s.by_class[kEphemeral].in_use, 0u);
+  EXPECT_EQ(s.promoted_bytes, 3 * MiB);
+  EXPECT_EQ(memory->find(optimizer_state)->lifetime, Lifetime::persistent);
+  EXPECT_EQ(memory->device_stats(0).by_class[kPersistent].in_use, 3 * MiB);
+  EXPECT_EQ(memory->promote_ephemeral(job), 0u);
+  // The promoted block frees as persistent.
+  memory->deallocate(optimizer_state);
+  EXPECT_EQ(memory->job_stats(job).in_use, 0u);
+  EXPECT_EQ(memory->device_stats(0).by_class[kPersistent].in_use, 0u);
+}
+
+TEST_F(MemoryBasic, ReleasingAJobFreesEverythingItHeldOnEveryDevice) {
+  const JobId leaver = memory->register_job("leaver");
+  const JobId stayer = memory->register_job("stayer");
+  const DevicePtr kept = alloc(2 * MiB, 1, stayer);
+  fill_pattern(kept, 2 * MiB, 3);
+  for (int i = 0; i < 10; ++i) {
+    (void)alloc(MiB * (i + 1), i % 2, leaver, i % 3 ? Lifetime::ephemeral : Lifetime::persistent);
+  }
+  const DevicePtr last = alloc(777, 0, leaver);
+  memory->release_job(leaver);
+  EXPECT_EQ(memory->job_stats(leaver).in_use, 0u);
+  EXPECT_FALSE(memory->job_stats(leaver).alive);
+  EXPECT_EQ(memory->device_stats(0).allocated, 0u);
+  EXPECT_EQ(memory->device_stats(1).allocated, 2 * MiB);
+  EXPECT_TRUE(check_pattern(kept, 2 * MiB, 3));
+  EXPECT_THROW(memory->deallocate(last), InvalidArgument) << "its blocks are gone";
+  EXPECT_THROW(alloc(1, 0, leaver), UnknownJob);
+  EXPECT_THROW(memory->release_job(leaver), UnknownJob);
+  // Its memory serves others.
+  const DevicePtr reused = alloc(10 * MiB, 0, stayer);
+  memory->deallocate(reused);
+  memory->deallocate(kept);
+}
+
+TEST_F(MemoryBasic, TrimReturnsCachedPages) {
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(alloc(4 * MiB));
+  const DevicePtr keep = alloc(1000);
+  for (DevicePtr p : blocks) memory->deallocate(p);
+  EXPECT_GE(memory->device_stats(0).reserved, 32 * MiB);
+  const std::size_t released = memory->trim();
+  EXPECT_GE(released, 32 * MiB);
+  const auto s = memory->device_stats(0);
+  EXPECT_EQ(s.reserved, 2 * MiB) << "only the page under the live small block stays";
+  EXPECT_EQ(backend->chunk_bytes(Location::gpu(0)), 2 * MiB);
+  fill_pattern(keep, 1000, 5);
+  EXPECT_TRUE(check_pattern(keep, 1000, 5));
+  memory->deallocate(keep);
+  memory->trim();
+  EXPECT_EQ(backend->chunk_bytes(Location::gpu(0)), 0u);
+}
+
+TEST_F(MemoryBasic, JobBudgetRefusalIsTypedAndChangesNothing) {
+  const JobId job = memory->register_job("capped", {.total = 8 * MiB});
+  const DevicePtr held = alloc(6 * MiB, 0, job);
+  const auto before = memory->device_stats(0);
+  try {
+    (void)alloc(3 * MiB, 0, job, Lifetime::ephemeral);
+    FAIL() << "the budget should refuse";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.info().job, job.value);
+    EXPECT_EQ(e.info().job_name, "capped");
+    EXPECT_EQ(e.info().requested_bytes, 3 * MiB);
+    EXPECT_EQ(e.info().job_in_use_bytes, 6 * MiB);
+    EXPECT_EQ(e.info().job_limit_bytes, 8 * MiB);
+    EXPECT_NE(std::string(e.what()).find("capped"), std::string::npos);
+    EXPECT_EQ(e.code(), Errc::out_of_memory);
+  }
+  const auto after = memory->device_stats(0);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_EQ(after.reserved, before.reserved);
+  EXPECT_EQ(memory->job_stats(job).in_use, 6 * MiB);
+  // Class budgets too.
+  memory->set_job_limits(job, {.total = kUnlimited, .persistent = 7 * MiB});
+  EXPECT_THROW(alloc(2 * MiB, 0, job, Lifetime::persistent), OutOfMemory);
+  const DevicePtr ok = alloc(2 * MiB, 0, job, Lifetime::ephemeral);
+  memory->deallocate(ok);
+  memory->deallocate(held);
+}
+
+TEST_F(MemoryBasic, DeviceExhaustionIsTypedAndLeavesStateIntact) {
+  build(SimConfig::uniform(1, 32 * MiB));
+  const JobId job = memory->register_job("greedy");
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(alloc(8 * MiB, 0, job));
+    fill_pattern(blocks.back(), 8 * MiB, static_cast<std::uint64_t>(i));
+  }
+  const auto before = memory->device_stats(0);
+  try {
+    (void)alloc(1, 0, job);
+    FAIL() << "the device is full";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.info().device, 0);
+    EXPECT_EQ(e.info().device_in_use_bytes, 32 * MiB);
+    EXPECT_EQ(e.info().device_limit_bytes, 32 * MiB);
+    EXPECT_EQ(e.info().job_limit_bytes, 0u) << "no job budget was involved";
+  }
+  const auto after = memory->device_stats(0);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_EQ(after.reserved, before.reserved);
+  EXPECT_EQ(after.out_of_memory, before.out_of_memory + 1);
+  EXPECT_EQ(memory->job_stats(job).in_use, 32 * MiB);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(check_pattern(blocks[static_cast<std::size_t>(i)], 8 * MiB,
+                              static_cast<std::uint64_t>(i)));
+  }
+  memory->deallocate(blocks[1]);
+  const DevicePtr again = alloc(8 * MiB, 0, job);
+  EXPECT_EQ(again, blocks[1]);
+}
+
+TEST_F(MemoryBasic, BadInputGetsAClearErrorAndLosesNothing) {
+  const DevicePtr live = alloc(4096);
+  fill_pattern(live, 4096, 9);
+  auto expect_invalid = [](auto&& call, const char* needle) {
+    try {
+      call();
+      ADD_FAILURE() << "expected InvalidArgument mentioning '" << needle << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid([&] { (void)alloc(0); }, "size 0");
+  expect_invalid([&] { (void)alloc(257 * MiB); }, "can never fit");
+  expect_invalid([&] { (void)alloc(SIZE_MAX); }, "can never fit");
+  expect_invalid([&] { (void)alloc(64, 2); }, "device 2 does not exist");
+  expect_invalid([&] { (void)alloc(64, -1); }, "device -1 does not exist");
+  expect_invalid([&] { memory->deallocate(0x1234); }, "unknown pointer");
+  expect_invalid([&] { memory->deallocate(live + 512); }, "not a live Salus block");
+  expect_invalid([&] { memory->deallocate(live, 4096, 1); }, "not device 1");
+  expect_invalid([&] { memory->deallocate(live, 100, 0); }, "does not match");
+  EXPECT_THROW((void)alloc(64, 0, JobId{999}), UnknownJob);
+  EXPECT_THROW(memory->promote_ephemeral(JobId{999}), UnknownJob);
+  EXPECT_THROW(memory->release_job(kUnattributedJob), InvalidArgument);
+
+  // None of that disturbed the live block or the accounting.
+  EXPECT_TRUE(check_pattern(live, 4096, 9));
+  EXPECT_EQ(memory->device_stats(0).allocated, 4096u);
+  memory->deallocate(live, 4096, 0);
+  expect_invalid([&] { memory->deallocate(live); }, "already freed");
+  EXPECT_EQ(memory->device_stats(0).allocated, 0u);
+}
+
+TEST(MemoryOptionsTest, RejectsInconsistentOptions) {
+  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  EXPECT_THROW(MemoryManager(backend, {.device_limits = {128 * MiB}}), InvalidArgument);
+  EXPECT_THROW(MemoryManager(backend, {.device_limits = {MiB, MiB}}), InvalidArgument);
+  EXPECT_THROW(MemoryManager(backend, {.device_limits = {}, .device_headroom_bytes = 0, .va_factor = 0}),
+               InvalidArgument);
+  EXPECT_THROW(MemoryManager(nullptr), InvalidArgument);
+  MemoryManager limited(backend, {.device_limits = {16 * MiB}});
+  EXPECT_EQ(limited.device_stats(0).limit, 16 * MiB);
+}
+
+}  // namespace
+}  // namespace salus::testing
