@@ -1,0 +1,136 @@
+// The device layer on the CUDA driver API (virtual memory management, streams, events). It talks
+// to the driver only through a DriverApi table, so tests run it against a fake driver.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/driver_api.hpp"
+#include "salus/device.hpp"
+
+namespace salus::cuda {
+
+// Thread-safe. Every call that concerns a device makes that device's primary context current for
+// the duration of the call and then restores whatever the thread had current before, so the
+// application's own notion of "current device" (e.g. PyTorch's) is left alone.
+//
+// Stream handle 0 is the legacy default stream. Calls that take only a stream use the stream's
+// device; for handle 0 they use the device of the event involved if there is one, else device 0
+// (with unified addressing, copies and host functions work from any device's context).
+class CudaBackend final : public DeviceBackend {
+ public:
+  // Initializes the driver, retains every device's primary context and caches granularities.
+  // Throws NotSupported when the driver reports no device, DeviceError when a call fails.
+  explicit CudaBackend(DriverApi api);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+  CudaBackend(CudaBackend&&) = delete;
+  CudaBackend& operator=(CudaBackend&&) = delete;
+
+  [[nodiscard]] const DriverApi& driver() const noexcept { return api_; }
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
+  [[nodiscard]] int device_count() const override { return static_cast<int>(contexts_.size()); }
+  [[nodiscard]] DeviceProperties properties(int device) const override;
+  [[nodiscard]] std::size_t granularity(Location where) const override;
+  [[nodiscard]] PeerLink peer_link(int from, int to) const override;
+
+  ChunkHandle create_chunk(Location where, std::size_t bytes) override;
+  void release_chunk(ChunkHandle chunk) override;
+
+  DevicePtr reserve_address(std::size_t bytes, std::size_t alignment) override;
+  void free_address(DevicePtr base, std::size_t bytes) override;
+  void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) override;
+  void unmap(DevicePtr va, std::size_t bytes) override;
+  void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) override;
+
+  [[nodiscard]] StreamPriorityRange stream_priority_range(int device) const override;
+  StreamHandle create_stream(int device, int priority) override;
+  void destroy_stream(StreamHandle stream) override;
+  void synchronize_stream(StreamHandle stream) override;
+  EventHandle create_event(int device) override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event, StreamHandle stream) override;
+  [[nodiscard]] bool query_event(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void stream_wait_event(StreamHandle stream, EventHandle event) override;
+  void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
+  void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+
+ private:
+  // One retained primary context; released on destruction.
+  class PrimaryContext {
+   public:
+    PrimaryContext(const DriverApi& api, int ordinal);
+    PrimaryContext(PrimaryContext&& other) noexcept;
+    PrimaryContext& operator=(PrimaryContext&&) = delete;
+    PrimaryContext(const PrimaryContext&) = delete;
+    PrimaryContext& operator=(const PrimaryContext&) = delete;
+    ~PrimaryContext();
+
+    [[nodiscard]] CUdevice device() const noexcept { return device_; }
+    [[nodiscard]] CUcontext context() const noexcept { return context_; }
+
+   private:
+    const DriverApi* api_;
+    CUdevice device_ = 0;
+    CUcontext context_ = nullptr;
+  };
+
+  // Makes a device's primary context current on this thread until destroyed, then restores the
+  // previous one.
+  class [[nodiscard]] ScopedContext {
+   public:
+    ScopedContext(const DriverApi& api, CUcontext context);
+    ScopedContext(const ScopedContext&) = delete;
+    ScopedContext& operator=(const ScopedContext&) = delete;
+    ~ScopedContext();
+
+   private:
+    const DriverApi& api_;
+    CUcontext previous_ = nullptr;
+    bool restore_ = false;
+  };
+
+  struct ChunkInfo {
+    Location where;
+    std::size_t bytes = 0;
+  };
+
+  [[nodiscard]] ScopedContext bind(int device) const;
+  void check_device(int device, std::string_view what) const;
+  // The device a stream (or, for handle 0, `fallback`) belongs to; InvalidArgument if unknown.
+  [[nodiscard]] int device_of(StreamHandle stream, int fallback = 0) const;
+  [[nodiscard]] int device_of(EventHandle event) const;
+  [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
+  // The smallest granularity of any location: every address and size the driver can accept for
+  // map, unmap or set_access is a multiple of it.
+  [[nodiscard]] std::size_t address_granularity() const noexcept { return address_granularity_; }
+
+  DriverApi api_;  // first: the contexts below release through it
+  std::vector<PrimaryContext> contexts_;
+  std::vector<std::size_t> device_granularity_;
+  std::optional<std::size_t> host_granularity_;  // empty when the driver has no host VMM chunks
+  std::size_t address_granularity_ = 0;
+
+  mutable std::mutex mutex_;  // guards the maps below
+  std::unordered_map<std::uint64_t, ChunkInfo> chunks_;
+  std::unordered_map<std::uint64_t, int> streams_;
+  std::unordered_map<std::uint64_t, int> events_;
+};
+
+// Shared by the backend's translation units.
+[[nodiscard]] CUmemLocation to_cu_location(Location where);
+[[nodiscard]] CUmemAllocationProp pinned_allocation(Location where);
+
+}  // namespace salus::cuda

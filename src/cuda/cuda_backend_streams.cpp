@@ -1,0 +1,157 @@
+// CudaBackend: streams, events, host functions and copies.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <bit>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "cuda/cuda_backend.hpp"
+
+namespace salus::cuda {
+
+namespace {
+
+// Handles are the driver's pointers as integers: stable, unique while live, and 0 is never a
+// created stream (it is the legacy default stream).
+CUstream to_cu(StreamHandle stream) { return std::bit_cast<CUstream>(stream.value); }
+CUevent to_cu(EventHandle event) { return std::bit_cast<CUevent>(event.value); }
+
+// Runs on a driver thread. It owns the closure from here on, and nothing may unwind into the
+// driver, so every exception ends here (logged, as there is no caller to hand it to).
+void host_func_trampoline(void* user_data) noexcept {
+  const std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(user_data));
+  try {
+    (*fn)();
+  } catch (const std::exception& e) {
+    spdlog::error("salus: a host function on a CUDA stream threw: {}", e.what());
+  } catch (...) {
+    spdlog::error("salus: a host function on a CUDA stream threw a non-standard exception");
+  }
+}
+
+}  // namespace
+
+int CudaBackend::device_of(StreamHandle stream, int fallback) const {
+  if (stream.value == 0) return fallback;
+  const std::scoped_lock lock(mutex_);
+  const auto it = streams_.find(stream.value);
+  if (it == streams_.end()) {
+    throw InvalidArgument(fmt::format("unknown stream handle {:#x}", stream.value));
+  }
+  return it->second;
+}
+
+int CudaBackend::device_of(EventHandle event) const {
+  const std::scoped_lock lock(mutex_);
+  const auto it = events_.find(event.value);
+  if (it == events_.end()) {
+    throw InvalidArgument(fmt::format("unknown event handle {:#x}", event.value));
+  }
+  return it->second;
+}
+
+StreamHandle CudaBackend::create_stream(int device, int priority) {
+  check_device(device, "create_stream");
+  const auto scope = bind(device);
+  CUstream stream = nullptr;
+  // Non-blocking: Salus streams must not serialize against the legacy default stream that
+  // framework code may still use.
+  SALUS_CU(api_, cuStreamCreateWithPriority, &stream, CU_STREAM_NON_BLOCKING, priority);
+  const StreamHandle handle{std::bit_cast<std::uint64_t>(stream)};
+  try {
+    const std::scoped_lock lock(mutex_);
+    streams_.emplace(handle.value, device);
+  } catch (...) {
+    api_.cuStreamDestroy(stream);
+    throw;
+  }
+  return handle;
+}
+
+void CudaBackend::destroy_stream(StreamHandle stream) {
+  if (stream.value == 0) throw InvalidArgument("destroy_stream: the default stream is not owned");
+  const int device = device_of(stream);
+  const auto scope = bind(device);
+  SALUS_CU(api_, cuStreamDestroy, to_cu(stream));
+  const std::scoped_lock lock(mutex_);
+  streams_.erase(stream.value);
+}
+
+void CudaBackend::synchronize_stream(StreamHandle stream) {
+  const auto scope = bind(device_of(stream));
+  SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
+}
+
+EventHandle CudaBackend::create_event(int device) {
+  check_device(device, "create_event");
+  const auto scope = bind(device);
+  CUevent event = nullptr;
+  // Salus only orders work with events; timing would make every record heavier.
+  SALUS_CU(api_, cuEventCreate, &event, CU_EVENT_DISABLE_TIMING);
+  const EventHandle handle{std::bit_cast<std::uint64_t>(event)};
+  try {
+    const std::scoped_lock lock(mutex_);
+    events_.emplace(handle.value, device);
+  } catch (...) {
+    api_.cuEventDestroy(event);
+    throw;
+  }
+  return handle;
+}
+
+void CudaBackend::destroy_event(EventHandle event) {
+  const auto scope = bind(device_of(event));
+  SALUS_CU(api_, cuEventDestroy, to_cu(event));
+  const std::scoped_lock lock(mutex_);
+  events_.erase(event.value);
+}
+
+void CudaBackend::record_event(EventHandle event, StreamHandle stream) {
+  const int device = device_of(event);
+  const auto scope = bind(device_of(stream, device));
+  SALUS_CU(api_, cuEventRecord, to_cu(event), to_cu(stream));
+}
+
+bool CudaBackend::query_event(EventHandle event) {
+  const auto scope = bind(device_of(event));
+  const CUresult rc = api_.cuEventQuery(to_cu(event));
+  if (rc == CUDA_SUCCESS) return true;
+  if (rc == CUDA_ERROR_NOT_READY) return false;
+  throw driver_error(api_, "cuEventQuery", rc);
+}
+
+void CudaBackend::synchronize_event(EventHandle event) {
+  const auto scope = bind(device_of(event));
+  SALUS_CU(api_, cuEventSynchronize, to_cu(event));
+}
+
+void CudaBackend::stream_wait_event(StreamHandle stream, EventHandle event) {
+  const int event_device = device_of(event);
+  // The wait is enqueued on the stream, so the stream's context is the one that matters; the
+  // event may belong to another device (cross-device dependencies are allowed).
+  const auto scope = bind(device_of(stream, event_device));
+  SALUS_CU(api_, cuStreamWaitEvent, to_cu(stream), to_cu(event), CU_EVENT_WAIT_DEFAULT);
+}
+
+void CudaBackend::launch_host_func(StreamHandle stream, std::function<void()> fn) {
+  if (!fn) throw InvalidArgument("launch_host_func: empty function");
+  const auto scope = bind(device_of(stream));
+  // The driver carries one void*; the closure travels in it and the trampoline adopts it.
+  auto closure = std::make_unique<std::function<void()>>(std::move(fn));
+  const CUresult rc = api_.cuLaunchHostFunc(to_cu(stream), &host_func_trampoline, closure.get());
+  if (rc != CUDA_SUCCESS) throw driver_error(api_, "cuLaunchHostFunc", rc);  // closure still ours
+  // Enqueued: from here the trampoline owns it (it may even have run already).
+  static_cast<void>(closure.release());
+}
+
+void CudaBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                             StreamHandle stream) {
+  if (bytes == 0) return;  // nothing to order; avoids a driver round trip
+  const auto scope = bind(device_of(stream));
+  SALUS_CU(api_, cuMemcpyAsync, static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+           bytes, to_cu(stream));
+}
+
+}  // namespace salus::cuda

@@ -1,0 +1,126 @@
+// A fake CUDA driver: fills a cuda::DriverApi with plain functions that act on the one current
+// FakeDriver. It models what the device layer and the memory manager rely on (devices, VMM chunks,
+// reservations, mappings, per-device access, streams, events, host functions, P2P attributes),
+// records every call in order and injects failures, so the CUDA backend runs without a GPU.
+//
+// Usage:
+//   salus::test::FakeDriver fake(salus::test::FakeDriverConfig::uniform(4));
+//   auto backend = std::make_shared<salus::cuda::CudaBackend>(fake.api());
+//
+// A FakeDriver is its own RAII guard: constructing it makes it current (only one may live at a
+// time), destroying it uninstalls it, after which the table's functions return
+// CUDA_ERROR_DEINITIALIZED. It is thread-safe; host functions run synchronously in the thread that
+// calls cuLaunchHostFunc, outside the fake's lock.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuda/driver_api.hpp"
+#include "salus/device.hpp"
+#include "salus/sim.hpp"
+
+namespace salus::test {
+
+struct FakeDeviceConfig {
+  std::string name = "Salus Fake GPU";
+  std::size_t memory_bytes = 16 * GiB;
+  std::size_t granularity = 2 * MiB;
+};
+
+// What cuDeviceGetP2PAttribute reports for an ordered pair of distinct devices.
+struct FakePeerConfig {
+  bool access = true;
+  int performance_rank = 0;
+  bool native_atomics = true;  // the backend reads this as "NVLink"
+};
+
+struct FakeDriverConfig {
+  std::vector<FakeDeviceConfig> devices = std::vector<FakeDeviceConfig>(2);
+  bool host_chunks = true;  // false: host granularity and host cuMemCreate are NOT_SUPPORTED
+  std::size_t host_memory_bytes = 64 * GiB;
+  std::size_t host_granularity = 2 * MiB;
+  FakePeerConfig peers;  // every pair, unless FakeDriver::set_peer says otherwise
+  int least_priority = 0;
+  int greatest_priority = -5;
+  // cuMemcpyAsync fails with CUDA_ERROR_INVALID_VALUE unless both ranges are mapped.
+  bool check_copy_ranges = true;
+
+  static FakeDriverConfig uniform(int count, std::size_t memory_bytes = 16 * GiB,
+                                  std::size_t granularity = 2 * MiB);
+};
+
+// One driver call as the fake saw it. `args` are the call's input arguments in the driver's order,
+// as integers (pointers and handles by value, output pointers left out), except:
+//   cuMemSetAccess: {va, size, count, then per descriptor: location type, location id, flags}
+//   cuMemCreate:    {size, location type, location id, flags}
+//   cuMemGetAllocationGranularity: {location type, location id, option}
+//   cuLaunchHostFunc: {stream}
+// `context_device` is the device of the thread's current context when the call was made (-1 for
+// none): it shows whether the backend bound the right device.
+struct FakeCall {
+  std::string name;
+  std::vector<std::uint64_t> args;
+  CUresult result = CUDA_SUCCESS;
+  int context_device = -1;
+};
+
+class FakeDriver {
+ public:
+  explicit FakeDriver(FakeDriverConfig config = {});
+  ~FakeDriver();
+  FakeDriver(const FakeDriver&) = delete;
+  FakeDriver& operator=(const FakeDriver&) = delete;
+  FakeDriver(FakeDriver&&) = delete;
+  FakeDriver& operator=(FakeDriver&&) = delete;
+
+  // The table every fake entry point is in. cuGetErrorName works (and is not recorded) even with
+  // no FakeDriver installed.
+  [[nodiscard]] cuda::DriverApi api() const;
+  [[nodiscard]] static FakeDriver* current() noexcept;
+
+  // --- steering ---
+  // The (skip+1)-th next call of `call` (a base name, e.g. "cuMemMap") returns `code` without
+  // doing anything. Several injections queue up; each fires once.
+  void fail_next(std::string call, CUresult code, int skip = 0);
+  void set_peer(int from, int to, FakePeerConfig peer);
+  // While held, recorded events stay pending (cuEventQuery: NOT_READY) until complete_events(),
+  // cuEventSynchronize on them, or cuStreamSynchronize on their stream.
+  void hold_events(bool hold);
+  void complete_events();
+
+  // --- what happened ---
+  [[nodiscard]] std::vector<FakeCall> calls() const;
+  [[nodiscard]] std::vector<FakeCall> calls(std::string_view name) const;
+  // Names in order; without the cuCtxGetCurrent/cuCtxSetCurrent noise unless asked for.
+  [[nodiscard]] std::vector<std::string> call_names(bool with_context_calls = false) const;
+  [[nodiscard]] std::size_t count(std::string_view name) const;
+  void clear_calls();
+
+  // --- state ---
+  [[nodiscard]] Access access_of(DevicePtr va, int device) const;  // none where unmapped
+  [[nodiscard]] std::size_t mapped_bytes() const;
+  [[nodiscard]] std::size_t live_chunks() const;  // created and not released
+  [[nodiscard]] std::size_t used_bytes(Location where) const;  // physical bytes still allocated
+  [[nodiscard]] std::size_t reserved_bytes() const;
+  [[nodiscard]] std::size_t live_streams() const;
+  [[nodiscard]] std::size_t live_events() const;
+  [[nodiscard]] int retained_contexts(int device) const;  // primary-context retain count
+  [[nodiscard]] bool initialized() const;
+
+  class State;  // defined in fake_driver_state.hpp
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// The driver's error name for the codes the fake uses ("CUDA_ERROR_OUT_OF_MEMORY"), else nullptr.
+[[nodiscard]] const char* fake_error_name(CUresult code) noexcept;
+
+}  // namespace salus::test

@@ -1,0 +1,213 @@
+// The fake driver's virtual memory management: chunks, reservations, mappings and access.
+#include <bit>
+
+#include "support/fake_driver_state.hpp"
+
+namespace salus::test {
+
+CUresult FakeDriver::State::mem_get_allocation_granularity(
+    std::size_t* granularity, const CUmemAllocationProp* prop,
+    CUmemAllocationGranularity_flags option) {
+  std::vector<std::uint64_t> args;
+  if (prop != nullptr) {
+    args = {static_cast<std::uint64_t>(prop->location.type),
+            static_cast<std::uint64_t>(prop->location.id)};
+  }
+  args.push_back(static_cast<std::uint64_t>(option));
+  return run("cuMemGetAllocationGranularity", std::move(args), [&] {
+    if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    const auto page = granularity_of(prop->location);
+    if (!page) {
+      return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CUDA_ERROR_INVALID_DEVICE
+                                                                : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *granularity = *page;  // MINIMUM and RECOMMENDED agree in the fake
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std::size_t size,
+                                       const CUmemAllocationProp* prop, unsigned long long flags) {
+  std::vector<std::uint64_t> args{size};
+  if (prop != nullptr) {
+    args.push_back(static_cast<std::uint64_t>(prop->location.type));
+    args.push_back(static_cast<std::uint64_t>(prop->location.id));
+  }
+  args.push_back(flags);
+  return run("cuMemCreate", std::move(args), [&] {
+    if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    const auto page = granularity_of(prop->location);
+    if (!page) {
+      return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CUDA_ERROR_INVALID_DEVICE
+                                                                : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (size == 0 || size % *page != 0) return CUDA_ERROR_INVALID_VALUE;
+    Chunk chunk;
+    chunk.size = size;
+    chunk.host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+    chunk.device = chunk.host ? 0 : prop->location.id;
+    std::size_t& used =
+        chunk.host ? host_used_ : device_used_[static_cast<std::size_t>(chunk.device)];
+    const std::size_t capacity =
+        chunk.host ? config_.host_memory_bytes
+                   : config_.devices[static_cast<std::size_t>(chunk.device)].memory_bytes;
+    if (size > capacity - used) return CUDA_ERROR_OUT_OF_MEMORY;
+    used += size;
+    *handle = next_handle_++;
+    chunks_.emplace(*handle, chunk);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_release(CUmemGenericAllocationHandle handle) {
+  return run("cuMemRelease", {handle}, [&] {
+    const auto it = chunks_.find(handle);
+    if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    it->second.released = true;
+    free_chunk_if_done(handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_address_reserve(CUdeviceptr* ptr, std::size_t size,
+                                                std::size_t alignment, CUdeviceptr addr,
+                                                unsigned long long flags) {
+  return run("cuMemAddressReserve", {size, alignment, addr, flags}, [&] {
+    if (ptr == nullptr || flags != 0 || size == 0 || size % page_ != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (alignment == 0) alignment = page_;
+    if (!std::has_single_bit(alignment)) return CUDA_ERROR_INVALID_VALUE;
+    // The address hint is ignored, as the driver may. A guard page between reservations makes an
+    // off-by-one in the caller land outside any reservation.
+    const CUdeviceptr base = (next_va_ + alignment - 1) / alignment * alignment;
+    next_va_ = base + size + page_;
+    reservations_.emplace(base, size);
+    *ptr = base;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_address_free(CUdeviceptr ptr, std::size_t size) {
+  return run("cuMemAddressFree", {ptr, size}, [&] {
+    const auto it = reservations_.find(ptr);
+    if (it == reservations_.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+    if (!range_unmapped(ptr, size)) return CUDA_ERROR_INVALID_VALUE;  // still mapped
+    reservations_.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+                                    CUmemGenericAllocationHandle handle,
+                                    unsigned long long flags) {
+  return run("cuMemMap", {ptr, size, offset, handle, flags}, [&] {
+    const auto it = chunks_.find(handle);
+    if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_HANDLE;
+    Chunk& chunk = it->second;
+    const std::size_t page = chunk.host ? config_.host_granularity
+                                        : config_.devices[static_cast<std::size_t>(chunk.device)]
+                                              .granularity;
+    if (flags != 0 || size == 0 || ptr % page != 0 || size % page != 0 || offset % page != 0 ||
+        offset > chunk.size || size > chunk.size - offset) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!range_reserved(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+    if (!range_unmapped(ptr, size)) return CUDA_ERROR_ALREADY_MAPPED;
+    mappings_.emplace(ptr, Mapping{size, handle});
+    for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
+      // A fresh mapping is inaccessible until cuMemSetAccess, as with the driver.
+      pages_.emplace(p, std::vector<CUmemAccess_flags>(config_.devices.size(),
+                                                       CU_MEM_ACCESS_FLAGS_PROT_NONE));
+    }
+    ++chunk.mappings;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_unmap(CUdeviceptr ptr, std::size_t size) {
+  return run("cuMemUnmap", {ptr, size}, [&] {
+    if (size == 0 || ptr % page_ != 0 || size % page_ != 0) return CUDA_ERROR_INVALID_VALUE;
+    // The range must consist of whole mappings: no gaps, no mapping cut in two.
+    CUdeviceptr at = ptr;
+    auto it = mappings_.find(ptr);
+    std::vector<decltype(it)> covered;
+    while (at < ptr + size) {
+      if (it == mappings_.end() || it->first != at) return CUDA_ERROR_INVALID_VALUE;
+      covered.push_back(it);
+      at += it->second.size;
+      ++it;
+    }
+    if (at != ptr + size) return CUDA_ERROR_INVALID_VALUE;
+    for (const auto& mapping : covered) {
+      const CUmemGenericAllocationHandle handle = mapping->second.handle;
+      for (CUdeviceptr p = mapping->first; p < mapping->first + mapping->second.size; p += page_) {
+        pages_.erase(p);
+      }
+      mappings_.erase(mapping);
+      --chunks_.at(handle).mappings;
+      free_chunk_if_done(handle);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::mem_set_access(CUdeviceptr ptr, std::size_t size,
+                                           const CUmemAccessDesc* desc, std::size_t count) {
+  std::vector<std::uint64_t> args{ptr, size, count};
+  for (std::size_t i = 0; desc != nullptr && i < count; ++i) {
+    args.push_back(static_cast<std::uint64_t>(desc[i].location.type));
+    args.push_back(static_cast<std::uint64_t>(desc[i].location.id));
+    args.push_back(static_cast<std::uint64_t>(desc[i].flags));
+  }
+  return run("cuMemSetAccess", std::move(args), [&] {
+    if (desc == nullptr || count == 0 || size == 0 || ptr % page_ != 0 || size % page_ != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!range_mapped(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < count; ++i) {
+      const CUmemAccessDesc& d = desc[i];
+      if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(d.location.id)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+      }
+      if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (d.flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) continue;
+      // A device may reach another device's memory only over a peer link.
+      for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
+        const Chunk* chunk = chunk_at(p);
+        if (chunk != nullptr && !chunk->host && chunk->device != d.location.id &&
+            !peer(d.location.id, chunk->device).access) {
+          return CUDA_ERROR_INVALID_DEVICE;
+        }
+      }
+    }
+    for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
+      std::vector<CUmemAccess_flags>& access = pages_.at(p);
+      for (std::size_t i = 0; i < count; ++i) {
+        access[static_cast<std::size_t>(desc[i].location.id)] = desc[i].flags;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
+                                         CUstream stream) {
+  return run("cuMemcpyAsync",
+             {dst, src, bytes, static_cast<std::uint64_t>(std::bit_cast<std::uintptr_t>(stream))},
+             [&] {
+               if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+               if (config_.check_copy_ranges && bytes > 0 &&
+                   (!range_mapped(dst, bytes) || !range_mapped(src, bytes))) {
+                 return CUDA_ERROR_INVALID_VALUE;
+               }
+               return CUDA_SUCCESS;  // no bytes are modelled; the order is what counts
+             });
+}
+
+}  // namespace salus::test

@@ -1,0 +1,346 @@
+// The fake driver's semantics: enough of the real driver's rules that a backend or memory-manager
+// bug (unaligned map, double map, partial unmap, access to an unmapped range, peer access where
+// there is none, leaked chunks) fails here as it would on a GPU.
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <utility>
+
+#include "support/fake_driver_state.hpp"
+
+namespace salus::test {
+
+namespace {
+
+std::atomic<std::uint64_t> g_generation{1};
+// Like the driver's, the current context is per thread.
+thread_local CUcontext t_current = nullptr;
+
+std::uint64_t as_int(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+}  // namespace
+
+FakeDriver::State::State(FakeDriverConfig config)
+    : config_(std::move(config)), generation_(g_generation.fetch_add(1)) {
+  page_ = config_.host_chunks ? config_.host_granularity : ~std::size_t{0};
+  for (const FakeDeviceConfig& device : config_.devices) page_ = std::min(page_, device.granularity);
+  if (config_.devices.empty()) page_ = config_.host_granularity;
+  retained_.assign(config_.devices.size(), 0);
+  device_used_.assign(config_.devices.size(), 0);
+}
+
+CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t> args,
+                                const std::function<CUresult()>& body) {
+  const std::scoped_lock lock(mutex_);
+  calls_.push_back(FakeCall{std::string(name), std::move(args), CUDA_SUCCESS, current_device()});
+  const std::size_t index = calls_.size() - 1;
+  CUresult rc = CUDA_SUCCESS;
+  const auto failure = std::find_if(failures_.begin(), failures_.end(),
+                                    [&](const Failure& f) { return f.call == name; });
+  if (failure != failures_.end() && failure->skip > 0) {
+    --failure->skip;
+  } else if (failure != failures_.end()) {
+    rc = failure->code;
+    failures_.erase(failure);
+  } else if (!initialized_ && name != "cuInit") {
+    rc = CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (rc == CUDA_SUCCESS) rc = body();
+  calls_[index].result = rc;
+  return rc;
+}
+
+// --- helpers (called with the lock held) -----------------------------------------------------
+
+CUcontext FakeDriver::State::context_of(int device) const {
+  // An opaque value that is never dereferenced: generation and device packed into a pointer.
+  return std::bit_cast<CUcontext>(static_cast<std::uintptr_t>((generation_ << 16) |
+                                                              static_cast<unsigned>(device + 1)));
+}
+
+int FakeDriver::State::current_device() const {
+  const auto value = std::bit_cast<std::uintptr_t>(t_current);
+  if (value == 0 || (value >> 16) != generation_) return -1;
+  const int device = static_cast<int>(value & 0xffff) - 1;
+  return valid_device(device) && retained_[static_cast<std::size_t>(device)] > 0 ? device : -1;
+}
+
+bool FakeDriver::State::valid_stream(CUstream stream) const {
+  return stream == nullptr || streams_.contains(std::bit_cast<std::uintptr_t>(stream));
+}
+
+const FakePeerConfig& FakeDriver::State::peer(int from, int to) const {
+  const auto it = peer_overrides_.find({from, to});
+  return it != peer_overrides_.end() ? it->second : config_.peers;
+}
+
+std::optional<std::size_t> FakeDriver::State::granularity_of(const CUmemLocation& location) const {
+  switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (!valid_device(location.id)) return std::nullopt;
+      return config_.devices[static_cast<std::size_t>(location.id)].granularity;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      if (!config_.host_chunks) return std::nullopt;
+      return config_.host_granularity;
+    default: return std::nullopt;
+  }
+}
+
+bool FakeDriver::State::range_reserved(CUdeviceptr ptr, std::size_t size) const {
+  auto it = reservations_.upper_bound(ptr);
+  if (it == reservations_.begin()) return false;
+  --it;
+  return ptr >= it->first && ptr + size <= it->first + it->second;
+}
+
+bool FakeDriver::State::range_mapped(CUdeviceptr ptr, std::size_t size) const {
+  for (CUdeviceptr page = ptr - ptr % page_; page < ptr + size; page += page_) {
+    if (!pages_.contains(page)) return false;
+  }
+  return true;
+}
+
+bool FakeDriver::State::range_unmapped(CUdeviceptr ptr, std::size_t size) const {
+  const auto it = pages_.lower_bound(ptr);
+  return it == pages_.end() || it->first >= ptr + size;
+}
+
+const FakeDriver::State::Chunk* FakeDriver::State::chunk_at(CUdeviceptr page) const {
+  auto it = mappings_.upper_bound(page);
+  if (it == mappings_.begin()) return nullptr;
+  --it;
+  if (page >= it->first + it->second.size) return nullptr;
+  const auto chunk = chunks_.find(it->second.handle);
+  return chunk != chunks_.end() ? &chunk->second : nullptr;
+}
+
+void FakeDriver::State::free_chunk_if_done(CUmemGenericAllocationHandle handle) {
+  const auto it = chunks_.find(handle);
+  if (it == chunks_.end() || !it->second.released || it->second.mappings > 0) return;
+  if (it->second.host) {
+    host_used_ -= it->second.size;
+  } else {
+    device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.size;
+  }
+  chunks_.erase(it);
+}
+
+// --- devices and contexts --------------------------------------------------------------------
+
+CUresult FakeDriver::State::init(unsigned flags) {
+  return run("cuInit", {flags}, [&] {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (config_.devices.empty()) return CUDA_ERROR_NO_DEVICE;  // a machine without a GPU
+    initialized_ = true;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::device_get_count(int* count) {
+  return run("cuDeviceGetCount", {}, [&] {
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *count = device_count();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::device_get(CUdevice* device, int ordinal) {
+  return run("cuDeviceGet", {static_cast<std::uint64_t>(ordinal)}, [&] {
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::device_get_name(char* name, int len, CUdevice device) {
+  return run("cuDeviceGetName", {static_cast<std::uint64_t>(len), static_cast<std::uint64_t>(device)},
+             [&] {
+               if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+               if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+               const std::string& full = config_.devices[static_cast<std::size_t>(device)].name;
+               const std::size_t n = std::min(full.size(), static_cast<std::size_t>(len - 1));
+               std::memcpy(name, full.data(), n);
+               name[n] = '\0';
+               return CUDA_SUCCESS;
+             });
+}
+
+CUresult FakeDriver::State::device_total_mem(std::size_t* bytes, CUdevice device) {
+  return run("cuDeviceTotalMem", {static_cast<std::uint64_t>(device)}, [&] {
+    if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = config_.devices[static_cast<std::size_t>(device)].memory_bytes;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::device_get_p2p_attribute(int* value, CUdevice_P2PAttribute attrib,
+                                                     CUdevice src, CUdevice dst) {
+  return run("cuDeviceGetP2PAttribute",
+             {static_cast<std::uint64_t>(attrib), static_cast<std::uint64_t>(src),
+              static_cast<std::uint64_t>(dst)},
+             [&] {
+               if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+               if (!valid_device(src) || !valid_device(dst) || src == dst) {
+                 return CUDA_ERROR_INVALID_DEVICE;
+               }
+               const FakePeerConfig& link = peer(src, dst);
+               switch (attrib) {
+                 case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = link.access; break;
+                 case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = link.performance_rank; break;
+                 case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+                   *value = link.access && link.native_atomics;
+                   break;
+                 default: *value = 0; break;
+               }
+               return CUDA_SUCCESS;
+             });
+}
+
+CUresult FakeDriver::State::primary_ctx_retain(CUcontext* context, CUdevice device) {
+  return run("cuDevicePrimaryCtxRetain", {static_cast<std::uint64_t>(device)}, [&] {
+    if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    ++retained_[static_cast<std::size_t>(device)];
+    *context = context_of(device);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::primary_ctx_release(CUdevice device) {
+  return run("cuDevicePrimaryCtxRelease", {static_cast<std::uint64_t>(device)}, [&] {
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    int& count = retained_[static_cast<std::size_t>(device)];
+    if (count == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    --count;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::ctx_get_current(CUcontext* context) {
+  return run("cuCtxGetCurrent", {}, [&] {
+    if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *context = t_current;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::ctx_set_current(CUcontext context) {
+  return run("cuCtxSetCurrent", {as_int(context)}, [&] {
+    if (context != nullptr) {
+      const auto value = std::bit_cast<std::uintptr_t>(context);
+      const int device = static_cast<int>(value & 0xffff) - 1;
+      // Restoring a foreign context (one the application made) is allowed, as with the driver;
+      // one of ours must still be retained.
+      if ((value >> 16) == generation_ &&
+          (!valid_device(device) || retained_[static_cast<std::size_t>(device)] == 0)) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+      }
+    }
+    t_current = context;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::ctx_get_stream_priority_range(int* least, int* greatest) {
+  return run("cuCtxGetStreamPriorityRange", {}, [&] {
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (least != nullptr) *least = config_.least_priority;
+    if (greatest != nullptr) *greatest = config_.greatest_priority;
+    return CUDA_SUCCESS;
+  });
+}
+
+// --- steering and queries --------------------------------------------------------------------
+
+void FakeDriver::State::fail_next(std::string call, CUresult code, int skip) {
+  const std::scoped_lock lock(mutex_);
+  failures_.push_back(Failure{std::move(call), code, skip});
+}
+
+void FakeDriver::State::set_peer(int from, int to, FakePeerConfig link) {
+  const std::scoped_lock lock(mutex_);
+  peer_overrides_[{from, to}] = link;
+}
+
+void FakeDriver::State::hold_events(bool hold) {
+  const std::scoped_lock lock(mutex_);
+  hold_events_ = hold;
+}
+
+void FakeDriver::State::complete_events() {
+  const std::scoped_lock lock(mutex_);
+  for (auto& [handle, event] : events_) {
+    if (event.state == EventState::pending) event.state = EventState::complete;
+  }
+}
+
+std::vector<FakeCall> FakeDriver::State::calls() const {
+  const std::scoped_lock lock(mutex_);
+  return calls_;
+}
+
+void FakeDriver::State::clear_calls() {
+  const std::scoped_lock lock(mutex_);
+  calls_.clear();
+}
+
+Access FakeDriver::State::access_of(DevicePtr va, int device) const {
+  const std::scoped_lock lock(mutex_);
+  const auto it = pages_.find(va - va % page_);
+  if (it == pages_.end() || !valid_device(device)) return Access::none;
+  switch (it->second[static_cast<std::size_t>(device)]) {
+    case CU_MEM_ACCESS_FLAGS_PROT_READ: return Access::read;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return Access::read_write;
+    default: return Access::none;
+  }
+}
+
+std::size_t FakeDriver::State::mapped_bytes() const {
+  const std::scoped_lock lock(mutex_);
+  return pages_.size() * page_;
+}
+
+std::size_t FakeDriver::State::live_chunks() const {
+  const std::scoped_lock lock(mutex_);
+  return static_cast<std::size_t>(std::count_if(
+      chunks_.begin(), chunks_.end(), [](const auto& entry) { return !entry.second.released; }));
+}
+
+std::size_t FakeDriver::State::used_bytes(Location where) const {
+  const std::scoped_lock lock(mutex_);
+  if (where.is_host()) return host_used_;
+  return valid_device(where.index) ? device_used_[static_cast<std::size_t>(where.index)] : 0;
+}
+
+std::size_t FakeDriver::State::reserved_bytes() const {
+  const std::scoped_lock lock(mutex_);
+  std::size_t total = 0;
+  for (const auto& [base, size] : reservations_) total += size;
+  return total;
+}
+
+std::size_t FakeDriver::State::live_streams() const {
+  const std::scoped_lock lock(mutex_);
+  return streams_.size();
+}
+
+std::size_t FakeDriver::State::live_events() const {
+  const std::scoped_lock lock(mutex_);
+  return events_.size();
+}
+
+int FakeDriver::State::retained_contexts(int device) const {
+  const std::scoped_lock lock(mutex_);
+  return valid_device(device) ? retained_[static_cast<std::size_t>(device)] : 0;
+}
+
+bool FakeDriver::State::initialized() const {
+  const std::scoped_lock lock(mutex_);
+  return initialized_;
+}
+
+}  // namespace salus::test

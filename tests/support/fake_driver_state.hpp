@@ -1,0 +1,146 @@
+// Internals of the fake driver: the modelled driver state and one method per entry point. Only
+// fake_driver*.cpp include this.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "support/fake_driver.hpp"
+
+namespace salus::test {
+
+class FakeDriver::State {
+ public:
+  explicit State(FakeDriverConfig config);
+
+  // Entry points (driver semantics; outputs through pointers).
+  CUresult init(unsigned flags);
+  CUresult device_get_count(int* count);
+  CUresult device_get(CUdevice* device, int ordinal);
+  CUresult device_get_name(char* name, int len, CUdevice device);
+  CUresult device_total_mem(std::size_t* bytes, CUdevice device);
+  CUresult device_get_p2p_attribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src,
+                                    CUdevice dst);
+  CUresult primary_ctx_retain(CUcontext* context, CUdevice device);
+  CUresult primary_ctx_release(CUdevice device);
+  CUresult ctx_get_current(CUcontext* context);
+  CUresult ctx_set_current(CUcontext context);
+  CUresult ctx_get_stream_priority_range(int* least, int* greatest);
+  CUresult mem_get_allocation_granularity(std::size_t* granularity, const CUmemAllocationProp* prop,
+                                          CUmemAllocationGranularity_flags option);
+  CUresult mem_create(CUmemGenericAllocationHandle* handle, std::size_t size,
+                      const CUmemAllocationProp* prop, unsigned long long flags);
+  CUresult mem_release(CUmemGenericAllocationHandle handle);
+  CUresult mem_address_reserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
+                               CUdeviceptr addr, unsigned long long flags);
+  CUresult mem_address_free(CUdeviceptr ptr, std::size_t size);
+  CUresult mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+                   CUmemGenericAllocationHandle handle, unsigned long long flags);
+  CUresult mem_unmap(CUdeviceptr ptr, std::size_t size);
+  CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
+                          std::size_t count);
+  CUresult stream_create_with_priority(CUstream* stream, unsigned flags, int priority);
+  CUresult stream_destroy(CUstream stream);
+  CUresult stream_synchronize(CUstream stream);
+  CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags);
+  CUresult event_create(CUevent* event, unsigned flags);
+  CUresult event_destroy(CUevent event);
+  CUresult event_record(CUevent event, CUstream stream);
+  CUresult event_query(CUevent event);
+  CUresult event_synchronize(CUevent event);
+  CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
+  CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
+
+  // Steering and queries behind FakeDriver's public API.
+  void fail_next(std::string call, CUresult code, int skip);
+  void set_peer(int from, int to, FakePeerConfig peer);
+  void hold_events(bool hold);
+  void complete_events();
+  [[nodiscard]] std::vector<FakeCall> calls() const;
+  void clear_calls();
+  [[nodiscard]] Access access_of(DevicePtr va, int device) const;
+  [[nodiscard]] std::size_t mapped_bytes() const;
+  [[nodiscard]] std::size_t live_chunks() const;
+  [[nodiscard]] std::size_t used_bytes(Location where) const;
+  [[nodiscard]] std::size_t reserved_bytes() const;
+  [[nodiscard]] std::size_t live_streams() const;
+  [[nodiscard]] std::size_t live_events() const;
+  [[nodiscard]] int retained_contexts(int device) const;
+  [[nodiscard]] bool initialized() const;
+
+ private:
+  struct Chunk {
+    std::size_t size = 0;
+    bool host = false;
+    int device = 0;  // when not host
+    int mappings = 0;
+    bool released = false;  // freed once the last mapping goes, as the driver does
+  };
+  struct Mapping {
+    std::size_t size = 0;
+    CUmemGenericAllocationHandle handle = 0;
+  };
+  enum class EventState : std::uint8_t { never_recorded, pending, complete };
+  struct Event {
+    int device = 0;
+    EventState state = EventState::never_recorded;
+    CUstream stream = nullptr;
+  };
+  struct Failure {
+    std::string call;
+    CUresult code = CUDA_SUCCESS;
+    int skip = 0;
+  };
+
+  // Records the call, applies an injected failure or the initialization check, else runs `body`;
+  // all under the lock.
+  CUresult run(std::string_view name, std::vector<std::uint64_t> args,
+               const std::function<CUresult()>& body);
+  [[nodiscard]] int device_count() const { return static_cast<int>(config_.devices.size()); }
+  [[nodiscard]] bool valid_device(int device) const { return device >= 0 && device < device_count(); }
+  [[nodiscard]] int current_device() const;  // -1: no valid current context
+  [[nodiscard]] CUcontext context_of(int device) const;
+  [[nodiscard]] bool valid_stream(CUstream stream) const;  // nullptr (legacy) is valid
+  [[nodiscard]] const FakePeerConfig& peer(int from, int to) const;
+  [[nodiscard]] std::optional<std::size_t> granularity_of(const CUmemLocation& location) const;
+  [[nodiscard]] bool range_reserved(CUdeviceptr ptr, std::size_t size) const;
+  [[nodiscard]] bool range_mapped(CUdeviceptr ptr, std::size_t size) const;
+  [[nodiscard]] bool range_unmapped(CUdeviceptr ptr, std::size_t size) const;
+  [[nodiscard]] const Chunk* chunk_at(CUdeviceptr page) const;
+  void free_chunk_if_done(CUmemGenericAllocationHandle handle);
+
+  FakeDriverConfig config_;
+  std::uint64_t generation_;  // tells this driver's contexts from those of an earlier fake
+  std::size_t page_;          // smallest granularity: the unit of the page tables below
+
+  mutable std::mutex mutex_;
+  bool initialized_ = false;
+  std::vector<FakeCall> calls_;
+  std::deque<Failure> failures_;
+  std::map<std::pair<int, int>, FakePeerConfig> peer_overrides_;
+  std::vector<int> retained_;
+  std::map<CUmemGenericAllocationHandle, Chunk> chunks_;
+  CUmemGenericAllocationHandle next_handle_ = 0x1000;
+  std::vector<std::size_t> device_used_;
+  std::size_t host_used_ = 0;
+  std::map<CUdeviceptr, std::size_t> reservations_;  // base -> size
+  CUdeviceptr next_va_ = 0x2000'0000'0000;
+  std::map<CUdeviceptr, Mapping> mappings_;                     // start -> mapping
+  std::map<CUdeviceptr, std::vector<CUmemAccess_flags>> pages_;  // mapped page -> per device
+  std::map<std::uintptr_t, int> streams_;                       // stream -> device
+  std::map<std::uintptr_t, Event> events_;
+  std::uintptr_t next_object_ = 0x10000;
+  bool hold_events_ = false;
+};
+
+}  // namespace salus::test
