@@ -33,7 +33,7 @@ struct SimLinkConfig {
   int performance_rank = 0;
 };
 
-struct SimConfig {
+struct SALUS_API SimConfig {
   std::vector<SimDeviceConfig> devices;
   std::vector<SimLinkConfig> links;
   std::size_t host_memory_bytes = 4 * GiB;
