@@ -1,0 +1,110 @@
+// Stream-ordered reuse: a block freed on one stream is reused at once on that stream, and memory
+// reaches another stream only after the freeing stream's work has finished.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "support/memory_fixture.hpp"
+
+namespace salus::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class MemoryStreamOrder : public SimMemoryTest {
+ protected:
+  void SetUp() override {
+    // Four pages: small enough that a second stream must take the first one's pages.
+    build(SimConfig::uniform(1, 64 * MiB), {.device_limits = {8 * MiB}});
+    a = Stream(backend, 0);
+    b = Stream(backend, 0);
+  }
+
+  // Holds `stream` until the returned promise is set; the host function then stamps `done`.
+  std::promise<void> block_stream(const Stream& stream, std::atomic<bool>& done) {
+    std::promise<void> gate;
+    auto opened = std::make_shared<std::shared_future<void>>(gate.get_future().share());
+    backend->launch_host_func(stream.handle(), [opened, &done] {
+      opened->wait();
+      std::this_thread::sleep_for(20ms);  // the "kernel" still runs after the gate opens
+      done.store(true);
+    });
+    return gate;
+  }
+
+  Stream a;
+  Stream b;
+};
+
+TEST_F(MemoryStreamOrder, FreedBlockIsReusedAtOnceOnItsOwnStream) {
+  std::atomic<bool> a_done{false};
+  auto gate = block_stream(a, a_done);
+  const DevicePtr p = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  memory->deallocate(p);
+  // Work on `a` is still pending, yet the same stream may reuse the block: its next work runs
+  // after the pending work anyway.
+  const DevicePtr q = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  EXPECT_EQ(p, q);
+  EXPECT_FALSE(a_done.load());
+  gate.set_value();
+  a.synchronize();
+  memory->deallocate(q);
+}
+
+TEST_F(MemoryStreamOrder, AnotherStreamGetsThePagesOnlyAfterTheFreeingStreamsWork) {
+  std::atomic<bool> a_done{false};
+  auto gate = block_stream(a, a_done);
+  const DevicePtr p = alloc(8 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  memory->deallocate(p);  // every page of the device is now a free block of stream a
+
+  // Stream b needs every page. It must not receive them while a's work may still write them.
+  std::atomic<bool> allocated{false};
+  bool a_done_when_allocated = false;
+  std::thread taker([&] {
+    const DevicePtr q = alloc(8 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, b.handle());
+    a_done_when_allocated = a_done.load();
+    allocated.store(true);
+    memory->deallocate(q);
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(allocated.load()) << "b was handed a's pages while a's work was pending";
+  gate.set_value();
+  taker.join();
+  EXPECT_TRUE(allocated.load());
+  EXPECT_TRUE(a_done_when_allocated);
+  EXPECT_GE(memory->device_stats(0).cross_stream_reuses, 4u);
+}
+
+TEST_F(MemoryStreamOrder, BlockUsedOnAnotherStreamWaitsForThatStreamToo) {
+  const DevicePtr p = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  memory->record_stream_use(p, b.handle());
+  std::atomic<bool> b_done{false};
+  auto gate = block_stream(b, b_done);
+  memory->deallocate(p);
+  // b may still be using the block, so even its own stream must not get it back yet.
+  const DevicePtr q = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  EXPECT_NE(p, q);
+  gate.set_value();
+  b.synchronize();
+  memory->deallocate(q);
+  // Once b's work has finished the block returns to a's free blocks.
+  const DevicePtr r = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  EXPECT_TRUE(r == p || r == q);
+  memory->deallocate(r);
+  EXPECT_THROW(memory->record_stream_use(r, b.handle()), InvalidArgument);
+}
+
+TEST_F(MemoryStreamOrder, StreamsKeepSeparateAddressRanges) {
+  const DevicePtr p = alloc(4096, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  memory->deallocate(p);
+  const DevicePtr q = alloc(4096, 0, kUnattributedJob, Lifetime::ephemeral, b.handle());
+  EXPECT_NE(p, q) << "a block freed on a must not be handed to b directly";
+  EXPECT_EQ(memory->find(q)->stream, b.handle());
+  memory->deallocate(q);
+}
+
+}  // namespace
+}  // namespace salus::testing
