@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs what building and testing Salus needs, and only what is missing (safe to run again).
+# Debian/Ubuntu: apt-get. The CUDA toolkit is not installed here (it is large and comes from
+# NVIDIA): its headers must already exist; the driver is not needed (Salus opens it at run time).
+set -euo pipefail
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+# Tool -> Debian package providing it, then libraries (checked as installed packages).
+declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config)
+LIBS=(libtbb-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
+
+missing=()
+for tool in "${!TOOLS[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${TOOLS[$tool]}")
+done
+have_dpkg=0
+command -v dpkg-query >/dev/null 2>&1 && have_dpkg=1
+for pkg in "${LIBS[@]}"; do
+  if [[ $have_dpkg == 1 ]]; then
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null 2>&1 ||
+    die "missing ${missing[*]} and no apt-get here: install them with your package manager"
+  # Root runs apt-get directly; others need password-less sudo (CI has no stdin to ask on).
+  SUDO=()
+  if [[ $(id -u) != 0 ]]; then
+    sudo -n true 2>/dev/null || die "missing ${missing[*]}: run as root or with password-less sudo"
+    SUDO=(sudo -n)
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update -q
+  "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+else
+  log "build dependencies present"
+fi
+
+# CMake 3.25 or later (the project's minimum).
+cmake_version=$(cmake --version | awk 'NR == 1 {print $3}')
+if [[ $(printf '%s\n3.25\n' "$cmake_version" | sort -V | head -n1) != 3.25 ]]; then
+  die "cmake $cmake_version is too old: Salus needs 3.25 or later"
+fi
+
+# CUDA toolkit headers: used at build time only (no libcuda link; the driver is dlopen'ed).
+cuda_header=""
+for root in "${CUDAToolkit_ROOT:-}" "${CUDA_HOME:-}" /usr/local/cuda; do
+  if [[ -n $root && -f $root/include/cuda.h ]]; then cuda_header=$root/include/cuda.h; break; fi
+done
+if [[ -z $cuda_header ]] && command -v nvcc >/dev/null 2>&1; then
+  nvcc_root=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  [[ -f $nvcc_root/include/cuda.h ]] && cuda_header=$nvcc_root/include/cuda.h
+fi
+[[ -n $cuda_header ]] || die "CUDA toolkit headers not found (looked for cuda.h under \
+\$CUDAToolkit_ROOT, \$CUDA_HOME, /usr/local/cuda and next to nvcc). Install the CUDA toolkit \
+(https://developer.nvidia.com/cuda-downloads; a GPU is not needed) or set CUDAToolkit_ROOT."
+log "CUDA headers: $cuda_header"

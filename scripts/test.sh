@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Runs every test: the suite in a normal build, again under AddressSanitizer + UBSan, the
+# concurrency tests under ThreadSanitizer, the "no libcuda" link check, and an install consumer
+# (CMake package and pkg-config). Ends with one summary line; exits non-zero if anything failed.
+#
+# Environment: SALUS_JOBS (build parallelism, default 2), SALUS_SKIP_SANITIZERS=1 to skip the
+# ASan/UBSan and TSan builds (for a quick local run; CI runs everything).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+JOBS=${SALUS_JOBS:-2}
+START=$SECONDS
+
+./scripts/setup.sh </dev/null
+
+passed=0
+failed=0
+failures=()
+log() { printf '\n[test] %s\n' "$*"; }
+pass() { passed=$((passed + ${2:-1})); }
+fail() { failed=$((failed + ${2:-1})); failures+=("$1"); printf '[test] FAILED: %s\n' "$1" >&2; }
+
+# configure_and_build DIR [cmake args...]
+configure_and_build() {
+  local dir=$1; shift
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; return 1; }
+  cmake --build "$dir" -j "$JOBS"
+}
+
+# run_ctest LABEL DIR [ctest args...]: counts the tests ctest ran, from its summary line.
+run_ctest() {
+  local label=$1 dir=$2; shift 2
+  local out status=0
+  out=$(mktemp)
+  (cd "$dir" && "${CTEST_WRAPPER[@]}" ctest --output-on-failure --timeout 900 "$@") 2>&1 | tee "$out" ||
+    status=$?
+  local summary total bad
+  summary=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$out" | tail -n1 || true)
+  rm -f "$out"
+  if [[ -z $summary ]]; then fail "$label: ctest did not finish"; return; fi
+  bad=$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$summary")
+  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$summary")
+  ((total > 0)) || { fail "$label: no tests ran"; return; }
+  pass "$label" $((total - bad))
+  if ((bad > 0 || status != 0)); then fail "$label" "$((bad > 0 ? bad : 1))"; fi
+}
+CTEST_WRAPPER=()
+
+# --- 1. normal build: every test, the link check, the demo's build -------------------------------
+log "build/: configure, build, test"
+mkdir -p build
+if configure_and_build build; then
+  if ldd build/src/libsalus.so | grep -q libcuda; then
+    ldd build/src/libsalus.so
+    fail "libsalus.so links libcuda"
+  else
+    log "ldd build/src/libsalus.so: no libcuda"
+    pass "libsalus.so does not link libcuda"
+  fi
+  export SALUS_LIBSALUS_PATH=$ROOT/build/src/libsalus.so  # read by CudaLinkage.* too
+  run_ctest "tests (build/)" build
+else
+  fail "build/ did not build"
+fi
+
+# --- 2. install, then use it from a separate project ---------------------------------------------
+log "install into a temporary prefix and build a consumer against it"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+if [[ -f build/src/libsalus.so ]] && cmake --install build --prefix "$TMP/prefix" >/dev/null; then
+  if cmake -S tests/install_consumer -B "$TMP/consumer" -DCMAKE_PREFIX_PATH="$TMP/prefix" \
+       -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+     cmake --build "$TMP/consumer" -j "$JOBS" && "$TMP/consumer/salus_install_consumer"; then
+    pass "install consumer (find_package)"
+  else
+    fail "install consumer (find_package)"
+  fi
+  pc_dir=$(dirname "$(find "$TMP/prefix" -name salus.pc | head -n1)")
+  libdir=$(PKG_CONFIG_PATH=$pc_dir pkg-config --variable=libdir salus)
+  # shellcheck disable=SC2046  # pkg-config's flags are meant to split into words
+  if g++ tests/install_consumer/main.cpp -o "$TMP/consumer_pc" \
+       $(PKG_CONFIG_PATH=$pc_dir pkg-config --cflags --libs salus) &&
+     LD_LIBRARY_PATH=$libdir "$TMP/consumer_pc"; then
+    pass "install consumer (pkg-config)"
+  else
+    fail "install consumer (pkg-config)"
+  fi
+else
+  fail "cmake --install"
+fi
+
+# --- 3. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
+SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF)
+if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
+  log "build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer"
+  mkdir -p build-asan
+  if configure_and_build build-asan "${SANITIZER_ARGS[@]}" "-DSALUS_SANITIZE=address;undefined"; then
+    export SALUS_LIBSALUS_PATH=$ROOT/build-asan/src/libsalus.so
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+      UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+      run_ctest "tests (ASan+UBSan)" build-asan
+  else
+    fail "build-asan/ did not build"
+  fi
+
+  # --- 4. ThreadSanitizer, on the tests whose point is concurrency ---------------------------------
+  # Kernels with 32 bits of mmap randomization break TSan's memory layout ("unexpected memory
+  # mapping"); turning off randomization for the test processes (setarch -R) avoids it.
+  log "build-tsan/: ThreadSanitizer (concurrency tests)"
+  probe=$TMP/tsan_probe
+  printf '#include <thread>\nint main() { int x = 0; std::thread t([&] { x = 1; }); t.join(); return x - 1; }\n' \
+    >"$probe.cpp"
+  tsan_ok=1
+  if ! g++ -fsanitize=thread -pthread "$probe.cpp" -o "$probe" 2>/dev/null; then
+    tsan_ok=0
+  elif ! "$probe" >/dev/null 2>&1; then
+    if setarch "$(uname -m)" -R "$probe" >/dev/null 2>&1; then
+      log "TSan needs address randomization off on this kernel: running its tests under setarch -R"
+      CTEST_WRAPPER=(setarch "$(uname -m)" -R)
+    else
+      tsan_ok=0
+    fi
+  fi
+  if ((tsan_ok)); then
+    mkdir -p build-tsan
+    if configure_and_build build-tsan "${SANITIZER_ARGS[@]}" -DSALUS_SANITIZE=thread; then
+      TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|SimStream|SimShutdown'
+    else
+      fail "build-tsan/ did not build"
+    fi
+    CTEST_WRAPPER=()
+  else
+    fail "ThreadSanitizer does not work on this machine (a probe program fails even under setarch -R)"
+  fi
+else
+  log "sanitizer builds skipped (SALUS_SKIP_SANITIZERS=1)"
+fi
+
+elapsed=$((SECONDS - START))
+log "done in $((elapsed / 60))m$((elapsed % 60))s"
+for f in "${failures[@]}"; do printf '[test] failed: %s\n' "$f"; done
+printf '%d passed, %d failed\n' "$passed" "$failed"
+((failed == 0))
