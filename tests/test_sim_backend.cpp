@@ -25,6 +25,14 @@ using namespace std::chrono_literals;
 
 constexpr std::size_t kPage = 2 * MiB;
 
+// ThreadSanitizer makes a 64 MiB memcpy slower than the simulated link, so upper time bounds
+// only hold without it.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kSlowMemcpy = true;
+#else
+constexpr bool kSlowMemcpy = false;
+#endif
+
 template <class E, class F>
 void expect_throw_with(F&& f, std::string_view needle) {
   try {
@@ -494,14 +502,18 @@ TEST(SimCopy, ThrottledCopiesTakeLinkTime) {
   const double host_seconds = time_copy(d0.va, reinterpret_cast<DevicePtr>(host.data()), bytes);
   EXPECT_GE(host_seconds, 0.064);
   const double throughput = static_cast<double>(bytes) / host_seconds / 1e9;
-  EXPECT_GE(throughput, 0.8);
   EXPECT_LE(throughput, 1.0);
+  if (!kSlowMemcpy) {
+    EXPECT_GE(throughput, 0.8);
+  }
   EXPECT_EQ(d0.ptr()[bytes - 1], std::byte{1});
 
   // Device to device rides the 2 GB/s NVLink: 16 MiB takes >= 8.4 ms, well under the host link.
   const double peer_seconds = time_copy(d1.va, d0.va, 16 * MiB);
   EXPECT_GE(peer_seconds, 16.0 * MiB / 2e9);
-  EXPECT_LT(peer_seconds, 16.0 * MiB / 1e9);
+  if (!kSlowMemcpy) {
+    EXPECT_LT(peer_seconds, 16.0 * MiB / 1e9);
+  }
 }
 
 TEST(SimShutdown, DestroyingWithPendingWaitsDoesNotHang) {

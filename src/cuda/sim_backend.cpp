@@ -109,9 +109,7 @@ Access SimBackend::access_of(DevicePtr va, int device) const {
 
 std::optional<Location> SimBackend::location_of(DevicePtr va) const {
   std::lock_guard lock(mem_mutex_);
-  const Page* page = page_at(va);
-  if (!page) return std::nullopt;
-  return page->where;
+  return physical_location(va);
 }
 
 std::size_t SimBackend::chunk_bytes(Location where) const {

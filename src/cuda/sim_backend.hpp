@@ -8,10 +8,8 @@
 // Tests and the layers above may downcast the DeviceBackend to SimBackend for introspection.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,7 +18,6 @@
 #include <span>
 #include <stop_token>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>

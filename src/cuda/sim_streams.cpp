@@ -7,7 +7,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <stop_token>
+#include <thread>
 
 #include "cuda/sim_backend.hpp"
 
