@@ -67,17 +67,18 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   if (missing > 0) {
     std::vector<ChunkHandle> pages;
     pages.reserve(missing);
-    std::size_t got = device_.pool().acquire(missing, pages);
-    // The block is live now, so reclaiming cannot take pages from under it.
-    if (got < missing) got += reclaim_locked(missing - got, pages);
-    if (got < missing) {
-      device_.pool().put(pages);
-      arena.release(block);
-      return {.pages_short = missing - got};
-    }
     try {
+      std::size_t got = device_.pool().acquire(missing, pages);
+      // The block is live now, so reclaiming cannot take pages from under it.
+      if (got < missing) got += reclaim_locked(missing - got, pages);
+      if (got < missing) {
+        device_.pool().put(pages);
+        arena.release(block);
+        return {.pages_short = missing - got};
+      }
       map_pages(arena, first, last, pages);
     } catch (...) {
+      // A driver failure: whatever pages were gathered go back, the block returns to the free set.
       device_.pool().put(pages);
       arena.release(block);
       throw;
@@ -113,6 +114,8 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
         pages.pop_back();
         arena.page(i) = {chunk, device_.pool().where(), true};
         mapped_now.push_back(i);
+        device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
+        device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
       }
       backend.set_access(arena.page_addr(run_start), (i - run_start) * page, device_.grants());
     }
@@ -126,8 +129,6 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
     }
     throw;
   }
-  device_.counters().page_maps.fetch_add(mapped_now.size(), std::memory_order_relaxed);
-  device_.counters().mapped.fetch_add(mapped_now.size() * page, std::memory_order_relaxed);
 }
 
 void StreamHeap::unmap_page(Arena& arena, std::size_t index, std::vector<ChunkHandle>& local_pages) {
