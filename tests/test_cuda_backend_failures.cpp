@@ -52,7 +52,9 @@ void map_fresh_page(Env& env, bool grant) {
   env.backend.release_chunk(chunk);
 }
 
-void construct(Env& env) { CudaBackend another(env.fake.api()); }
+void construct(Env& env) {
+  CudaBackend another(env.fake.api());
+}
 
 std::vector<FailureCase> failure_cases() {
   return {
@@ -75,9 +77,7 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { static_cast<void>(e.backend.peer_link(0, 1)); }},
       {"cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, [](Env& e) { map_fresh_page(e, false); }},
       {"cuMemRelease", CUDA_ERROR_INVALID_VALUE,
-       [](Env& e) {
-         e.backend.release_chunk(e.backend.create_chunk(Location::gpu(1), kPage));
-       }},
+       [](Env& e) { e.backend.release_chunk(e.backend.create_chunk(Location::gpu(1), kPage)); }},
       {"cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY, [](Env& e) { map_fresh_page(e, false); }},
       {"cuMemAddressFree", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { e.backend.free_address(e.backend.reserve_address(kPage, 0), kPage); }},

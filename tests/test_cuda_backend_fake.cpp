@@ -116,7 +116,8 @@ TEST(CudaLoader, NoGpuHereMeansNotSupportedAndSimulatorFallback) {
     const cuda::DriverApi api = cuda::load_driver_api();
     loaded = true;
   } catch (const NotSupported& e) {
-    EXPECT_NE(std::string(e.what()).find("libcuda.so.1"), std::string::npos) << e.what();
+    // No library at all, or (with the toolkit's stub on the path) a library that resolves nothing.
+    EXPECT_NE(std::string(e.what()).find("CUDA driver"), std::string::npos) << e.what();
   }
   if (loaded) GTEST_SKIP() << "a CUDA driver is installed here";
   EXPECT_FALSE(cuda_available());
@@ -168,8 +169,7 @@ TEST(CudaBackendFakeConfig, GranularityIsReadNotAssumed) {
   EXPECT_EQ(backend.granularity(Location::gpu(1)), 4 * MiB);
   EXPECT_THROW(static_cast<void>(backend.granularity(Location::host())), NotSupported);
   EXPECT_THROW(static_cast<void>(backend.create_chunk(Location::host(), 2 * MiB)), NotSupported);
-  EXPECT_THROW(static_cast<void>(backend.create_chunk(Location::gpu(1), 2 * MiB)),
-               InvalidArgument);
+  EXPECT_THROW(static_cast<void>(backend.create_chunk(Location::gpu(1), 2 * MiB)), InvalidArgument);
   const auto granularity_queries = fake.calls("cuMemGetAllocationGranularity");
   ASSERT_EQ(granularity_queries.size(), 3u);  // once per device and once for the host
   EXPECT_EQ(granularity_queries[2].args[0], CU_MEM_LOCATION_TYPE_HOST);
@@ -192,9 +192,7 @@ TEST(CudaBackendFakeConfig, ContextsAreReleasedEvenWhenTheDriverRefuses) {
   }  // a failing release is logged; the destructor does not throw
   EXPECT_EQ(fake.count("cuDevicePrimaryCtxRelease"), 2u);
   EXPECT_EQ(fake.retained_contexts(0) + fake.retained_contexts(1), 1);
-  {
-    CudaBackend backend(fake.api());
-  }
+  { CudaBackend backend(fake.api()); }
   EXPECT_EQ(fake.retained_contexts(0) + fake.retained_contexts(1), 1);
 }
 
@@ -216,8 +214,8 @@ TEST_F(CudaBackendFake, ChunkSizeIsCheckedBeforeTheDriver) {
   const ChunkHandle chunk = backend_.create_chunk(Location::gpu(1), 3 * kPage);
   const auto creates = fake_.calls("cuMemCreate");
   ASSERT_EQ(creates.size(), 1u);
-  EXPECT_EQ(creates[0].args, (std::vector<std::uint64_t>{3 * kPage, CU_MEM_LOCATION_TYPE_DEVICE,
-                                                           1, 0}));
+  EXPECT_EQ(creates[0].args,
+            (std::vector<std::uint64_t>{3 * kPage, CU_MEM_LOCATION_TYPE_DEVICE, 1, 0}));
   EXPECT_EQ(fake_.used_bytes(Location::gpu(1)), 3 * kPage);
   const ChunkHandle host = backend_.create_chunk(Location::host(), kPage);
   EXPECT_EQ(fake_.calls("cuMemCreate")[1].args[1], CU_MEM_LOCATION_TYPE_HOST);
@@ -256,11 +254,11 @@ TEST_F(CudaBackendFake, SetAccessSendsOneDescriptorPerGrant) {
   backend_.set_access(va, kPage, grants);
   const auto calls = fake_.calls("cuMemSetAccess");
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].args,
-            (std::vector<std::uint64_t>{va, kPage, 3,                                    //
-                                        CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                                        CU_MEM_LOCATION_TYPE_DEVICE, 1, CU_MEM_ACCESS_FLAGS_PROT_READ,
-                                        CU_MEM_LOCATION_TYPE_DEVICE, 2, CU_MEM_ACCESS_FLAGS_PROT_NONE}));
+  EXPECT_EQ(calls[0].args, (std::vector<std::uint64_t>{
+                               va, kPage, 3,  //
+                               CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                               CU_MEM_LOCATION_TYPE_DEVICE, 1, CU_MEM_ACCESS_FLAGS_PROT_READ,
+                               CU_MEM_LOCATION_TYPE_DEVICE, 2, CU_MEM_ACCESS_FLAGS_PROT_NONE}));
   EXPECT_EQ(fake_.access_of(va, 0), Access::read_write);
   EXPECT_EQ(fake_.access_of(va, 1), Access::read);
   EXPECT_EQ(fake_.access_of(va, 2), Access::none);
@@ -281,9 +279,9 @@ TEST_F(CudaBackendFake, MapThenGrantEveryDeviceThenTearDown) {
                  0);
     backend_.set_access(va + static_cast<DevicePtr>(d) * kPage, kPage, all);
   }
-  EXPECT_EQ(fake_.call_names(), (std::vector<std::string>{"cuMemMap", "cuMemSetAccess", "cuMemMap",
-                                                          "cuMemSetAccess", "cuMemMap",
-                                                          "cuMemSetAccess"}));
+  EXPECT_EQ(fake_.call_names(),
+            (std::vector<std::string>{"cuMemMap", "cuMemSetAccess", "cuMemMap", "cuMemSetAccess",
+                                      "cuMemMap", "cuMemSetAccess"}));
   EXPECT_EQ(fake_.mapped_bytes(), 3 * kPage);
   for (int d = 0; d < 3; ++d) {
     EXPECT_EQ(fake_.access_of(va + 2 * kPage + 100, d), Access::read_write);

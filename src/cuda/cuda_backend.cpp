@@ -44,9 +44,7 @@ CudaBackend::PrimaryContext::PrimaryContext(const DriverApi& api, int ordinal) :
 }
 
 CudaBackend::PrimaryContext::PrimaryContext(PrimaryContext&& other) noexcept
-    : api_(other.api_),
-      device_(other.device_),
-      context_(std::exchange(other.context_, nullptr)) {}
+    : api_(other.api_), device_(other.device_), context_(std::exchange(other.context_, nullptr)) {}
 
 CudaBackend::PrimaryContext::~PrimaryContext() {
   if (context_ == nullptr) return;
@@ -182,8 +180,8 @@ PeerLink CudaBackend::peer_link(int from, int to) const {
   // platform that does report them would be classified nvlink; NVML could tell for sure, but it
   // is one more library to load for a hint that only orders harvesting candidates.
   int atomics = 0;
-  SALUS_CU(api_, cuDeviceGetP2PAttribute, &atomics,
-           CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, src, dst);
+  SALUS_CU(api_, cuDeviceGetP2PAttribute, &atomics, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+           src, dst);
   link.kind = atomics != 0 ? LinkKind::nvlink : LinkKind::pcie;
   link.bandwidth_gbps = 0.0;  // unknown: the driver does not report it
   return link;

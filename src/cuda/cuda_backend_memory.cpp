@@ -31,16 +31,21 @@ void check_aligned(std::string_view what, std::string_view which, std::uint64_t 
 
 CUmemAccess_flags to_cu_flags(Access access) {
   switch (access) {
-    case Access::none: return CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    case Access::read: return CU_MEM_ACCESS_FLAGS_PROT_READ;
-    case Access::read_write: return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    case Access::none:
+      return CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    case Access::read:
+      return CU_MEM_ACCESS_FLAGS_PROT_READ;
+    case Access::read_write:
+      return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
-  throw InvalidArgument(fmt::format("set_access: unknown access value {}",
-                                    static_cast<int>(access)));
+  throw InvalidArgument(
+      fmt::format("set_access: unknown access value {}", static_cast<int>(access)));
 }
 
 // Host chunks are not about any device; any context will do for the driver.
-int context_device(Location where) { return where.is_host() ? 0 : where.index; }
+int context_device(Location where) {
+  return where.is_host() ? 0 : where.index;
+}
 
 }  // namespace
 
@@ -108,8 +113,7 @@ void CudaBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
   check_aligned("map", "chunk offset", chunk_offset, page);
   if (chunk_offset > info.bytes || bytes > info.bytes - chunk_offset) {
     throw InvalidArgument(fmt::format("map: [{}, {}) lies outside chunk {:#x} of {} bytes",
-                                      chunk_offset, chunk_offset + bytes, chunk.value,
-                                      info.bytes));
+                                      chunk_offset, chunk_offset + bytes, chunk.value, info.bytes));
   }
   const auto scope = bind(context_device(info.where));
   SALUS_CU(api_, cuMemMap, static_cast<CUdeviceptr>(va), bytes, chunk_offset, chunk.value, 0);
@@ -122,8 +126,7 @@ void CudaBackend::unmap(DevicePtr va, std::size_t bytes) {
   SALUS_CU(api_, cuMemUnmap, static_cast<CUdeviceptr>(va), bytes);
 }
 
-void CudaBackend::set_access(DevicePtr va, std::size_t bytes,
-                             std::span<const AccessGrant> grants) {
+void CudaBackend::set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) {
   check_aligned("set_access", "address", va, address_granularity());
   check_size("set_access", bytes, address_granularity());
   std::vector<CUmemAccessDesc> descs;

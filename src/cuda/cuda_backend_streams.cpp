@@ -15,8 +15,12 @@ namespace {
 
 // Handles are the driver's pointers as integers: stable, unique while live, and 0 is never a
 // created stream (it is the legacy default stream).
-CUstream to_cu(StreamHandle stream) { return std::bit_cast<CUstream>(stream.value); }
-CUevent to_cu(EventHandle event) { return std::bit_cast<CUevent>(event.value); }
+CUstream to_cu(StreamHandle stream) {
+  return std::bit_cast<CUstream>(stream.value);
+}
+CUevent to_cu(EventHandle event) {
+  return std::bit_cast<CUevent>(event.value);
+}
 
 // Runs on a driver thread. It owns the closure from here on, and nothing may unwind into the
 // driver, so every exception ends here (logged, as there is no caller to hand it to).
@@ -146,12 +150,11 @@ void CudaBackend::launch_host_func(StreamHandle stream, std::function<void()> fn
   static_cast<void>(closure.release());
 }
 
-void CudaBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
-                             StreamHandle stream) {
+void CudaBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
   if (bytes == 0) return;  // nothing to order; avoids a driver round trip
   const auto scope = bind(device_of(stream));
-  SALUS_CU(api_, cuMemcpyAsync, static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
-           bytes, to_cu(stream));
+  SALUS_CU(api_, cuMemcpyAsync, static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src), bytes,
+           to_cu(stream));
 }
 
 }  // namespace salus::cuda

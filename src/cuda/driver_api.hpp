@@ -18,37 +18,37 @@
 // (cuDeviceTotalMem -> cuDeviceTotalMem_v2), so each member gets the signature of the version the
 // header declares. Members are therefore spelled api.cuStreamDestroy in code, but the compiler
 // sees api.cuStreamDestroy_v2 everywhere, consistently.
-#define SALUS_CUDA_DRIVER_ENTRIES(X)  \
-  X(cuGetErrorName)                   \
-  X(cuInit)                           \
-  X(cuDeviceGetCount)                 \
-  X(cuDeviceGet)                      \
-  X(cuDeviceGetName)                  \
-  X(cuDeviceTotalMem)                 \
-  X(cuDeviceGetP2PAttribute)          \
-  X(cuDevicePrimaryCtxRetain)         \
-  X(cuDevicePrimaryCtxRelease)        \
-  X(cuCtxGetCurrent)                  \
-  X(cuCtxSetCurrent)                  \
-  X(cuCtxGetStreamPriorityRange)      \
-  X(cuMemGetAllocationGranularity)    \
-  X(cuMemCreate)                      \
-  X(cuMemRelease)                     \
-  X(cuMemAddressReserve)              \
-  X(cuMemAddressFree)                 \
-  X(cuMemMap)                         \
-  X(cuMemUnmap)                       \
-  X(cuMemSetAccess)                   \
-  X(cuStreamCreateWithPriority)       \
-  X(cuStreamDestroy)                  \
-  X(cuStreamSynchronize)              \
-  X(cuStreamWaitEvent)                \
-  X(cuEventCreate)                    \
-  X(cuEventDestroy)                   \
-  X(cuEventRecord)                    \
-  X(cuEventQuery)                     \
-  X(cuEventSynchronize)               \
-  X(cuLaunchHostFunc)                 \
+#define SALUS_CUDA_DRIVER_ENTRIES(X) \
+  X(cuGetErrorName)                  \
+  X(cuInit)                          \
+  X(cuDeviceGetCount)                \
+  X(cuDeviceGet)                     \
+  X(cuDeviceGetName)                 \
+  X(cuDeviceTotalMem)                \
+  X(cuDeviceGetP2PAttribute)         \
+  X(cuDevicePrimaryCtxRetain)        \
+  X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxGetCurrent)                 \
+  X(cuCtxSetCurrent)                 \
+  X(cuCtxGetStreamPriorityRange)     \
+  X(cuMemGetAllocationGranularity)   \
+  X(cuMemCreate)                     \
+  X(cuMemRelease)                    \
+  X(cuMemAddressReserve)             \
+  X(cuMemAddressFree)                \
+  X(cuMemMap)                        \
+  X(cuMemUnmap)                      \
+  X(cuMemSetAccess)                  \
+  X(cuStreamCreateWithPriority)      \
+  X(cuStreamDestroy)                 \
+  X(cuStreamSynchronize)             \
+  X(cuStreamWaitEvent)               \
+  X(cuEventCreate)                   \
+  X(cuEventDestroy)                  \
+  X(cuEventRecord)                   \
+  X(cuEventQuery)                    \
+  X(cuEventSynchronize)              \
+  X(cuLaunchHostFunc)                \
   X(cuMemcpyAsync)
 
 namespace salus::cuda {
@@ -68,8 +68,7 @@ struct DriverApi {
 };
 
 #define SALUS_CUDA_ENTRY_NAME(name) #name,
-inline constexpr std::array kDriverEntryNames = {
-    SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)};
+inline constexpr std::array kDriverEntryNames = {SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)};
 #undef SALUS_CUDA_ENTRY_NAME
 
 // cuGetProcAddress as declared by CUDA 12+ headers (the _v2 ABI with a query-result out-param).

@@ -152,7 +152,9 @@ FakeDriver::~FakeDriver() {
   g_current.store(nullptr);
 }
 
-FakeDriver* FakeDriver::current() noexcept { return g_current.load(); }
+FakeDriver* FakeDriver::current() noexcept {
+  return g_current.load();
+}
 
 cuda::DriverApi FakeDriver::api() const {
   cuda::DriverApi api;
@@ -166,11 +168,19 @@ cuda::DriverApi FakeDriver::api() const {
 void FakeDriver::fail_next(std::string call, CUresult code, int skip) {
   state_->fail_next(std::move(call), code, skip);
 }
-void FakeDriver::set_peer(int from, int to, FakePeerConfig peer) { state_->set_peer(from, to, peer); }
-void FakeDriver::hold_events(bool hold) { state_->hold_events(hold); }
-void FakeDriver::complete_events() { state_->complete_events(); }
+void FakeDriver::set_peer(int from, int to, FakePeerConfig peer) {
+  state_->set_peer(from, to, peer);
+}
+void FakeDriver::hold_events(bool hold) {
+  state_->hold_events(hold);
+}
+void FakeDriver::complete_events() {
+  state_->complete_events();
+}
 
-std::vector<FakeCall> FakeDriver::calls() const { return state_->calls(); }
+std::vector<FakeCall> FakeDriver::calls() const {
+  return state_->calls();
+}
 
 std::vector<FakeCall> FakeDriver::calls(std::string_view name) const {
   std::vector<FakeCall> out;
@@ -191,24 +201,45 @@ std::vector<std::string> FakeDriver::call_names(bool with_context_calls) const {
   return out;
 }
 
-std::size_t FakeDriver::count(std::string_view name) const { return calls(name).size(); }
-void FakeDriver::clear_calls() { state_->clear_calls(); }
+std::size_t FakeDriver::count(std::string_view name) const {
+  return calls(name).size();
+}
+void FakeDriver::clear_calls() {
+  state_->clear_calls();
+}
 Access FakeDriver::access_of(DevicePtr va, int device) const {
   return state_->access_of(va, device);
 }
-std::size_t FakeDriver::mapped_bytes() const { return state_->mapped_bytes(); }
-std::size_t FakeDriver::live_chunks() const { return state_->live_chunks(); }
-std::size_t FakeDriver::used_bytes(Location where) const { return state_->used_bytes(where); }
-std::size_t FakeDriver::reserved_bytes() const { return state_->reserved_bytes(); }
-std::size_t FakeDriver::live_streams() const { return state_->live_streams(); }
-std::size_t FakeDriver::live_events() const { return state_->live_events(); }
-int FakeDriver::retained_contexts(int device) const { return state_->retained_contexts(device); }
-bool FakeDriver::initialized() const { return state_->initialized(); }
+std::size_t FakeDriver::mapped_bytes() const {
+  return state_->mapped_bytes();
+}
+std::size_t FakeDriver::live_chunks() const {
+  return state_->live_chunks();
+}
+std::size_t FakeDriver::used_bytes(Location where) const {
+  return state_->used_bytes(where);
+}
+std::size_t FakeDriver::reserved_bytes() const {
+  return state_->reserved_bytes();
+}
+std::size_t FakeDriver::live_streams() const {
+  return state_->live_streams();
+}
+std::size_t FakeDriver::live_events() const {
+  return state_->live_events();
+}
+int FakeDriver::retained_contexts(int device) const {
+  return state_->retained_contexts(device);
+}
+bool FakeDriver::initialized() const {
+  return state_->initialized();
+}
 
 const char* fake_error_name(CUresult code) noexcept {
   switch (code) {
 #define SALUS_FAKE_ERROR(e) \
-  case e: return #e;
+  case e:                   \
+    return #e;
     SALUS_FAKE_ERROR(CUDA_SUCCESS)
     SALUS_FAKE_ERROR(CUDA_ERROR_INVALID_VALUE)
     SALUS_FAKE_ERROR(CUDA_ERROR_OUT_OF_MEMORY)
@@ -230,7 +261,8 @@ const char* fake_error_name(CUresult code) noexcept {
     SALUS_FAKE_ERROR(CUDA_ERROR_NOT_SUPPORTED)
     SALUS_FAKE_ERROR(CUDA_ERROR_UNKNOWN)
 #undef SALUS_FAKE_ERROR
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 

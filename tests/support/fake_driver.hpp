@@ -106,7 +106,7 @@ class FakeDriver {
   // --- state ---
   [[nodiscard]] Access access_of(DevicePtr va, int device) const;  // none where unmapped
   [[nodiscard]] std::size_t mapped_bytes() const;
-  [[nodiscard]] std::size_t live_chunks() const;  // created and not released
+  [[nodiscard]] std::size_t live_chunks() const;               // created and not released
   [[nodiscard]] std::size_t used_bytes(Location where) const;  // physical bytes still allocated
   [[nodiscard]] std::size_t reserved_bytes() const;
   [[nodiscard]] std::size_t live_streams() const;

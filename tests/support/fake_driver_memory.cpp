@@ -101,15 +101,14 @@ CUresult FakeDriver::State::mem_address_free(CUdeviceptr ptr, std::size_t size) 
 }
 
 CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
-                                    CUmemGenericAllocationHandle handle,
-                                    unsigned long long flags) {
+                                    CUmemGenericAllocationHandle handle, unsigned long long flags) {
   return run("cuMemMap", {ptr, size, offset, handle, flags}, [&] {
     const auto it = chunks_.find(handle);
     if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_HANDLE;
     Chunk& chunk = it->second;
-    const std::size_t page = chunk.host ? config_.host_granularity
-                                        : config_.devices[static_cast<std::size_t>(chunk.device)]
-                                              .granularity;
+    const std::size_t page =
+        chunk.host ? config_.host_granularity
+                   : config_.devices[static_cast<std::size_t>(chunk.device)].granularity;
     if (flags != 0 || size == 0 || ptr % page != 0 || size % page != 0 || offset % page != 0 ||
         offset > chunk.size || size > chunk.size - offset) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -119,8 +118,8 @@ CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size
     mappings_.emplace(ptr, Mapping{size, handle});
     for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
       // A fresh mapping is inaccessible until cuMemSetAccess, as with the driver.
-      pages_.emplace(p, std::vector<CUmemAccess_flags>(config_.devices.size(),
-                                                       CU_MEM_ACCESS_FLAGS_PROT_NONE));
+      pages_.emplace(
+          p, std::vector<CUmemAccess_flags>(config_.devices.size(), CU_MEM_ACCESS_FLAGS_PROT_NONE));
     }
     ++chunk.mappings;
     return CUDA_SUCCESS;

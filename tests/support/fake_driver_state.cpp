@@ -1,13 +1,13 @@
 // The fake driver's semantics: enough of the real driver's rules that a backend or memory-manager
 // bug (unaligned map, double map, partial unmap, access to an unmapped range, peer access where
 // there is none, leaked chunks) fails here as it would on a GPU.
+#include "support/fake_driver_state.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstring>
 #include <utility>
-
-#include "support/fake_driver_state.hpp"
 
 namespace salus::test {
 
@@ -17,14 +17,17 @@ std::atomic<std::uint64_t> g_generation{1};
 // Like the driver's, the current context is per thread.
 thread_local CUcontext t_current = nullptr;
 
-std::uint64_t as_int(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+std::uint64_t as_int(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 }  // namespace
 
 FakeDriver::State::State(FakeDriverConfig config)
     : config_(std::move(config)), generation_(g_generation.fetch_add(1)) {
   page_ = config_.host_chunks ? config_.host_granularity : ~std::size_t{0};
-  for (const FakeDeviceConfig& device : config_.devices) page_ = std::min(page_, device.granularity);
+  for (const FakeDeviceConfig& device : config_.devices)
+    page_ = std::min(page_, device.granularity);
   if (config_.devices.empty()) page_ = config_.host_granularity;
   retained_.assign(config_.devices.size(), 0);
   device_used_.assign(config_.devices.size(), 0);
@@ -55,8 +58,8 @@ CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t
 
 CUcontext FakeDriver::State::context_of(int device) const {
   // An opaque value that is never dereferenced: generation and device packed into a pointer.
-  return std::bit_cast<CUcontext>(static_cast<std::uintptr_t>((generation_ << 16) |
-                                                              static_cast<unsigned>(device + 1)));
+  return std::bit_cast<CUcontext>(
+      static_cast<std::uintptr_t>((generation_ << 16) | static_cast<unsigned>(device + 1)));
 }
 
 int FakeDriver::State::current_device() const {
@@ -84,7 +87,8 @@ std::optional<std::size_t> FakeDriver::State::granularity_of(const CUmemLocation
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
       if (!config_.host_chunks) return std::nullopt;
       return config_.host_granularity;
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -156,8 +160,8 @@ CUresult FakeDriver::State::device_get(CUdevice* device, int ordinal) {
 }
 
 CUresult FakeDriver::State::device_get_name(char* name, int len, CUdevice device) {
-  return run("cuDeviceGetName", {static_cast<std::uint64_t>(len), static_cast<std::uint64_t>(device)},
-             [&] {
+  return run("cuDeviceGetName",
+             {static_cast<std::uint64_t>(len), static_cast<std::uint64_t>(device)}, [&] {
                if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
                if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
                const std::string& full = config_.devices[static_cast<std::size_t>(device)].name;
@@ -189,12 +193,18 @@ CUresult FakeDriver::State::device_get_p2p_attribute(int* value, CUdevice_P2PAtt
                }
                const FakePeerConfig& link = peer(src, dst);
                switch (attrib) {
-                 case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = link.access; break;
-                 case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = link.performance_rank; break;
+                 case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+                   *value = link.access;
+                   break;
+                 case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+                   *value = link.performance_rank;
+                   break;
                  case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
                    *value = link.access && link.native_atomics;
                    break;
-                 default: *value = 0; break;
+                 default:
+                   *value = 0;
+                   break;
                }
                return CUDA_SUCCESS;
              });
@@ -293,9 +303,12 @@ Access FakeDriver::State::access_of(DevicePtr va, int device) const {
   const auto it = pages_.find(va - va % page_);
   if (it == pages_.end() || !valid_device(device)) return Access::none;
   switch (it->second[static_cast<std::size_t>(device)]) {
-    case CU_MEM_ACCESS_FLAGS_PROT_READ: return Access::read;
-    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return Access::read_write;
-    default: return Access::none;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ:
+      return Access::read;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+      return Access::read_write;
+    default:
+      return Access::none;
   }
 }
 

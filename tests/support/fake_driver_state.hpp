@@ -107,7 +107,9 @@ class FakeDriver::State {
   CUresult run(std::string_view name, std::vector<std::uint64_t> args,
                const std::function<CUresult()>& body);
   [[nodiscard]] int device_count() const { return static_cast<int>(config_.devices.size()); }
-  [[nodiscard]] bool valid_device(int device) const { return device >= 0 && device < device_count(); }
+  [[nodiscard]] bool valid_device(int device) const {
+    return device >= 0 && device < device_count();
+  }
   [[nodiscard]] int current_device() const;  // -1: no valid current context
   [[nodiscard]] CUcontext context_of(int device) const;
   [[nodiscard]] bool valid_stream(CUstream stream) const;  // nullptr (legacy) is valid
@@ -135,9 +137,9 @@ class FakeDriver::State {
   std::size_t host_used_ = 0;
   std::map<CUdeviceptr, std::size_t> reservations_;  // base -> size
   CUdeviceptr next_va_ = 0x2000'0000'0000;
-  std::map<CUdeviceptr, Mapping> mappings_;                     // start -> mapping
+  std::map<CUdeviceptr, Mapping> mappings_;                      // start -> mapping
   std::map<CUdeviceptr, std::vector<CUmemAccess_flags>> pages_;  // mapped page -> per device
-  std::map<std::uintptr_t, int> streams_;                       // stream -> device
+  std::map<std::uintptr_t, int> streams_;                        // stream -> device
   std::map<std::uintptr_t, Event> events_;
   std::uintptr_t next_object_ = 0x10000;
   bool hold_events_ = false;

@@ -8,7 +8,9 @@ namespace salus::test {
 
 namespace {
 
-std::uint64_t as_int(const void* p) { return std::bit_cast<std::uintptr_t>(p); }
+std::uint64_t as_int(const void* p) {
+  return std::bit_cast<std::uintptr_t>(p);
+}
 
 }  // namespace
 
@@ -28,7 +30,7 @@ CUresult FakeDriver::State::stream_create_with_priority(CUstream* stream, unsign
 CUresult FakeDriver::State::stream_destroy(CUstream stream) {
   return run("cuStreamDestroy", {as_int(stream)}, [&] {
     return streams_.erase(std::bit_cast<std::uintptr_t>(stream)) == 1 ? CUDA_SUCCESS
-                                                                       : CUDA_ERROR_INVALID_HANDLE;
+                                                                      : CUDA_ERROR_INVALID_HANDLE;
   });
 }
 
@@ -70,7 +72,7 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
 CUresult FakeDriver::State::event_destroy(CUevent event) {
   return run("cuEventDestroy", {as_int(event)}, [&] {
     return events_.erase(std::bit_cast<std::uintptr_t>(event)) == 1 ? CUDA_SUCCESS
-                                                                     : CUDA_ERROR_INVALID_HANDLE;
+                                                                    : CUDA_ERROR_INVALID_HANDLE;
   });
 }
 
