@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory_resource>
 #include <set>
 #include <vector>
 
@@ -91,7 +92,8 @@ class Arena {
   std::deque<Block> storage_;  // owns every Block; a deque never moves its elements
   std::vector<Block*> spare_;  // recycled storage
   Block* head_ = nullptr;
-  std::set<Block*, BySizeThenAddress> free_;
+  std::pmr::unsynchronized_pool_resource node_pool_;  // tree nodes, recycled without malloc
+  std::pmr::set<Block*, BySizeThenAddress> free_{&node_pool_};
   std::size_t free_bytes_ = 0;
   std::vector<PageSlot> pages_;
 };

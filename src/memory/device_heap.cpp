@@ -11,27 +11,21 @@ constexpr std::size_t idx(Lifetime lifetime) { return static_cast<std::size_t>(l
 }  // namespace
 
 void DeviceCounters::on_allocate(Lifetime lifetime, std::size_t bytes) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
   raise_peak(peak_allocated, allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   const std::size_t c = idx(lifetime);
   raise_peak(peak_by_class[c], by_class[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  blocks_by_class[c].fetch_add(1, std::memory_order_relaxed);
 }
 
 void DeviceCounters::on_free(Lifetime lifetime, std::size_t bytes) {
-  frees.fetch_add(1, std::memory_order_relaxed);
   allocated.fetch_sub(bytes, std::memory_order_relaxed);
   by_class[idx(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
-  blocks_by_class[idx(lifetime)].fetch_sub(1, std::memory_order_relaxed);
 }
 
-void DeviceCounters::on_promote(std::size_t bytes, std::size_t blocks) {
+void DeviceCounters::on_promote(std::size_t bytes) {
   constexpr std::size_t per = idx(Lifetime::persistent);
   constexpr std::size_t eph = idx(Lifetime::ephemeral);
   raise_peak(peak_by_class[per], by_class[per].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   by_class[eph].fetch_sub(bytes, std::memory_order_relaxed);
-  blocks_by_class[per].fetch_add(blocks, std::memory_order_relaxed);
-  blocks_by_class[eph].fetch_sub(blocks, std::memory_order_relaxed);
 }
 
 DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, int device, std::size_t limit_bytes,
@@ -131,13 +125,15 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.peak_reserved = pool_.peak_held_bytes();
   s.mapped = counters_.mapped.load(std::memory_order_relaxed);
   s.cached = s.mapped > s.allocated ? s.mapped - s.allocated : 0;
+  StreamHeap::Tally tally;
+  for_each_stream_heap([&](StreamHeap& heap) { tally += heap.tally(); });
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
     s.by_class[c] = {counters_.by_class[c].load(std::memory_order_relaxed),
                      counters_.peak_by_class[c].load(std::memory_order_relaxed),
-                     counters_.blocks_by_class[c].load(std::memory_order_relaxed)};
+                     tally.blocks[c]};
   }
-  s.allocations = counters_.allocations.load(std::memory_order_relaxed);
-  s.frees = counters_.frees.load(std::memory_order_relaxed);
+  s.allocations = tally.allocations;
+  s.frees = tally.frees;
   s.page_maps = counters_.page_maps.load(std::memory_order_relaxed);
   s.page_unmaps = counters_.page_unmaps.load(std::memory_order_relaxed);
   s.chunk_creates = pool_.creates();

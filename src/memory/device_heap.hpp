@@ -16,15 +16,14 @@
 
 namespace salus::memory {
 
+// Device-wide counters that need one view across streams (peaks). Counts that do not are kept by
+// each stream heap under the lock it holds anyway, to keep shared cache lines off the hot path.
 struct DeviceCounters {
   std::atomic<std::size_t> allocated{0};
   std::atomic<std::size_t> peak_allocated{0};
   std::atomic<std::size_t> mapped{0};
   std::atomic<std::size_t> by_class[kLifetimeCount] = {};
   std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
-  std::atomic<std::size_t> blocks_by_class[kLifetimeCount] = {};
-  std::atomic<std::uint64_t> allocations{0};
-  std::atomic<std::uint64_t> frees{0};
   std::atomic<std::uint64_t> page_maps{0};
   std::atomic<std::uint64_t> page_unmaps{0};
   std::atomic<std::uint64_t> cross_stream_reuses{0};
@@ -32,7 +31,7 @@ struct DeviceCounters {
 
   void on_allocate(Lifetime lifetime, std::size_t bytes);
   void on_free(Lifetime lifetime, std::size_t bytes);
-  void on_promote(std::size_t bytes, std::size_t blocks);
+  void on_promote(std::size_t bytes);
 };
 
 class DeviceHeap {

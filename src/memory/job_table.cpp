@@ -40,7 +40,6 @@ std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t 
     return fmt::format("job {} budget of {} bytes would be exceeded", to_string(lifetime),
                        class_limit);
   }
-  blocks_by_class[index(lifetime)].fetch_add(1, std::memory_order_relaxed);
   raise_peak(peak_total, in_use_total.load(std::memory_order_relaxed));
   raise_peak(peak_by_class[index(lifetime)], by_class.load(std::memory_order_relaxed));
   return std::nullopt;
@@ -48,15 +47,12 @@ std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t 
 
 void JobRecord::uncharge(Lifetime lifetime, std::size_t bytes) {
   in_use_by_class[index(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
-  blocks_by_class[index(lifetime)].fetch_sub(1, std::memory_order_relaxed);
   in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes, std::size_t blocks) {
+void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes) {
   in_use_by_class[index(to)].fetch_add(bytes, std::memory_order_relaxed);
   in_use_by_class[index(from)].fetch_sub(bytes, std::memory_order_relaxed);
-  blocks_by_class[index(to)].fetch_add(blocks, std::memory_order_relaxed);
-  blocks_by_class[index(from)].fetch_sub(blocks, std::memory_order_relaxed);
   raise_peak(peak_by_class[index(to)], in_use_by_class[index(to)].load(std::memory_order_relaxed));
 }
 

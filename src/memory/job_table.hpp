@@ -25,7 +25,6 @@ struct JobRecord {
   std::atomic<std::size_t> in_use_by_class[kLifetimeCount] = {};
   std::atomic<std::size_t> peak_total{0};
   std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
-  std::atomic<std::size_t> blocks_by_class[kLifetimeCount] = {};
   std::atomic<std::uint64_t> promoted{0};
 
   void set_limits(const JobMemoryLimits& limits);
@@ -33,7 +32,7 @@ struct JobRecord {
   [[nodiscard]] std::optional<std::string> try_charge(Lifetime lifetime, std::size_t bytes);
   void uncharge(Lifetime lifetime, std::size_t bytes);
   // Moves bytes between classes without a budget check: promotion cannot fail.
-  void move_class(Lifetime from, Lifetime to, std::size_t bytes, std::size_t blocks);
+  void move_class(Lifetime from, Lifetime to, std::size_t bytes);
 };
 
 class JobTable {

@@ -153,9 +153,9 @@ class MemoryManager::Impl {
     std::size_t total = 0;
     for (const auto& device : heaps_) {
       device->for_each_stream_heap([&](StreamHeap& heap) {
-        auto [bytes, blocks] = heap.promote(id);
+        const std::size_t bytes = heap.promote(id).first;
         if (bytes == 0) return;
-        job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes, blocks);
+        job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes);
         total += bytes;
       });
     }
@@ -174,19 +174,25 @@ class MemoryManager::Impl {
     s.job = job.id;
     s.name = job.name;
     s.alive = job.alive.load(std::memory_order_relaxed);
+    std::size_t blocks[kLifetimeCount] = {};
+    for (const auto& device : heaps_) {
+      std::size_t bytes = 0;
+      device->for_each_stream_heap([&](StreamHeap& heap) {
+        const StreamHeap::JobUsage usage = heap.job_usage(job.id);
+        for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+          bytes += usage.bytes[c];
+          blocks[c] += usage.blocks[c];
+        }
+      });
+      s.in_use_by_device.push_back(bytes);
+    }
     for (std::size_t c = 0; c < kLifetimeCount; ++c) {
       s.by_class[c] = {job.in_use_by_class[c].load(std::memory_order_relaxed),
-                       job.peak_by_class[c].load(std::memory_order_relaxed),
-                       job.blocks_by_class[c].load(std::memory_order_relaxed)};
+                       job.peak_by_class[c].load(std::memory_order_relaxed), blocks[c]};
     }
     s.in_use = job.in_use_total.load(std::memory_order_relaxed);
     s.peak = job.peak_total.load(std::memory_order_relaxed);
     s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
-    for (const auto& device : heaps_) {
-      std::size_t bytes = 0;
-      device->for_each_stream_heap([&](StreamHeap& heap) { bytes += heap.job_bytes(job.id); });
-      s.in_use_by_device.push_back(bytes);
-    }
     return s;
   }
 

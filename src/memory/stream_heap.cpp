@@ -90,6 +90,8 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   block->lifetime = lifetime;
   link(block);
   live_.emplace(block->addr, block);
+  ++tally_.allocations;
+  ++tally_.blocks[static_cast<std::size_t>(lifetime)];
   device_.counters().on_allocate(lifetime, block->size);
   return {.ptr = block->addr};
 }
@@ -162,7 +164,8 @@ void StreamHeap::link(Block* block) {
   block->job_next = owner.head[c];
   if (owner.head[c]) owner.head[c]->job_prev = block;
   owner.head[c] = block;
-  owner.bytes[c] += block->size;
+  owner.usage.bytes[c] += block->size;
+  ++owner.usage.blocks[c];
 }
 
 void StreamHeap::unlink(Block* block) {
@@ -175,13 +178,16 @@ void StreamHeap::unlink(Block* block) {
   }
   if (block->job_next) block->job_next->job_prev = block->job_prev;
   block->job_prev = block->job_next = nullptr;
-  owner.bytes[c] -= block->size;
+  owner.usage.bytes[c] -= block->size;
+  --owner.usage.blocks[c];
 }
 
 FreedBlock StreamHeap::free_block(Block* block) {
   const FreedBlock freed{block->job, block->lifetime, block->size};
   unlink(block);
   live_.erase(block->addr);
+  ++tally_.frees;
+  --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
   device_.counters().on_free(block->lifetime, block->size);
   if (block->other_streams.empty()) {
     arena_of(*block).release(block);
@@ -248,10 +254,14 @@ std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   if (owner.head[per]) owner.head[per]->job_prev = tail;
   owner.head[per] = owner.head[eph];
   owner.head[eph] = nullptr;
-  const std::size_t bytes = owner.bytes[eph];
-  owner.bytes[per] += bytes;
-  owner.bytes[eph] = 0;
-  device_.counters().on_promote(bytes, blocks);
+  const std::size_t bytes = owner.usage.bytes[eph];
+  owner.usage.bytes[per] += bytes;
+  owner.usage.bytes[eph] = 0;
+  owner.usage.blocks[per] += blocks;
+  owner.usage.blocks[eph] = 0;
+  tally_.blocks[per] += blocks;
+  tally_.blocks[eph] -= blocks;
+  device_.counters().on_promote(bytes);
   return {bytes, blocks};
 }
 
@@ -263,10 +273,22 @@ std::optional<BlockInfo> StreamHeap::find(DevicePtr ptr) {
   return BlockInfo{b.addr, b.size, b.requested, device_.device(), stream_, b.job, b.lifetime};
 }
 
-std::size_t StreamHeap::job_bytes(JobId job) {
+StreamHeap::Tally& StreamHeap::Tally::operator+=(const Tally& other) {
+  allocations += other.allocations;
+  frees += other.frees;
+  for (std::size_t c = 0; c < kLifetimeCount; ++c) blocks[c] += other.blocks[c];
+  return *this;
+}
+
+StreamHeap::Tally StreamHeap::tally() {
+  std::lock_guard lock(mu_);
+  return tally_;
+}
+
+StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job.value);
-  return it == jobs_.end() ? 0 : it->second.bytes[0] + it->second.bytes[1];
+  return it == jobs_.end() ? JobUsage{} : it->second.usage;
 }
 
 std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<ChunkHandle>& out) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -59,13 +60,25 @@ class StreamHeap {
   // this stream's work so far has finished. Returns how many.
   std::size_t reclaim_pages(std::size_t wanted);
   void remap(DevicePtr ptr, Location where);
-  // Live bytes of `job` here, both classes.
-  [[nodiscard]] std::size_t job_bytes(JobId job);
+  // Operation and block counts, kept under this heap's lock.
+  struct Tally {
+    std::uint64_t allocations = 0;
+    std::uint64_t frees = 0;
+    std::size_t blocks[kLifetimeCount] = {};
+    Tally& operator+=(const Tally& other);
+  };
+  [[nodiscard]] Tally tally();
+  // Live bytes and blocks of `job` here, by class.
+  struct JobUsage {
+    std::size_t bytes[kLifetimeCount] = {};
+    std::size_t blocks[kLifetimeCount] = {};
+  };
+  [[nodiscard]] JobUsage job_usage(JobId job);
 
  private:
   struct JobBlocks {
     Block* head[kLifetimeCount] = {};
-    std::size_t bytes[kLifetimeCount] = {};
+    JobUsage usage;
   };
 
   Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
@@ -88,7 +101,10 @@ class StreamHeap {
   Arena small_;
   Arena large_;
   DevicePtr scratch_page_ = 0;  // for remap: new pages are filled here before taking the place
-  std::unordered_map<DevicePtr, Block*> live_;
+  Tally tally_;
+  // Map nodes come from a pool owned by this heap: no trip to malloc on the hot path.
+  std::pmr::unsynchronized_pool_resource node_pool_;
+  std::pmr::unordered_map<DevicePtr, Block*> live_{&node_pool_};
   std::unordered_map<std::uint32_t, JobBlocks> jobs_;
   // Blocks freed while other streams may still use them, with an event per such stream.
   struct Pending {
