@@ -31,7 +31,12 @@ typedef enum salus_status {
   SALUS_ERROR_INTERNAL = 6
 } salus_status;
 
-typedef enum salus_lifetime { SALUS_PERSISTENT = 0, SALUS_EPHEMERAL = 1 } salus_lifetime;
+/* The last value widens the enum to int, so any int a C caller passes is a valid value to check. */
+typedef enum salus_lifetime {
+  SALUS_PERSISTENT = 0,
+  SALUS_EPHEMERAL = 1,
+  SALUS_LIFETIME_FORCE_INT = 0x7fffffff
+} salus_lifetime;
 
 /* Memory that no registered job claimed is charged to job 0. */
 #define SALUS_UNATTRIBUTED_JOB 0u
