@@ -54,28 +54,44 @@ TEST_F(MemoryStreamOrder, FreedBlockIsReusedAtOnceOnItsOwnStream) {
   memory->deallocate(q);
 }
 
-TEST_F(MemoryStreamOrder, AnotherStreamGetsThePagesOnlyAfterTheFreeingStreamsWork) {
+TEST_F(MemoryStreamOrder, AnotherStreamGetsThePagesOnlyBehindTheFreeingStreamsWork) {
   std::atomic<bool> a_done{false};
   auto gate = block_stream(a, a_done);
   const DevicePtr p = alloc(8 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
   memory->deallocate(p);  // every page of the device is now a free block of stream a
 
-  // Stream b needs every page. It must not receive them while a's work may still write them.
-  std::atomic<bool> allocated{false};
-  bool a_done_when_allocated = false;
-  std::thread taker([&] {
-    const DevicePtr q = alloc(8 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, b.handle());
-    a_done_when_allocated = a_done.load();
-    allocated.store(true);
-    memory->deallocate(q);
-  });
-  std::this_thread::sleep_for(100ms);
-  EXPECT_FALSE(allocated.load()) << "b was handed a's pages while a's work was pending";
-  gate.set_value();
-  taker.join();
-  EXPECT_TRUE(allocated.load());
-  EXPECT_TRUE(a_done_when_allocated);
+  // Stream b needs every page. The host is not blocked: b gets the pages at once, and b's work is
+  // made to wait on the GPU for a's work, which may still write them.
+  const DevicePtr q = alloc(8 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, b.handle());
+  EXPECT_FALSE(a_done.load()) << "the allocation waited on the host for a's work";
   EXPECT_GE(memory->device_stats(0).cross_stream_reuses, 4u);
+  std::atomic<bool> a_done_when_b_ran{false};
+  std::atomic<bool> b_ran{false};
+  backend->launch_host_func(b.handle(), [&] {
+    a_done_when_b_ran.store(a_done.load());
+    b_ran.store(true);
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(b_ran.load()) << "b's work ran while a's work on the same pages was pending";
+  gate.set_value();
+  b.synchronize();
+  EXPECT_TRUE(b_ran.load());
+  EXPECT_TRUE(a_done_when_b_ran.load());
+  memory->deallocate(q);
+}
+
+TEST_F(MemoryStreamOrder, TrimWaitsForPendingWorkBeforeReleasingPages) {
+  std::atomic<bool> a_done{false};
+  auto gate = block_stream(a, a_done);
+  const DevicePtr p = alloc(4 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
+  memory->deallocate(p);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(50ms);
+    gate.set_value();
+  });
+  EXPECT_EQ(memory->trim(), 4 * MiB);
+  EXPECT_TRUE(a_done.load()) << "pages were released while a's work could still touch them";
+  opener.join();
 }
 
 TEST_F(MemoryStreamOrder, BlockUsedOnAnotherStreamWaitsForThatStreamToo) {

@@ -12,11 +12,11 @@ PagePool::PagePool(DeviceBackend& backend, Location where, std::size_t page_byte
 
 PagePool::~PagePool() { trim(); }
 
-std::size_t PagePool::acquire(std::size_t count, std::vector<ChunkHandle>& out) {
+std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
   std::size_t added = 0;
   while (added < count && !kept_.empty()) {
-    out.push_back(kept_.back());
+    out.push_back(std::move(kept_.back()));
     kept_.pop_back();
     ++added;
   }
@@ -30,7 +30,7 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<ChunkHandle>& out) 
       if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") break;
       throw;
     }
-    out.push_back(chunk);
+    out.push_back({chunk, nullptr});
     ++added;
     held_.fetch_add(page_bytes_, std::memory_order_relaxed);
     creates_.fetch_add(1, std::memory_order_relaxed);
@@ -39,26 +39,28 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<ChunkHandle>& out) 
   return added;
 }
 
-void PagePool::put(ChunkHandle page) {
+void PagePool::put(Page page) {
   std::lock_guard lock(mu_);
-  kept_.push_back(page);
+  kept_.push_back(std::move(page));
 }
 
-void PagePool::put(const std::vector<ChunkHandle>& pages) {
+void PagePool::put(std::vector<Page>& pages) {
   std::lock_guard lock(mu_);
-  kept_.insert(kept_.end(), pages.begin(), pages.end());
+  for (Page& page : pages) kept_.push_back(std::move(page));
+  pages.clear();
 }
 
 std::size_t PagePool::trim() {
-  std::vector<ChunkHandle> pages;
+  std::vector<Page> pages;
   {
     std::lock_guard lock(mu_);
     pages.swap(kept_);
   }
   std::size_t released = 0;
-  for (ChunkHandle page : pages) {
+  for (const Page& page : pages) {
     try {
-      backend_.release_chunk(page);
+      if (page.fence) page.fence->synchronize();
+      backend_.release_chunk(page.chunk);
       released += page_bytes_;
     } catch (const Error& e) {
       spdlog::error("salus: releasing a page at {} failed: {}", to_string(where_), e.what());

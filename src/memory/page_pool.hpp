@@ -4,12 +4,20 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "salus/device.hpp"
 
 namespace salus::memory {
+
+// A physical page outside any mapping. `fence`, when set, marks GPU work that may still touch
+// the page (work of the stream it was taken from): a new user must wait for it first.
+struct Page {
+  ChunkHandle chunk{};
+  std::shared_ptr<const Event> fence;
+};
 
 class PagePool {
  public:
@@ -21,11 +29,11 @@ class PagePool {
   // Appends up to `count` pages to `out`, reusing kept pages first, then creating chunks while
   // under the limit. Returns how many were added. Throws DeviceError only for driver failures
   // other than running out of memory.
-  std::size_t acquire(std::size_t count, std::vector<ChunkHandle>& out);
+  std::size_t acquire(std::size_t count, std::vector<Page>& out);
   // Keeps unmapped pages for reuse.
-  void put(ChunkHandle page);
-  void put(const std::vector<ChunkHandle>& pages);
-  // Releases every kept page to the device; returns the bytes released.
+  void put(Page page);
+  void put(std::vector<Page>& pages);  // empties `pages`
+  // Releases every kept page to the device (after its fence); returns the bytes released.
   std::size_t trim();
 
   [[nodiscard]] Location where() const { return where_; }
@@ -44,7 +52,7 @@ class PagePool {
   const std::size_t page_bytes_;
   const std::size_t limit_bytes_;
   mutable std::mutex mu_;
-  std::vector<ChunkHandle> kept_;  // guarded by mu_
+  std::vector<Page> kept_;  // guarded by mu_
   std::atomic<std::size_t> held_{0};
   std::atomic<std::size_t> peak_held_{0};
   std::atomic<std::uint64_t> creates_{0};

@@ -33,7 +33,7 @@ StreamHeap::~StreamHeap() {
     spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown", device_.device(),
                  stream_.value, live_.size());
   }
-  std::vector<ChunkHandle> local;
+  std::vector<Page> local;
   for (Arena* arena : {&small_, &large_}) {
     for (std::size_t i = 0; i < arena->page_count(); ++i) {
       if (arena->page(i).mapped) {
@@ -65,7 +65,7 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   std::size_t missing = 0;
   for (std::size_t i = first; i < last; ++i) missing += arena.page(i).mapped ? 0 : 1;
   if (missing > 0) {
-    std::vector<ChunkHandle> pages;
+    std::vector<Page> pages;
     pages.reserve(missing);
     try {
       std::size_t got = device_.pool().acquire(missing, pages);
@@ -97,10 +97,11 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
 }
 
 void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
-                           std::vector<ChunkHandle>& pages) {
+                           std::vector<Page>& pages) {
   DeviceBackend& backend = device_.backend();
   const std::size_t page = arena.page_bytes();
   std::vector<std::size_t> mapped_now;
+  const Event* waited_on = nullptr;
   try {
     std::size_t i = first;
     while (i < last) {
@@ -111,7 +112,13 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
       // Map a run of unmapped pages, then grant access to the whole run at once.
       const std::size_t run_start = i;
       for (; i < last && !arena.page(i).mapped; ++i) {
-        const ChunkHandle chunk = pages.back();
+        const Page& next = pages.back();
+        // A page from another stream: our later work waits for that stream's, on the GPU.
+        if (next.fence && next.fence.get() != waited_on && !next.fence->query()) {
+          backend.stream_wait_event(stream_, next.fence->handle());
+          waited_on = next.fence.get();
+        }
+        const ChunkHandle chunk = next.chunk;
         backend.map(arena.page_addr(i), page, chunk, 0);
         pages.pop_back();
         arena.page(i) = {chunk, device_.pool().where(), true};
@@ -133,11 +140,11 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
   }
 }
 
-void StreamHeap::unmap_page(Arena& arena, std::size_t index, std::vector<ChunkHandle>& local_pages) {
+void StreamHeap::unmap_page(Arena& arena, std::size_t index, std::vector<Page>& local_pages) {
   PageSlot& slot = arena.page(index);
   device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
   if (slot.where == device_.pool().where()) {
-    local_pages.push_back(slot.chunk);
+    local_pages.push_back({slot.chunk, nullptr});
   } else {
     device_.backend().release_chunk(slot.chunk);
   }
@@ -291,7 +298,7 @@ StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   return it == jobs_.end() ? JobUsage{} : it->second.usage;
 }
 
-std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<ChunkHandle>& out) {
+std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out) {
   std::size_t taken = 0;
   for (Arena* arena : {&large_, &small_}) {
     arena->for_each_free_largest_first([&](const Block& free_block) {
@@ -317,10 +324,13 @@ void StreamHeap::drain_stream() {
 
 std::size_t StreamHeap::reclaim_pages(std::size_t wanted) {
   std::lock_guard lock(mu_);
-  // Work enqueued on this stream before its blocks were freed may still touch their pages.
-  drain_stream();
-  std::vector<ChunkHandle> pages;
+  std::vector<Page> pages;
   const std::size_t taken = reclaim_locked(wanted, pages);
+  if (taken == 0) return 0;
+  // Work enqueued on this stream before its blocks were freed may still touch their pages.
+  auto fence = std::make_shared<Event>(device_.shared_backend(), device_.device());
+  fence->record(stream_);
+  for (Page& page : pages) page.fence = fence;
   device_.pool().put(pages);
   return taken;
 }
@@ -348,7 +358,7 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   for (std::size_t i = first; i < last; ++i) {
     ChunkHandle fresh;
     if (local) {
-      std::vector<ChunkHandle> got;
+      std::vector<Page> got;
       if (device_.pool().acquire(1, got) == 0) {
         throw OutOfMemory({.job = block->job.value,
                            .job_name = {},
@@ -360,7 +370,8 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
                            .device_limit_bytes = device_.limit(),
                            .reason = "remap found no free page on the device"});
       }
-      fresh = got.front();
+      if (got.front().fence) got.front().fence->synchronize();
+      fresh = got.front().chunk;
     } else {
       fresh = backend.create_chunk(where, page);
     }
@@ -373,7 +384,7 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
       backend.synchronize_stream(stream_);
       backend.unmap(scratch_page_, page);
     } catch (...) {
-      local ? device_.pool().put(fresh) : backend.release_chunk(fresh);
+      local ? device_.pool().put({fresh, nullptr}) : backend.release_chunk(fresh);
       throw;
     }
     PageSlot& slot = arena.page(i);
@@ -383,7 +394,7 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
     backend.set_access(va, page, device_.grants());
     slot = {fresh, where, true};
     if (old.where == device_.pool().where()) {
-      device_.pool().put(old.chunk);
+      device_.pool().put({old.chunk, nullptr});
     } else {
       backend.release_chunk(old.chunk);
     }

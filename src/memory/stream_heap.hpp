@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/page_pool.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
 
@@ -56,8 +57,9 @@ class StreamHeap {
   // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}.
   std::pair<std::size_t, std::size_t> promote(JobId job);
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr);
-  // Unmaps up to `wanted` pages lying wholly inside free blocks and gives them to the pool, after
-  // this stream's work so far has finished. Returns how many.
+  // Unmaps up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
+  // by an event after this stream's work so far: whoever takes them waits on the GPU, not here.
+  // Returns how many.
   std::size_t reclaim_pages(std::size_t wanted);
   void remap(DevicePtr ptr, Location where);
   // Operation and block counts, kept under this heap's lock.
@@ -88,9 +90,9 @@ class StreamHeap {
   void unlink(Block* block);
   FreedBlock free_block(Block* block);
   void retire_pending();
-  std::size_t reclaim_locked(std::size_t wanted, std::vector<ChunkHandle>& out);
-  void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<ChunkHandle>& pages);
-  void unmap_page(Arena& arena, std::size_t index, std::vector<ChunkHandle>& local_pages);
+  std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out);
+  void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
+  void unmap_page(Arena& arena, std::size_t index, std::vector<Page>& local_pages);
   void drain_stream();
 
   DeviceHeap& device_;
