@@ -62,13 +62,20 @@ JobId JobTable::add(std::string name, JobMemoryLimits limits) {
   // The index is only known after the slot exists, so grow first and fill the slot after.
   auto slot = jobs_.grow_by(1);
   const JobId job{static_cast<std::uint32_t>(slot - jobs_.begin())};
-  *slot = std::make_unique<JobRecord>(job, std::move(name), limits);
+  slot->owner = std::make_unique<JobRecord>(job, std::move(name), limits);
+  slot->published.store(slot->owner.get(), std::memory_order_release);
   return job;
 }
 
+JobRecord* JobTable::find(JobId job) const {
+  if (job.value >= jobs_.size()) return nullptr;
+  return jobs_[job.value].published.load(std::memory_order_acquire);
+}
+
 JobRecord& JobTable::any(JobId job) const {
-  if (job.value >= jobs_.size() || !jobs_[job.value]) throw UnknownJob(job.value);
-  return *jobs_[job.value];
+  JobRecord* record = find(job);
+  if (record == nullptr) throw UnknownJob(job.value);
+  return *record;
 }
 
 JobRecord& JobTable::live(JobId job) const {

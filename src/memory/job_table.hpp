@@ -43,10 +43,18 @@ class JobTable {
   [[nodiscard]] JobRecord& live(JobId job) const;
   // The record whether live or released; throws UnknownJob for ids never handed out.
   [[nodiscard]] JobRecord& any(JobId job) const;
+  // The record of `job` once fully registered, else nullptr.
+  [[nodiscard]] JobRecord* find(JobId job) const;
   [[nodiscard]] std::size_t size() const { return jobs_.size(); }
 
  private:
-  tbb::concurrent_vector<std::unique_ptr<JobRecord>> jobs_;
+  // A slot exists before its record does (the id is the slot's index), so readers see the record
+  // only through `published`.
+  struct Slot {
+    std::atomic<JobRecord*> published{nullptr};
+    std::unique_ptr<JobRecord> owner;  // written once, by the registering thread
+  };
+  tbb::concurrent_vector<Slot> jobs_;
 };
 
 // Raises `peak` to at least `value`.

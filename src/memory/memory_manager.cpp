@@ -253,7 +253,10 @@ MemoryStats MemoryManager::stats() const {
   MemoryStats s;
   for (const auto& device : impl_->heaps_) s.devices.push_back(device->stats());
   for (std::size_t j = 0; j < impl_->jobs_.size(); ++j) {
-    s.jobs.push_back(impl_->job_stats(impl_->jobs_.any(JobId{static_cast<std::uint32_t>(j)})));
+    // A job being registered right now has a slot but no record yet.
+    if (const auto* job = impl_->jobs_.find(JobId{static_cast<std::uint32_t>(j)})) {
+      s.jobs.push_back(impl_->job_stats(*job));
+    }
   }
   return s;
 }
