@@ -1,0 +1,69 @@
+// The scheduling state of one device, without threads or clocks: admission into lanes, the
+// waiting jobs of each lane ordered by the policy's key, and what runs. The real scheduler drives
+// it under its lock with wall-clock seconds; the discrete-event simulator drives it with a virtual
+// clock. Every decision costs O(log n) in the number of jobs (n up to thousands).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "salus/scheduler.hpp"
+
+namespace salus::sched {
+
+// An iteration to start now, in `lane`.
+struct Start {
+  std::uint32_t job = 0;
+  int lane = 0;
+};
+
+struct Decision {
+  std::vector<Start> starts;  // already marked running in the core
+  // Memory-aware plans: ask again after this many seconds even if nothing else happens (a
+  // waiting job's predicted start offset). Unset when only an event can change the answer.
+  std::optional<double> recheck_after_seconds;
+};
+
+class DecisionCore {
+ public:
+  // `policy` must outlive the core. `budget_bytes`: what the device may hold for all jobs.
+  DecisionCore(const Policy& policy, std::size_t budget_bytes);
+  ~DecisionCore();
+  DecisionCore(const DecisionCore&) = delete;
+  DecisionCore& operator=(const DecisionCore&) = delete;
+
+  // Registers a job; it is admitted into a lane once its memory fits (possibly at once).
+  // Throws InvalidArgument for a duplicate id.
+  void add(const JobView& job);
+  // Replaces what is known of a job (profiled estimates, attained time, counters). A waiting job's
+  // key is recomputed; a lane's quota follows its members' new estimates.
+  void update(const JobView& job);
+  // The job left or was cancelled: it stops waiting or running and its lane share is freed.
+  void remove(std::uint32_t job);
+  // The job asks for its next iteration. Throws InvalidArgument if unknown, already waiting or
+  // running.
+  void wait(std::uint32_t job);
+  // A running iteration ended `now` (seconds on the caller's clock).
+  void finish(std::uint32_t job, double now);
+  // Starts every iteration that may start at `now` under the policy and marks them running.
+  Decision decide(double now);
+
+  [[nodiscard]] bool admitted(std::uint32_t job) const;
+  [[nodiscard]] bool waiting(std::uint32_t job) const;
+  [[nodiscard]] bool running(std::uint32_t job) const;
+  [[nodiscard]] std::optional<int> lane_of(std::uint32_t job) const;
+  [[nodiscard]] int lane_count() const;
+  // Bytes the admitted jobs are accounted for: per lane, sum of persistent + largest ephemeral
+  // peak (single/packed), or sum of persistent + largest peak (memory_aware).
+  [[nodiscard]] std::size_t committed_bytes() const;
+  [[nodiscard]] const JobView* view(std::uint32_t job) const;
+  [[nodiscard]] std::size_t job_count() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace salus::sched
