@@ -1,0 +1,306 @@
+// DecisionCore driven by hand: admission into lanes, start order per policy, exclusive lanes,
+// memory-aware overlap, re-keying and re-accounting on update, and bad transitions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "iteration_sched/decision.hpp"
+#include "salus/error.hpp"
+#include "salus/scheduler.hpp"
+
+namespace salus::sched {
+namespace {
+
+JobView job(std::uint32_t id, std::size_t persistent, std::size_t peak) {
+  JobView view;
+  view.id = id;
+  view.arrival = id;
+  view.persistent_bytes = persistent;
+  view.ephemeral_peak_bytes = peak;
+  view.iteration_seconds = 1.0;
+  return view;
+}
+
+std::vector<std::uint32_t> started(const Decision& decision) {
+  std::vector<std::uint32_t> ids;
+  for (const Start& s : decision.starts) ids.push_back(s.job);
+  return ids;
+}
+
+class DecisionCoreTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Policy> policy(const char* name) { return registry_.make(name); }
+
+ private:
+  PolicyRegistry registry_ = PolicyRegistry::with_builtins();
+};
+
+using Ids = std::vector<std::uint32_t>;
+
+TEST_F(DecisionCoreTest, SingleLaneSharesOneEphemeralRegionAndTakesTurns) {
+  const auto fair = policy("fair");
+  DecisionCore core(*fair, 100);
+  core.add(job(1, 10, 30));
+  core.add(job(2, 20, 40));
+  core.add(job(3, 5, 10));
+  EXPECT_EQ(core.lane_count(), 1);
+  EXPECT_EQ(core.committed_bytes(), 10u + 20 + 5 + 40);
+  for (std::uint32_t id : {1, 2, 3}) {
+    EXPECT_TRUE(core.admitted(id));
+    EXPECT_EQ(core.lane_of(id), 0);
+    core.wait(id);
+  }
+  EXPECT_EQ(started(core.decide(0.0)), Ids{1});
+  EXPECT_TRUE(core.running(1));
+  EXPECT_TRUE(core.decide(0.1).starts.empty());  // the lane is busy
+  JobView one = *core.view(1);
+  one.attained_seconds = 1.0;
+  core.update(one);
+  core.finish(1, 1.0);
+  core.wait(1);
+  EXPECT_EQ(started(core.decide(1.0)), Ids{2});  // least attained, ties by arrival
+  core.finish(2, 2.0);
+  EXPECT_EQ(started(core.decide(2.0)), Ids{3});
+  EXPECT_FALSE(core.waiting(3));
+  EXPECT_TRUE(core.waiting(1));
+}
+
+TEST_F(DecisionCoreTest, JobThatDoesNotFitWaitsAndIsAdmittedWhenAnotherLeaves) {
+  const auto fair = policy("fair");
+  DecisionCore core(*fair, 100);
+  core.add(job(1, 40, 30));
+  core.add(job(2, 40, 10));  // 80 + 30 > 100
+  core.add(job(3, 10, 20));  // 50 + 30 <= 100: later but small, admitted
+  EXPECT_TRUE(core.admitted(1));
+  EXPECT_FALSE(core.admitted(2));
+  EXPECT_TRUE(core.admitted(3));
+  EXPECT_LE(core.committed_bytes(), 100u);
+  core.wait(2);
+  EXPECT_TRUE(core.waiting(2));
+  EXPECT_FALSE(core.lane_of(2).has_value());
+  EXPECT_TRUE(core.decide(0.0).starts.empty());  // only the unadmitted job waits
+  core.remove(1);
+  EXPECT_TRUE(core.admitted(2));
+  EXPECT_EQ(core.committed_bytes(), 40u + 10 + 20);
+  EXPECT_EQ(started(core.decide(0.0)), Ids{2});
+  EXPECT_EQ(core.job_count(), 2u);
+}
+
+TEST_F(DecisionCoreTest, PackedOpensLanesWhileTheyFitThenJoinsTheLeastGrowingLane) {
+  const auto pack = policy("pack");
+  DecisionCore core(*pack, 100);
+  core.add(job(1, 10, 30));  // lane 0: 40
+  core.add(job(2, 10, 20));  // lane 1: 30
+  EXPECT_EQ(core.lane_count(), 2);
+  core.add(job(3, 5, 25));  // a lane would need 30 (total 100 ok)
+  EXPECT_EQ(core.lane_count(), 3);
+  EXPECT_EQ(core.committed_bytes(), 100u);
+  core.remove(3);
+  core.add(job(4, 5, 28));  // own lane: 103 > 100; lane 0 grows by 5, lane 1 by 13
+  EXPECT_EQ(core.lane_of(4), 0);
+  EXPECT_EQ(core.committed_bytes(), 75u);
+  core.add(job(5, 30, 10));  // every option exceeds 100
+  EXPECT_FALSE(core.admitted(5));
+  EXPECT_LE(core.committed_bytes(), 100u);
+
+  for (std::uint32_t id : {1, 2, 4}) core.wait(id);
+  const Decision first = core.decide(0.0);
+  EXPECT_EQ(started(first), (Ids{1, 2}));  // lanes run concurrently, one job each
+  core.finish(1, 1.0);
+  EXPECT_EQ(started(core.decide(1.0)), Ids{4});
+  EXPECT_EQ(core.decide(1.0).starts.size(), 0u);
+}
+
+TEST_F(DecisionCoreTest, FifoOwnerKeepsTheLaneUntilItLeaves) {
+  const auto fifo = policy("fifo");
+  DecisionCore core(*fifo, 100);
+  core.add(job(1, 10, 10));
+  core.add(job(2, 10, 10));
+  core.wait(2);
+  core.wait(1);
+  EXPECT_EQ(started(core.decide(0.0)), Ids{1});
+  core.finish(1, 1.0);
+  // Job 1 is between iterations (thinking): job 2 must not take the device.
+  EXPECT_TRUE(core.decide(1.0).starts.empty());
+  core.wait(1);
+  EXPECT_EQ(started(core.decide(1.5)), Ids{1});
+  core.finish(1, 2.0);
+  core.remove(1);
+  EXPECT_EQ(started(core.decide(2.0)), Ids{2});
+}
+
+TEST_F(DecisionCoreTest, SrtfStartsTheLeastRemainingAndUpdateReKeys) {
+  const auto srtf = policy("srtf");
+  DecisionCore core(*srtf, 1000);
+  for (std::uint32_t id = 1; id <= 4; ++id) {
+    JobView view = job(id, 1, 1);
+    view.expected_iterations = 10 * id;
+    core.add(view);
+    core.wait(id);
+  }
+  JobView unknown = job(5, 1, 1);
+  unknown.iteration_seconds = 0.0;
+  core.add(unknown);
+  core.wait(5);
+  JobView three = *core.view(3);
+  three.iterations_done = 29;  // one iteration left: now the shortest
+  core.update(three);
+  EXPECT_EQ(started(core.decide(0.0)), Ids{3});
+  core.finish(3, 1.0);
+  EXPECT_EQ(started(core.decide(1.0)), Ids{1});
+  std::uint32_t current = 1;
+  double now = 1.0;
+  for (std::uint32_t expected : {2u, 4u, 5u}) {  // 5's length is unknown: last
+    now += 1.0;
+    core.finish(current, now);
+    EXPECT_EQ(started(core.decide(now)), Ids{expected});
+    current = expected;
+  }
+}
+
+TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRecheck) {
+  const auto aware = policy("memory_aware");
+  const MemoryCurve rising{4.0, {10, 20, 40, 60}};
+  const MemoryCurve early{1.0, {50}};
+  DecisionCore core(*aware, 100);
+  JobView a = job(1, 10, 0);
+  a.curve = &rising;
+  JobView b = job(2, 10, 0);
+  b.curve = &early;
+  JobView c = job(3, 10, 0);
+  c.curve = &early;
+  core.add(a);
+  core.add(b);
+  core.add(c);
+  EXPECT_EQ(core.committed_bytes(), 30u + 60);
+  for (std::uint32_t id : {1, 2, 3}) core.wait(id);
+  // 30 persistent: job 1 (10) and job 2 (50) fit together. Job 3 needs the others at <= 20 for
+  // a whole second: [1, 2), once job 2 has ended and before job 1 rises to 40.
+  const Decision first = core.decide(0.0);
+  EXPECT_EQ(started(first), (Ids{1, 2}));
+  ASSERT_TRUE(first.recheck_after_seconds.has_value());
+  EXPECT_NEAR(*first.recheck_after_seconds, 1.0, 1e-6);
+  core.finish(2, 1.0);
+  // At 1 s job 1 is at 20: 30+20+50 = 100 fits for [1, 2), but at 2 s job 1 rises to 40.
+  // Job 3 (1 s long) fits exactly in [1, 2).
+  EXPECT_EQ(started(core.decide(1.0)), Ids{3});
+  core.finish(3, 2.0);
+  core.wait(2);
+  // Job 1 is now at 40 then 60: job 2 needs 30+50+x <= 100, x <= 20: only after job 1 ends.
+  const Decision later = core.decide(2.0);
+  EXPECT_TRUE(later.starts.empty());
+  core.finish(1, 4.0);
+  EXPECT_EQ(started(core.decide(4.0)), Ids{2});
+}
+
+TEST_F(DecisionCoreTest, MemoryAwareReportsAFiniteOffsetAndKeepsFairOrder) {
+  const auto aware = policy("memory_aware");
+  const MemoryCurve falling{2.0, {60, 10}};
+  const MemoryCurve heavy_start{1.0, {50}};
+  const MemoryCurve tiny{1.0, {1}};
+  DecisionCore core(*aware, 100);
+  JobView a = job(1, 0, 0);
+  a.curve = &falling;
+  JobView b = job(2, 0, 0);
+  b.curve = &heavy_start;
+  JobView c = job(3, 0, 0);
+  c.curve = &tiny;
+  core.add(a);
+  core.add(b);
+  core.add(c);
+  core.wait(1);
+  EXPECT_EQ(started(core.decide(0.0)), Ids{1});
+  core.wait(2);
+  core.wait(3);
+  // Job 2 fits once job 1 falls to 10 at 1 s; job 3 would fit now but must not overtake.
+  const Decision d = core.decide(0.25);
+  EXPECT_TRUE(d.starts.empty());
+  ASSERT_TRUE(d.recheck_after_seconds.has_value());
+  EXPECT_NEAR(*d.recheck_after_seconds, 0.75, 1e-6);
+  EXPECT_EQ(started(core.decide(0.25 + *d.recheck_after_seconds)), (Ids{2, 3}));
+}
+
+TEST_F(DecisionCoreTest, MemoryAwareAdmitsOnlyWhatCanRunAlone) {
+  const auto aware = policy("memory_aware");
+  DecisionCore core(*aware, 100);
+  core.add(job(1, 10, 80));
+  core.add(job(2, 15, 5));  // 25 persistent + its own 5 fits, but job 1 could then never run
+  EXPECT_FALSE(core.admitted(2));
+  EXPECT_LE(core.committed_bytes(), 100u);
+  core.add(job(3, 10, 5));
+  EXPECT_TRUE(core.admitted(3));
+  EXPECT_EQ(core.committed_bytes(), 100u);
+}
+
+TEST_F(DecisionCoreTest, UpdateFollowsGrowingEstimatesWithoutOvercommitting) {
+  const auto fair = policy("fair");
+  DecisionCore core(*fair, 100);
+  core.add(job(1, 10, 20));
+  core.add(job(2, 10, 20));
+  core.wait(1);
+  core.wait(2);
+  EXPECT_EQ(core.committed_bytes(), 40u);
+  JobView grown = *core.view(2);
+  grown.ephemeral_peak_bytes = 85;  // 20 + 85 > 100: job 2 leaves the lane, keeps waiting
+  core.update(grown);
+  EXPECT_FALSE(core.admitted(2));
+  EXPECT_TRUE(core.waiting(2));
+  EXPECT_EQ(core.committed_bytes(), 30u);
+  EXPECT_EQ(started(core.decide(0.0)), Ids{1});
+  EXPECT_TRUE(core.decide(0.0).starts.empty());
+  grown.ephemeral_peak_bytes = 50;
+  core.update(grown);
+  EXPECT_TRUE(core.admitted(2));
+  EXPECT_EQ(core.committed_bytes(), 70u);
+  core.finish(1, 1.0);
+  EXPECT_EQ(started(core.decide(1.0)), Ids{2});
+}
+
+TEST_F(DecisionCoreTest, KeepsItsOwnCopyOfTheCurve) {
+  const auto aware = policy("memory_aware");
+  DecisionCore core(*aware, 100);
+  {
+    const MemoryCurve temporary{1.0, {70}};
+    JobView view = job(1, 0, 0);
+    view.curve = &temporary;
+    core.add(view);
+  }
+  ASSERT_NE(core.view(1)->curve, nullptr);
+  EXPECT_EQ(core.view(1)->curve->peak(), 70u);
+  EXPECT_EQ(core.committed_bytes(), 70u);
+}
+
+TEST_F(DecisionCoreTest, BadTransitionsThrowNamingTheJob) {
+  const auto fair = policy("fair");
+  DecisionCore core(*fair, 100);
+  core.add(job(7, 10, 10));
+  EXPECT_THROW(core.add(job(7, 1, 1)), InvalidArgument);
+  EXPECT_THROW(core.finish(7, 0.0), InvalidArgument);  // not running
+  core.wait(7);
+  try {
+    core.wait(7);
+    FAIL() << "waiting twice was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("job 7"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(core.finish(7, 0.0), InvalidArgument);  // waiting, not running
+  EXPECT_EQ(started(core.decide(1.0)), Ids{7});
+  EXPECT_THROW(core.wait(7), InvalidArgument);         // running
+  EXPECT_THROW(core.finish(7, 0.5), InvalidArgument);  // before it started
+  for (const auto& call :
+       {+[](DecisionCore& c) { c.wait(99); }, +[](DecisionCore& c) { c.finish(99, 1.0); },
+        +[](DecisionCore& c) { c.remove(99); },
+        +[](DecisionCore& c) { c.update(job(99, 1, 1)); }}) {
+    EXPECT_THROW(call(core), InvalidArgument);
+  }
+  core.remove(7);  // mid-iteration: allowed, frees its share
+  EXPECT_EQ(core.committed_bytes(), 0u);
+  EXPECT_FALSE(core.running(7));
+  EXPECT_EQ(core.view(7), nullptr);
+  EXPECT_EQ(core.lane_count(), 0);
+}
+
+}  // namespace
+}  // namespace salus::sched
