@@ -9,7 +9,8 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # Tool -> Debian package providing it, then libraries (checked as installed packages).
 declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config)
-LIBS=(libtbb-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
+LIBS=(libtbb-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+      libbenchmark-dev)
 
 missing=()
 for tool in "${!TOOLS[@]}"; do

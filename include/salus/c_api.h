@@ -28,7 +28,8 @@ typedef enum salus_status {
   SALUS_ERROR_DEVICE = 3,
   SALUS_ERROR_NOT_SUPPORTED = 4,
   SALUS_ERROR_UNKNOWN_JOB = 5,
-  SALUS_ERROR_INTERNAL = 6
+  SALUS_ERROR_INTERNAL = 6,
+  SALUS_ERROR_CANCELLED = 7
 } salus_status;
 
 /* The last value widens the enum to int, so any int a C caller passes is a valid value to check. */

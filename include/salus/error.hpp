@@ -17,6 +17,7 @@ enum class Errc : std::uint8_t {
   device_error,      // a device-layer (driver or simulator) call failed
   not_supported,     // a feature this build or backend does not provide
   unknown_job,       // a job id that was never registered or has been released
+  cancelled,         // the job was cancelled while the call waited or before it was made
 };
 
 [[nodiscard]] SALUS_API const char* to_string(Errc code) noexcept;

@@ -11,6 +11,7 @@ const char* to_string(Errc code) noexcept {
     case Errc::device_error: return "device error";
     case Errc::not_supported: return "not supported";
     case Errc::unknown_job: return "unknown job";
+    case Errc::cancelled: return "cancelled";
   }
   return "unknown error";
 }

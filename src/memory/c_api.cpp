@@ -24,6 +24,7 @@ salus_status status_of(const salus::Error& e) {
     case salus::Errc::device_error: return SALUS_ERROR_DEVICE;
     case salus::Errc::not_supported: return SALUS_ERROR_NOT_SUPPORTED;
     case salus::Errc::unknown_job: return SALUS_ERROR_UNKNOWN_JOB;
+    case salus::Errc::cancelled: return SALUS_ERROR_CANCELLED;
   }
   return SALUS_ERROR_INTERNAL;
 }
@@ -97,6 +98,7 @@ const char* salus_status_name(salus_status status) {
     case SALUS_ERROR_NOT_SUPPORTED: return "SALUS_ERROR_NOT_SUPPORTED";
     case SALUS_ERROR_UNKNOWN_JOB: return "SALUS_ERROR_UNKNOWN_JOB";
     case SALUS_ERROR_INTERNAL: return "SALUS_ERROR_INTERNAL";
+    case SALUS_ERROR_CANCELLED: return "SALUS_ERROR_CANCELLED";
   }
   return "SALUS_ERROR_UNKNOWN_STATUS";
 }

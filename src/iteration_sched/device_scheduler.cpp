@@ -1,0 +1,364 @@
+#include "iteration_sched/device_scheduler.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace salus {
+
+namespace {
+
+// The job inside an iteration on this thread, for allocations that name no Salus stream.
+thread_local JobRecordState* current_job = nullptr;
+
+constexpr std::size_t kCurveSamples = 64;
+constexpr double kEstimateWeight = 0.5;  // weight of the newest measurement
+
+std::size_t budget_of(const MemoryManager& memory, int device) {
+  return memory.device_stats(device).limit;
+}
+
+}  // namespace
+
+JobRecordState* current_thread_job() { return current_job; }
+
+JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
+    : id(job), spec(std::move(job_spec)), arrival(order) {
+  profile.iteration_seconds = spec.hints.iteration_seconds;
+  profile.persistent_bytes = spec.hints.persistent_bytes;
+  profile.ephemeral_peak_bytes = spec.hints.ephemeral_peak_bytes;
+}
+
+DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
+                                 std::shared_ptr<MemoryManager> memory,
+                                 std::shared_ptr<TraceRecorder> trace, int device,
+                                 std::unique_ptr<Policy> policy)
+    : backend_(std::move(backend)),
+      memory_(std::move(memory)),
+      trace_(std::move(trace)),
+      device_(device),
+      policy_(std::move(policy)),
+      epoch_(SteadyClock::now()),
+      core_(*policy_, budget_of(*memory_, device)) {}
+
+DeviceScheduler::~DeviceScheduler() {
+  // Lane streams drain here (Stream's destructor); their host callbacks find the scheduler gone.
+  std::lock_guard lock(mu_);
+  lanes_.clear();
+}
+
+double DeviceScheduler::seconds_since_start(SteadyClock::time_point t) const {
+  return std::chrono::duration<double>(t - epoch_).count();
+}
+
+JobView DeviceScheduler::view_of(const JobRecordState& job) const {
+  JobView v;
+  v.id = job.id.value;
+  v.kind = job.spec.kind;
+  v.priority = job.spec.priority;
+  v.arrival = job.arrival;
+  v.iterations_done = job.iterations;
+  v.expected_iterations = job.spec.expected_iterations;
+  v.iteration_seconds = job.profile.iteration_seconds;
+  v.attained_seconds = job.attained_seconds;
+  v.persistent_bytes = job.profile.persistent_bytes;
+  v.ephemeral_peak_bytes = job.profile.ephemeral_peak_bytes;
+  v.curve = &job.profile.curve;
+  return v;
+}
+
+std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
+  if (spec.name.empty()) throw InvalidArgument("add_job: a job needs a name");
+  const JobId id = memory_->register_job(spec.name, spec.limits);
+  std::lock_guard lock(mu_);
+  auto job = std::make_shared<JobRecordState>(id, std::move(spec), arrivals_++);
+  core_.add(view_of(*job));
+  jobs_.emplace(id.value, job);
+  history_.push_back(job);
+  return job;
+}
+
+void DeviceScheduler::check_usable(const JobRecordState& job, const char* what) const {
+  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  if (job.state == JobState::left) {
+    throw InvalidArgument(fmt::format("{}: job '{}' has left", what, job.spec.name));
+  }
+}
+
+StreamHandle DeviceScheduler::begin(JobRecordState& job) {
+  std::unique_lock lock(mu_);
+  check_usable(job, "begin_iteration");
+  if (job.state != JobState::idle) {
+    throw InvalidArgument(
+        fmt::format("begin_iteration: job '{}' is already {}", job.spec.name, to_string(job.state)));
+  }
+  job.state = JobState::waiting;
+  job.started = false;
+  job.wait_started = SteadyClock::now();
+  core_.wait(job.id.value);
+  run_decisions();
+  while (!job.started && job.state == JobState::waiting) {
+    if (recheck_at_) {
+      job.wakeup.wait_until(lock, *recheck_at_);
+      if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
+        recheck_at_.reset();
+        run_decisions();
+      }
+    } else {
+      job.wakeup.wait(lock);
+    }
+  }
+  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  const auto now = SteadyClock::now();
+  const double waited = std::chrono::duration<double>(now - job.wait_started).count();
+  job.waiting_seconds += waited;
+  job.max_wait_seconds = std::max(job.max_wait_seconds, waited);
+  job.state = JobState::running;
+  job.iteration_started = now;
+  job.ephemeral_now = 0;
+  job.samples.clear();
+  current_job = &job;
+  return job.stream;
+}
+
+void DeviceScheduler::run_decisions() {
+  const sched::Decision decision = core_.decide(seconds_since_start(SteadyClock::now()));
+  for (const sched::Start& start : decision.starts) {
+    auto it = jobs_.find(start.job);
+    if (it == jobs_.end()) continue;
+    JobRecordState& job = *it->second;
+    job.lane = start.lane;
+    job.stream = lane_stream(start.lane, job);
+    if (std::find(job.streams_used.begin(), job.streams_used.end(), job.stream) ==
+        job.streams_used.end()) {
+      job.streams_used.push_back(job.stream);
+    }
+    running_on_stream_[job.stream.value] = job.id.value;
+    job.started = true;
+    job.wakeup.notify_one();
+  }
+  if (decision.recheck_after_seconds) {
+    const auto at = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                             std::chrono::duration<double>(
+                                                 *decision.recheck_after_seconds));
+    if (!recheck_at_ || at < *recheck_at_) recheck_at_ = at;
+    // Some waiter must watch the clock: wake the waiting jobs so one of them waits until then.
+    for (auto& [id, job] : jobs_) {
+      if (job->state == JobState::waiting && !job->started) job->wakeup.notify_one();
+    }
+  }
+}
+
+StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_user) {
+  if (lane < 0) throw InvalidArgument(fmt::format("decision core gave lane {}", lane));
+  const auto index = static_cast<std::size_t>(lane);
+  if (lanes_.size() <= index) lanes_.resize(index + 1);
+  if (!lanes_[index]) {
+    // Latency-critical jobs get the most urgent stream priority the device offers.
+    const StreamPriorityRange range = backend_->stream_priority_range(device_);
+    const int priority = first_user.spec.kind == JobKind::inference ? range.greatest : range.least;
+    lanes_[index].emplace(backend_, device_, priority);
+  }
+  return lanes_[index]->handle();
+}
+
+void DeviceScheduler::end(JobRecordState& job) {
+  std::unique_lock lock(mu_);
+  check_usable(job, "end_iteration");
+  if (job.state != JobState::running) {
+    throw InvalidArgument(fmt::format("end_iteration: job '{}' is not inside an iteration (it is {})",
+                                      job.spec.name, to_string(job.state)));
+  }
+  const auto now = SteadyClock::now();
+  const double host_seconds = std::chrono::duration<double>(now - job.iteration_started).count();
+  const double begin_us = seconds_since_start(job.iteration_started) * 1e6;
+  job.state = JobState::idle;
+  ++job.iterations;
+  running_on_stream_.erase(job.stream.value);
+  if (current_job == &job) current_job = nullptr;
+
+  // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
+  memory_->promote_ephemeral(job.id);
+  finish_profile(job, host_seconds);
+
+  // GPU time: the stream reaches this marker when the iteration's work is done.
+  auto weak = weak_from_this();
+  const JobId id = job.id;
+  const auto began = job.iteration_started;
+  backend_->launch_host_func(job.stream, [weak, id, began] {
+    if (auto self = weak.lock()) {
+      self->record_gpu_time(id, std::chrono::duration<double>(SteadyClock::now() - began).count());
+    }
+  });
+
+  core_.finish(job.id.value, seconds_since_start(now));
+  core_.update(view_of(job));
+  run_decisions();
+  TraceRecorder::Span span{job.spec.name, device_, std::max(job.lane, 0), begin_us,
+                           seconds_since_start(now) * 1e6, job.iterations};
+  lock.unlock();
+
+  trace_->span(std::move(span));
+  const DeviceMemoryStats mem = memory_->device_stats(device_);
+  trace_->counter({fmt::format("memory gpu{}", device_), device_, seconds_since_start(now) * 1e6,
+                   {{"allocated_MiB", static_cast<double>(mem.allocated) / (1 << 20)},
+                    {"reserved_MiB", static_cast<double>(mem.reserved) / (1 << 20)}}});
+}
+
+void DeviceScheduler::record_gpu_time(JobId id, double seconds) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id.value);
+  if (it == jobs_.end()) return;
+  JobRecordState& job = *it->second;
+  job.attained_seconds += seconds;
+  JobProfile& p = job.profile;
+  p.iteration_seconds = p.measured ? (1 - kEstimateWeight) * p.iteration_seconds +
+                                         kEstimateWeight * seconds
+                                   : seconds;
+  p.measured = true;
+  if (job.state == JobState::idle || job.state == JobState::waiting ||
+      job.state == JobState::running) {
+    core_.update(view_of(job));
+  }
+}
+
+void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds) {
+  JobProfile& p = job.profile;
+  const JobMemoryStats mem = memory_->job_stats(job.id);
+  p.persistent_bytes = mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use;
+  std::size_t peak = 0;
+  for (const auto& [t, bytes] : job.samples) peak = std::max(peak, bytes);
+  if (job.samples.empty()) return;  // nothing allocated through Salus this iteration
+  p.ephemeral_peak_bytes = peak;
+  // Resample to a fixed number of buckets, each the highest level reached within it.
+  p.curve.duration_seconds = std::max(host_seconds, 1e-9);
+  p.curve.bytes.assign(kCurveSamples, 0);
+  std::size_t level = 0;
+  std::size_t next = 0;
+  for (std::size_t b = 0; b < kCurveSamples; ++b) {
+    const double bucket_end = p.curve.duration_seconds * static_cast<double>(b + 1) / kCurveSamples;
+    std::size_t high = level;
+    while (next < job.samples.size() && job.samples[next].first < bucket_end) {
+      level = job.samples[next].second;
+      high = std::max(high, level);
+      ++next;
+    }
+    p.curve.bytes[b] = high;
+  }
+}
+
+void DeviceScheduler::note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta) {
+  if (job.state != JobState::running) return;
+  job.ephemeral_now = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(job.ephemeral_now) +
+                                               ephemeral_delta);
+  const double t = std::chrono::duration<double>(SteadyClock::now() - job.iteration_started).count();
+  job.samples.emplace_back(t, job.ephemeral_now);
+}
+
+DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
+                                    std::optional<Lifetime> lifetime) {
+  std::unique_lock lock(mu_);
+  check_usable(job, "allocate");
+  const bool inside = job.state == JobState::running;
+  const Lifetime life = lifetime.value_or(inside ? Lifetime::ephemeral : Lifetime::persistent);
+  // Outside an iteration the job's last lane stream (or the device default) orders its memory.
+  const StreamHandle stream = job.stream;
+  lock.unlock();
+  const DevicePtr ptr = memory_->allocate({bytes, device_, stream, job.id, life});
+  if (life == Lifetime::ephemeral) {
+    lock.lock();
+    note_memory(job, static_cast<std::ptrdiff_t>(memory_->find(ptr)->bytes));
+  }
+  return ptr;
+}
+
+void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
+  const std::optional<BlockInfo> block = memory_->find(ptr);
+  if (block && block->job != job.id) {
+    throw InvalidArgument(fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr,
+                                      job.spec.name));
+  }
+  memory_->deallocate(ptr);
+  if (block && block->lifetime == Lifetime::ephemeral) {
+    std::lock_guard lock(mu_);
+    note_memory(job, -static_cast<std::ptrdiff_t>(block->bytes));
+  }
+}
+
+std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
+  std::lock_guard lock(mu_);
+  auto it = running_on_stream_.find(stream.value);
+  if (it == running_on_stream_.end()) return nullptr;
+  auto job = jobs_.find(it->second);
+  return job == jobs_.end() ? nullptr : job->second;
+}
+
+void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
+  std::vector<StreamHandle> streams;
+  {
+    std::lock_guard lock(mu_);
+    if (job.state == JobState::left || job.state == JobState::cancelled) return;
+    if (job.state == JobState::running) running_on_stream_.erase(job.stream.value);
+    job.state = cancelled ? JobState::cancelled : JobState::left;
+    if (current_job == &job) current_job = nullptr;
+    core_.remove(job.id.value);
+    jobs_.erase(job.id.value);
+    streams = job.streams_used;
+    job.wakeup.notify_all();
+    run_decisions();  // its lane share is free: others may start or be admitted
+  }
+  // Its memory may still be in use by work it enqueued: free it once that work is done. Later
+  // work on these streams is ordered after the frees anyway.
+  for (StreamHandle stream : streams) {
+    try {
+      backend_->synchronize_stream(stream);
+    } catch (const Error& e) {
+      spdlog::warn("salus: waiting for job '{}' on stream {:#x}: {}", job.spec.name, stream.value,
+                   e.what());
+    }
+  }
+  memory_->release_job(job.id);
+}
+
+JobStats DeviceScheduler::stats(const JobRecordState& job) const {
+  JobStats s;
+  {
+    std::lock_guard lock(mu_);
+    s.id = job.id;
+    s.name = job.spec.name;
+    s.kind = job.spec.kind;
+    s.device = device_;
+    s.lane = job.lane;
+    s.state = job.state;
+    s.iterations = job.iterations;
+    s.attained_seconds = job.attained_seconds;
+    s.waiting_seconds = job.waiting_seconds;
+    s.max_wait_seconds = job.max_wait_seconds;
+    s.iteration_seconds = job.profile.iteration_seconds;
+    s.persistent_bytes = job.profile.persistent_bytes;
+    s.ephemeral_peak_bytes = job.profile.ephemeral_peak_bytes;
+    s.memory_curve = job.profile.curve;
+  }
+  s.memory = memory_->job_stats(job.id);
+  return s;
+}
+
+StreamHandle DeviceScheduler::stream_of(const JobRecordState& job) const {
+  std::lock_guard lock(mu_);
+  return job.stream;
+}
+
+std::vector<JobStats> DeviceScheduler::all_stats() const {
+  std::vector<std::shared_ptr<JobRecordState>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    jobs = history_;
+  }
+  std::vector<JobStats> out;
+  for (const auto& job : jobs) out.push_back(stats(*job));
+  std::sort(out.begin(), out.end(), [](const JobStats& a, const JobStats& b) { return a.id < b.id; });
+  return out;
+}
+
+}  // namespace salus

@@ -1,0 +1,115 @@
+// The mechanism around a policy on one device: jobs block in begin_iteration on their own
+// condition variable until the decision core starts them; end_iteration decides at once and wakes
+// exactly the jobs that start (no polling). Lanes are streams owned here; jobs in one lane share
+// its stream, so the next job's work is ordered behind the previous one's on the GPU while its
+// host thread is already enqueueing.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "iteration_sched/decision.hpp"
+#include "iteration_sched/trace.hpp"
+#include "salus/runtime.hpp"
+
+namespace salus {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// What the profiler has learned of a job; starts from the spec's hints.
+struct JobProfile {
+  double iteration_seconds = 0.0;  // GPU time of one iteration (moving average)
+  std::size_t persistent_bytes = 0;
+  std::size_t ephemeral_peak_bytes = 0;
+  MemoryCurve curve;
+  bool measured = false;  // at least one iteration was timed on the GPU
+};
+
+// One job as its device's scheduler keeps it. Everything mutable is guarded by the scheduler's
+// mutex.
+struct JobRecordState {
+  JobRecordState(JobId id, JobSpec spec, std::uint64_t arrival);
+
+  const JobId id;
+  const JobSpec spec;
+  const std::uint64_t arrival;
+  std::condition_variable wakeup;  // its own: a start wakes exactly the job that starts
+
+  JobState state = JobState::idle;
+  bool started = false;  // the core started the iteration this job waits for
+  int lane = -1;
+  StreamHandle stream{};
+  std::vector<StreamHandle> streams_used;
+  std::uint64_t iterations = 0;
+  double attained_seconds = 0.0;
+  double waiting_seconds = 0.0;
+  double max_wait_seconds = 0.0;
+  SteadyClock::time_point wait_started{};
+  SteadyClock::time_point iteration_started{};
+  JobProfile profile;
+  // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
+  std::size_t ephemeral_now = 0;
+  std::vector<std::pair<double, std::size_t>> samples;
+};
+
+// The job inside an iteration on the calling thread, if any.
+JobRecordState* current_thread_job();
+
+class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
+ public:
+  DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
+                  std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy);
+  ~DeviceScheduler();
+  DeviceScheduler(const DeviceScheduler&) = delete;
+  DeviceScheduler& operator=(const DeviceScheduler&) = delete;
+
+  std::shared_ptr<JobRecordState> add(JobSpec spec);
+  StreamHandle begin(JobRecordState& job);
+  void end(JobRecordState& job);
+  // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed.
+  void finish(JobRecordState& job, bool cancelled);
+
+  DevicePtr allocate(JobRecordState& job, std::size_t bytes, std::optional<Lifetime> lifetime);
+  void deallocate(JobRecordState& job, DevicePtr ptr);
+  // The job whose iteration runs on `stream` now, if it is one of this device's lane streams.
+  [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);
+
+  [[nodiscard]] JobStats stats(const JobRecordState& job) const;
+  [[nodiscard]] StreamHandle stream_of(const JobRecordState& job) const;
+  [[nodiscard]] std::vector<JobStats> all_stats() const;
+  [[nodiscard]] std::string_view policy_name() const { return policy_->name(); }
+  [[nodiscard]] int device() const { return device_; }
+
+ private:
+  [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
+  [[nodiscard]] JobView view_of(const JobRecordState& job) const;
+  void check_usable(const JobRecordState& job, const char* what) const;
+  void run_decisions();  // with mu_ held
+  StreamHandle lane_stream(int lane, const JobRecordState& first_user);
+  void record_gpu_time(JobId job, double seconds);
+  void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
+  void finish_profile(JobRecordState& job, double host_seconds);
+
+  std::shared_ptr<DeviceBackend> backend_;
+  std::shared_ptr<MemoryManager> memory_;
+  std::shared_ptr<TraceRecorder> trace_;
+  const int device_;
+  const std::unique_ptr<Policy> policy_;
+  const SteadyClock::time_point epoch_;
+
+  mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
+  sched::DecisionCore core_;
+  std::unordered_map<std::uint32_t, std::shared_ptr<JobRecordState>> jobs_;  // present ones
+  std::vector<std::shared_ptr<JobRecordState>> history_;  // every job ever added, for statistics
+  std::vector<std::optional<Stream>> lanes_;
+  std::unordered_map<std::uint64_t, std::uint32_t> running_on_stream_;  // stream -> job
+  std::optional<SteadyClock::time_point> recheck_at_;
+  std::uint64_t arrivals_ = 0;
+};
+
+}  // namespace salus

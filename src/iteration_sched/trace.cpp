@@ -1,0 +1,65 @@
+#include "iteration_sched/trace.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace salus {
+
+void TraceRecorder::span(Span span) {
+  std::lock_guard lock(mu_);
+  if (spans_.size() + counters_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  spans_.push_back(std::move(span));
+}
+
+void TraceRecorder::counter(Counter counter) {
+  std::lock_guard lock(mu_);
+  if (spans_.size() + counters_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  counters_.push_back(std::move(counter));
+}
+
+std::size_t TraceRecorder::dropped() const {
+  std::lock_guard lock(mu_);
+  return dropped_;
+}
+
+std::string TraceRecorder::json() const {
+  using nlohmann::json;
+  std::lock_guard lock(mu_);
+  json events = json::array();
+  // One process per device, one thread per lane: each lane reads as a row of iterations.
+  std::vector<std::pair<int, int>> named;
+  for (const Span& s : spans_) {
+    const std::pair<int, int> row{s.device, s.lane};
+    if (std::find(named.begin(), named.end(), row) == named.end()) {
+      named.push_back(row);
+      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", s.device}, {"tid", 0},
+                        {"args", {{"name", "gpu" + std::to_string(s.device)}}}});
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", s.device}, {"tid", s.lane},
+                        {"args", {{"name", "lane " + std::to_string(s.lane)}}}});
+    }
+    events.push_back({{"ph", "X"},
+                      {"name", s.job},
+                      {"cat", "iteration"},
+                      {"pid", s.device},
+                      {"tid", s.lane},
+                      {"ts", s.begin_us},
+                      {"dur", s.end_us - s.begin_us},
+                      {"args", {{"iteration", s.iteration}}}});
+  }
+  for (const Counter& c : counters_) {
+    json args = json::object();
+    for (const auto& [key, value] : c.values) args[key] = value;
+    events.push_back({{"ph", "C"}, {"name", c.name}, {"pid", c.device}, {"ts", c.at_us},
+                      {"args", args}});
+  }
+  json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  if (dropped_ > 0) doc["otherData"] = {{"dropped_events", dropped_}};
+  return doc.dump();
+}
+
+}  // namespace salus

@@ -1,0 +1,46 @@
+// The runtime's timeline: iteration spans per device, lane and job, and memory counters, written
+// as Chrome trace-event JSON (chrome://tracing and Perfetto open it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace salus {
+
+class TraceRecorder {
+ public:
+  struct Span {
+    std::string job;
+    int device = 0;
+    int lane = 0;
+    double begin_us = 0.0;
+    double end_us = 0.0;
+    std::uint64_t iteration = 0;
+  };
+  struct Counter {
+    std::string name;  // e.g. "memory gpu0"
+    int device = 0;
+    double at_us = 0.0;
+    std::vector<std::pair<std::string, double>> values;
+  };
+
+  // Bounded: once `max_events` are held, further ones are counted as dropped.
+  explicit TraceRecorder(std::size_t max_events = 1'000'000) : max_events_(max_events) {}
+
+  void span(Span span);
+  void counter(Counter counter);
+  [[nodiscard]] std::string json() const;
+  [[nodiscard]] std::size_t dropped() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::size_t max_events_;
+  std::vector<Span> spans_;
+  std::vector<Counter> counters_;
+  std::size_t dropped_ = 0;
+};
+
+}  // namespace salus
