@@ -21,7 +21,9 @@ std::size_t budget_of(const MemoryManager& memory, int device) {
 
 }  // namespace
 
-JobRecordState* current_thread_job() { return current_job; }
+JobRecordState* current_thread_job() {
+  return current_job;
+}
 
 JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
     : id(job), spec(std::move(job_spec)), arrival(order) {
@@ -90,8 +92,8 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   std::unique_lock lock(mu_);
   check_usable(job, "begin_iteration");
   if (job.state != JobState::idle) {
-    throw InvalidArgument(
-        fmt::format("begin_iteration: job '{}' is already {}", job.spec.name, to_string(job.state)));
+    throw InvalidArgument(fmt::format("begin_iteration: job '{}' is already {}", job.spec.name,
+                                      to_string(job.state)));
   }
   job.state = JobState::waiting;
   job.started = false;
@@ -139,9 +141,9 @@ void DeviceScheduler::run_decisions() {
     job.wakeup.notify_one();
   }
   if (decision.recheck_after_seconds) {
-    const auto at = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                                             std::chrono::duration<double>(
-                                                 *decision.recheck_after_seconds));
+    const auto at =
+        SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                 std::chrono::duration<double>(*decision.recheck_after_seconds));
     if (!recheck_at_ || at < *recheck_at_) recheck_at_ = at;
     // Some waiter must watch the clock: wake the waiting jobs so one of them waits until then.
     for (auto& [id, job] : jobs_) {
@@ -167,8 +169,9 @@ void DeviceScheduler::end(JobRecordState& job) {
   std::unique_lock lock(mu_);
   check_usable(job, "end_iteration");
   if (job.state != JobState::running) {
-    throw InvalidArgument(fmt::format("end_iteration: job '{}' is not inside an iteration (it is {})",
-                                      job.spec.name, to_string(job.state)));
+    throw InvalidArgument(
+        fmt::format("end_iteration: job '{}' is not inside an iteration (it is {})", job.spec.name,
+                    to_string(job.state)));
   }
   const auto now = SteadyClock::now();
   const double host_seconds = std::chrono::duration<double>(now - job.iteration_started).count();
@@ -195,13 +198,16 @@ void DeviceScheduler::end(JobRecordState& job) {
   core_.finish(job.id.value, seconds_since_start(now));
   core_.update(view_of(job));
   run_decisions();
-  TraceRecorder::Span span{job.spec.name, device_, std::max(job.lane, 0), begin_us,
-                           seconds_since_start(now) * 1e6, job.iterations};
+  TraceRecorder::Span span{
+      job.spec.name, device_, std::max(job.lane, 0), begin_us, seconds_since_start(now) * 1e6,
+      job.iterations};
   lock.unlock();
 
   trace_->span(std::move(span));
   const DeviceMemoryStats mem = memory_->device_stats(device_);
-  trace_->counter({fmt::format("memory gpu{}", device_), device_, seconds_since_start(now) * 1e6,
+  trace_->counter({fmt::format("memory gpu{}", device_),
+                   device_,
+                   seconds_since_start(now) * 1e6,
                    {{"allocated_MiB", static_cast<double>(mem.allocated) / (1 << 20)},
                     {"reserved_MiB", static_cast<double>(mem.reserved) / (1 << 20)}}});
 }
@@ -213,9 +219,9 @@ void DeviceScheduler::record_gpu_time(JobId id, double seconds) {
   JobRecordState& job = *it->second;
   job.attained_seconds += seconds;
   JobProfile& p = job.profile;
-  p.iteration_seconds = p.measured ? (1 - kEstimateWeight) * p.iteration_seconds +
-                                         kEstimateWeight * seconds
-                                   : seconds;
+  p.iteration_seconds =
+      p.measured ? (1 - kEstimateWeight) * p.iteration_seconds + kEstimateWeight * seconds
+                 : seconds;
   p.measured = true;
   if (job.state == JobState::idle || job.state == JobState::waiting ||
       job.state == JobState::running) {
@@ -250,9 +256,10 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds) {
 
 void DeviceScheduler::note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta) {
   if (job.state != JobState::running) return;
-  job.ephemeral_now = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(job.ephemeral_now) +
-                                               ephemeral_delta);
-  const double t = std::chrono::duration<double>(SteadyClock::now() - job.iteration_started).count();
+  job.ephemeral_now =
+      static_cast<std::size_t>(static_cast<std::ptrdiff_t>(job.ephemeral_now) + ephemeral_delta);
+  const double t =
+      std::chrono::duration<double>(SteadyClock::now() - job.iteration_started).count();
   job.samples.emplace_back(t, job.ephemeral_now);
 }
 
@@ -265,7 +272,13 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   // Outside an iteration the job's last lane stream (or the device default) orders its memory.
   const StreamHandle stream = job.stream;
   lock.unlock();
-  const DevicePtr ptr = memory_->allocate({bytes, device_, stream, job.id, life});
+  DevicePtr ptr = 0;
+  try {
+    ptr = memory_->allocate({bytes, device_, stream, job.id, life});
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(job);  // cancelled by another thread meanwhile
+    throw;
+  }
   if (life == Lifetime::ephemeral) {
     lock.lock();
     note_memory(job, static_cast<std::ptrdiff_t>(memory_->find(ptr)->bytes));
@@ -273,13 +286,26 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   return ptr;
 }
 
+void DeviceScheduler::rethrow_if_finished(const JobRecordState& job) const {
+  std::lock_guard lock(mu_);
+  check_usable(job, "memory call");
+}
+
 void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
+  rethrow_if_finished(job);
   const std::optional<BlockInfo> block = memory_->find(ptr);
   if (block && block->job != job.id) {
-    throw InvalidArgument(fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr,
-                                      job.spec.name));
+    rethrow_if_finished(job);  // its block was freed by a cancel and the address reused
+    throw InvalidArgument(
+        fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr, job.spec.name));
   }
-  memory_->deallocate(ptr);
+  try {
+    memory_->deallocate(ptr);
+  } catch (const InvalidArgument&) {
+    // A cancel from another thread may have freed the job's blocks in the meantime.
+    rethrow_if_finished(job);
+    throw;
+  }
   if (block && block->lifetime == Lifetime::ephemeral) {
     std::lock_guard lock(mu_);
     note_memory(job, -static_cast<std::ptrdiff_t>(block->bytes));
@@ -357,7 +383,8 @@ std::vector<JobStats> DeviceScheduler::all_stats() const {
   }
   std::vector<JobStats> out;
   for (const auto& job : jobs) out.push_back(stats(*job));
-  std::sort(out.begin(), out.end(), [](const JobStats& a, const JobStats& b) { return a.id < b.id; });
+  std::sort(out.begin(), out.end(),
+            [](const JobStats& a, const JobStats& b) { return a.id < b.id; });
   return out;
 }
 

@@ -88,7 +88,8 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
   [[nodiscard]] JobView view_of(const JobRecordState& job) const;
-  void check_usable(const JobRecordState& job, const char* what) const;
+  void check_usable(const JobRecordState& job, const char* what) const;  // with mu_ held
+  void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
   void run_decisions();  // with mu_ held
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   void record_gpu_time(JobId job, double seconds);
