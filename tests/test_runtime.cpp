@@ -2,11 +2,10 @@
 // the switch path, cancellation, attribution, profiling and the trace.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "salus/runtime.hpp"
@@ -30,8 +29,8 @@ JobSpec training(std::string name, std::uint64_t iterations = 0) {
   JobSpec spec;
   spec.name = std::move(name);
   spec.expected_iterations = iterations;
-  spec.hints = {.persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB,
-                .iteration_seconds = 0.002};
+  spec.hints = {
+      .persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB, .iteration_seconds = 0.002};
   return spec;
 }
 
@@ -58,7 +57,8 @@ TEST(Runtime, FifoRunsJobsExclusivelyInArrivalOrder) {
   Runtime runtime(sim(), {.policy = "fifo"});
   StartLog log;
   std::vector<Job> jobs;
-  for (const char* name : {"first", "second", "third"}) jobs.push_back(runtime.add_job(training(name, 5)));
+  for (const char* name : {"first", "second", "third"})
+    jobs.push_back(runtime.add_job(training(name, 5)));
   auto run = [&](std::size_t j) {
     for (int i = 0; i < 5; ++i) {
       auto it = jobs[j].iteration();
@@ -79,9 +79,9 @@ TEST(Runtime, FifoRunsJobsExclusivelyInArrivalOrder) {
   std::this_thread::sleep_for(2ms);
   std::thread t1(run, 1);
   for (std::thread* t : {&t0, &t1, &t2}) t->join();
-  const std::vector<std::string> expected = {"first", "first", "first", "first", "first",
+  const std::vector<std::string> expected = {"first",  "first",  "first",  "first",  "first",
                                              "second", "second", "second", "second", "second",
-                                             "third", "third", "third", "third", "third"};
+                                             "third",  "third",  "third",  "third",  "third"};
   EXPECT_EQ(log.starts, expected);
 }
 
@@ -114,6 +114,45 @@ TEST(Runtime, SwitchHandsTheNextJobTheLaneBeforeTheGpuDrains) {
   b.end_iteration();
   runtime.backend().synchronize_stream(sb);
   EXPECT_TRUE(a_done_before_b.load());
+}
+
+TEST(Runtime, PackedAndMemoryAwarePlansOverlapIterationsOnSeparateStreams) {
+  for (const char* policy : {"pack", "memory_aware"}) {
+    SCOPED_TRACE(policy);
+    Runtime runtime(sim(), {.policy = policy});
+    Job a = runtime.add_job(training("a"));
+    Job b = runtime.add_job(training("b"));
+    const StreamHandle sa = a.begin_iteration();
+    // Both fit in memory together, so b must not wait for a's iteration to end.
+    std::thread tb([&] {
+      const StreamHandle sb = b.begin_iteration();
+      EXPECT_NE(sa, sb) << "overlapping iterations on one stream would run one after the other";
+      b.end_iteration();
+    });
+    tb.join();
+    a.end_iteration();
+    EXPECT_LT(b.stats().max_wait_seconds, 0.05);
+  }
+}
+
+TEST(Runtime, SingleLanePoliciesTakeTurns) {
+  for (const char* policy : {"fair", "srtf", "priority"}) {
+    SCOPED_TRACE(policy);
+    Runtime runtime(sim(), {.policy = policy});
+    Job a = runtime.add_job(training("a"));
+    Job b = runtime.add_job(training("b"));
+    (void)a.begin_iteration();
+    std::atomic<bool> b_in{false};
+    std::thread tb([&] {
+      auto it = b.iteration();
+      b_in = true;
+    });
+    std::this_thread::sleep_for(20ms);
+    EXPECT_FALSE(b_in.load());
+    a.end_iteration();
+    tb.join();
+    EXPECT_TRUE(b_in.load());
+  }
 }
 
 TEST(Runtime, JobCancelledMidIterationFreesEverythingAndOthersGoOn) {

@@ -130,8 +130,10 @@ void DeviceScheduler::run_decisions() {
     auto it = jobs_.find(start.job);
     if (it == jobs_.end()) continue;
     JobRecordState& job = *it->second;
-    job.lane = start.lane;
-    job.stream = lane_stream(start.lane, job);
+    // Overlapping iterations of a memory-aware plan share one budget, not one stream: each
+    // takes a stream slot of its own, or the GPU would serialize them.
+    job.lane = policy_->lanes() == LanePlan::memory_aware ? take_free_slot() : start.lane;
+    job.stream = lane_stream(job.lane, job);
     if (std::find(job.streams_used.begin(), job.streams_used.end(), job.stream) ==
         job.streams_used.end()) {
       job.streams_used.push_back(job.stream);
@@ -150,6 +152,19 @@ void DeviceScheduler::run_decisions() {
       if (job->state == JobState::waiting && !job->started) job->wakeup.notify_one();
     }
   }
+}
+
+int DeviceScheduler::take_free_slot() {
+  const auto free = std::find(slot_busy_.begin(), slot_busy_.end(), false);
+  const auto slot = static_cast<std::size_t>(free - slot_busy_.begin());
+  if (free == slot_busy_.end()) slot_busy_.push_back(true);
+  else *free = true;
+  return static_cast<int>(slot);
+}
+
+void DeviceScheduler::release_slot(int lane) {
+  if (policy_->lanes() != LanePlan::memory_aware || lane < 0) return;
+  if (static_cast<std::size_t>(lane) < slot_busy_.size()) slot_busy_[static_cast<std::size_t>(lane)] = false;
 }
 
 StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_user) {
@@ -179,6 +194,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   job.state = JobState::idle;
   ++job.iterations;
   running_on_stream_.erase(job.stream.value);
+  release_slot(job.lane);
   if (current_job == &job) current_job = nullptr;
 
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
@@ -325,7 +341,10 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   {
     std::lock_guard lock(mu_);
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
-    if (job.state == JobState::running) running_on_stream_.erase(job.stream.value);
+    if (job.state == JobState::running) {
+      running_on_stream_.erase(job.stream.value);
+      release_slot(job.lane);
+    }
     job.state = cancelled ? JobState::cancelled : JobState::left;
     if (current_job == &job) current_job = nullptr;
     core_.remove(job.id.value);

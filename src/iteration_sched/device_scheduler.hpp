@@ -92,6 +92,8 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
   void run_decisions();  // with mu_ held
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
+  int take_free_slot();          // memory-aware plans: a stream no running iteration uses
+  void release_slot(int lane);
   void record_gpu_time(JobId job, double seconds);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
   void finish_profile(JobRecordState& job, double host_seconds);
@@ -108,6 +110,7 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   std::unordered_map<std::uint32_t, std::shared_ptr<JobRecordState>> jobs_;  // present ones
   std::vector<std::shared_ptr<JobRecordState>> history_;  // every job ever added, for statistics
   std::vector<std::optional<Stream>> lanes_;
+  std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::unordered_map<std::uint64_t, std::uint32_t> running_on_stream_;  // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
   std::uint64_t arrivals_ = 0;
