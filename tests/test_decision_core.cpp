@@ -195,31 +195,34 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   EXPECT_EQ(started(core.decide(4.0)), Ids{2});
 }
 
-TEST_F(DecisionCoreTest, MemoryAwareReportsAFiniteOffsetAndKeepsFairOrder) {
+TEST_F(DecisionCoreTest, MemoryAwareReportsAnOffsetAndBackfillsOnlyWhatDoesNotDelayIt) {
   const auto aware = policy("memory_aware");
   const MemoryCurve falling{2.0, {60, 10}};
   const MemoryCurve heavy_start{1.0, {50}};
   const MemoryCurve tiny{1.0, {1}};
+  const MemoryCurve late_bulk{2.0, {5, 45}};
   DecisionCore core(*aware, 100);
   JobView a = job(1, 0, 0);
   a.curve = &falling;
   JobView b = job(2, 0, 0);
   b.curve = &heavy_start;
   JobView c = job(3, 0, 0);
-  c.curve = &tiny;
-  core.add(a);
-  core.add(b);
-  core.add(c);
+  c.curve = &late_bulk;  // fits now, but its second half beside job 2 would not
+  JobView d = job(4, 0, 0);
+  d.curve = &tiny;  // fits now and beside job 2 as well
+  for (const JobView& view : {a, b, c, d}) core.add(view);
   core.wait(1);
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
-  core.wait(2);
-  core.wait(3);
-  // Job 2 fits once job 1 falls to 10 at 1 s; job 3 would fit now but must not overtake.
-  const Decision d = core.decide(0.25);
-  EXPECT_TRUE(d.starts.empty());
-  ASSERT_TRUE(d.recheck_after_seconds.has_value());
-  EXPECT_NEAR(*d.recheck_after_seconds, 0.75, 1e-6);
-  EXPECT_EQ(started(core.decide(0.25 + *d.recheck_after_seconds)), (Ids{2, 3}));
+  for (std::uint32_t id : {2, 3, 4}) core.wait(id);
+  // Job 2 (first in fair order) fits once job 1 falls to 10 at 1 s: 0.75 s from now.
+  const Decision first = core.decide(0.25);
+  ASSERT_TRUE(first.recheck_after_seconds.has_value());
+  EXPECT_NEAR(*first.recheck_after_seconds, 0.75, 1e-6);
+  EXPECT_EQ(started(first), Ids{4});  // job 3 would hold job 2 back to 1.75 s: it waits
+  EXPECT_TRUE(core.waiting(3));
+  // At 1 s: job 1 at 10, job 4 at 1, job 2 adds 50, job 3 its 5 then 45 after the others end.
+  const Decision second = core.decide(0.25 + *first.recheck_after_seconds);
+  EXPECT_EQ(started(second), (Ids{2, 3}));
 }
 
 TEST_F(DecisionCoreTest, MemoryAwareAdmitsOnlyWhatCanRunAlone) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <iterator>
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -72,6 +73,7 @@ struct DecisionCore::State {
   std::size_t committed = 0;         // sum of lane quotas
   std::size_t persistent_total = 0;  // of admitted jobs
   std::vector<RunningIteration> scratch;
+  bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
 
   State(const Policy& p, std::size_t budget_bytes)
       : policy(p), plan(p.lanes()), exclusive(p.runs_to_completion()), budget(budget_bytes) {}
@@ -180,7 +182,18 @@ struct DecisionCore::State {
     refresh(lane_id);
   }
 
+  // Under the memory-aware plan running iterations may overlap beyond any quota, so a newcomer's
+  // persistent bytes must also fit beside their predicted curves: that needs the clock, so
+  // admission waits for decide().
+  [[nodiscard]] bool admission_needs_clock() const {
+    return plan == LanePlan::memory_aware && !running.empty();
+  }
+
   void admit_pending() {
+    if (admission_needs_clock()) {
+      admission_dirty = !pending.empty();
+      return;
+    }
     for (auto it = pending.begin(); it != pending.end();) {
       JobRecord& rec = jobs.at(it->second);
       if (const auto lane = placement(rec)) {
@@ -189,6 +202,38 @@ struct DecisionCore::State {
       } else {
         ++it;
       }
+    }
+  }
+
+  // Memory-aware admission at `now`: the lane rule, and the job's persistent bytes beside what
+  // runs for as long as it runs (asked of the policy as an endless iteration of that size).
+  void admit_pending_beside_running(Decision& decision) {
+    admission_dirty = false;
+    for (auto it = pending.begin(); it != pending.end();) {
+      JobRecord& rec = jobs.at(it->second);
+      if (!placement(rec)) {
+        ++it;
+        continue;
+      }
+      JobView resident;
+      resident.id = rec.view.id;
+      resident.ephemeral_peak_bytes = rec.persistent;
+      const DeviceView device{budget, persistent_total, scratch};
+      const std::optional<double> delay = policy.start_delay(device, resident);
+      if (delay && *delay <= 0.0) {
+        admit(rec, 0);
+        it = pending.erase(it);
+        continue;
+      }
+      admission_dirty = true;  // memory frees as the running curves fall: try again
+      if (delay) note_recheck(decision, *delay);
+      ++it;
+    }
+  }
+
+  static void note_recheck(Decision& decision, double delay) {
+    if (!decision.recheck_after_seconds || delay < *decision.recheck_after_seconds) {
+      decision.recheck_after_seconds = delay;
     }
   }
 
@@ -215,30 +260,74 @@ struct DecisionCore::State {
   }
 
   void decide_memory_aware(double now, Decision& decision) {
-    const auto lane_it = lanes.find(0);
-    if (lane_it == lanes.end()) return;
-    Lane& lane = lane_it->second;
     scratch.clear();
     scratch.reserve(running.size() + kMemoryAwareCandidates);
     for (const std::uint32_t id : running) {
       const JobRecord& rec = jobs.at(id);
       scratch.push_back({&rec.view, now - rec.started_at});
     }
-    for (int examined = 0; examined < kMemoryAwareCandidates && !lane.waiting.empty(); ++examined) {
-      JobRecord& rec = jobs.at(lane.waiting.begin()->job);
-      const DeviceView device{budget, persistent_total, scratch};
-      const std::optional<double> delay = policy.start_delay(device, rec.view);
+    if (admission_dirty) admit_pending_beside_running(decision);
+    const auto lane_it = lanes.find(0);
+    if (lane_it == lanes.end()) return;
+    Lane& lane = lane_it->second;
+    auto next = lane.waiting.begin();
+    for (int examined = 0; examined < kMemoryAwareCandidates && next != lane.waiting.end();
+         ++examined) {
+      JobRecord& rec = jobs.at(next->job);
+      ++next;
+      const std::optional<double> delay = delay_of(rec);
       // With nothing running, admission promised that the job fits alone: a policy that says
       // otherwise (estimates moved) must not stall the device forever.
-      const bool starts = (delay && *delay <= 0.0) || (!delay && scratch.empty());
-      if (!starts) {
-        // Later jobs must not overtake it (fairness): wait for the offset or an event.
-        if (delay) decision.recheck_after_seconds = *delay;
-        return;
+      if ((delay && *delay <= 0.0) || (!delay && scratch.empty())) {
+        start(rec, now, decision);
+        scratch.push_back({&rec.view, 0.0});
+        continue;
       }
+      if (delay) note_recheck(decision, *delay);
+      backfill(rec, delay, next, examined, now, decision);
+      return;
+    }
+  }
+
+  std::optional<double> delay_of(const JobRecord& rec) const {
+    return policy.start_delay(DeviceView{budget, persistent_total, scratch}, rec.view);
+  }
+
+  // The first waiting job (by key) cannot start yet. Later ones may start now only if that does
+  // not push its predicted start back (EASY-style backfilling): fairness as before, but memory
+  // that would idle until then is used.
+  void backfill(const JobRecord& head, std::optional<double> head_delay,
+                std::set<WaitKey>::iterator next, int examined, double now, Decision& decision) {
+    double running_until = 0.0;  // when every iteration running now is predicted to be over
+    for (const RunningIteration& r : scratch) {
+      running_until = std::max(running_until, predicted_seconds(*r.job) - r.elapsed_seconds);
+    }
+    for (++examined; examined < kMemoryAwareCandidates && next != lanes.at(0).waiting.end();
+         ++examined) {
+      JobRecord& rec = jobs.at(next->job);
+      ++next;
+      const std::optional<double> delay = delay_of(rec);
+      if (!delay || *delay > 0.0) continue;
+      bool harmless = false;
+      if (head_delay) {
+        scratch.push_back({&rec.view, 0.0});
+        const std::optional<double> after = delay_of(head);
+        scratch.pop_back();
+        harmless = after && *after <= *head_delay + kOffsetTolerance;
+      } else {
+        // The head waits for iterations to end; one that ends before them cannot hold it up.
+        harmless = predicted_seconds(rec.view) <= running_until;
+      }
+      if (!harmless) continue;
       start(rec, now, decision);
       scratch.push_back({&rec.view, 0.0});
     }
+  }
+
+  static double predicted_seconds(const JobView& job) {
+    if (job.curve != nullptr && job.curve->known()) return job.curve->duration_seconds;
+    return job.iteration_seconds > 0.0 ? job.iteration_seconds
+                                       : std::numeric_limits<double>::infinity();
   }
 };
 
@@ -258,11 +347,8 @@ void DecisionCore::add(const JobView& job) {
   rec.view.curve = job.curve != nullptr ? &rec.curve : nullptr;
   rec.persistent = job.persistent_bytes;
   rec.peak = ephemeral_peak(rec.view);
-  if (const auto lane = s.placement(rec)) {
-    s.admit(rec, *lane);
-  } else {
-    s.pending.emplace(job.arrival, job.id);
-  }
+  s.pending.emplace(job.arrival, job.id);
+  s.admit_pending();
 }
 
 void DecisionCore::update(const JobView& job) {
@@ -350,6 +436,7 @@ void DecisionCore::finish(std::uint32_t job, double now) {
   --s.lanes.at(*rec.lane).running;
   s.running.erase(job);
   s.refresh(*rec.lane);
+  if (s.plan == LanePlan::memory_aware && !s.pending.empty()) s.admission_dirty = true;
 }
 
 Decision DecisionCore::decide(double now) {
