@@ -1,6 +1,6 @@
 // Four jobs sharing one GPU at iteration granularity, under a scheduling policy of your choice.
 //
-//   sharing_demo [--policy fair] [--iterations 60] [--trace salus_trace.json] [--cuda]
+//   sharing_demo [--policy fair] [--iterations 100] [--trace salus_trace.json] [--cuda]
 //
 // Two training jobs (VGG-like and ResNet-like), an inference service answering requests, and a
 // hyper-parameter trial that arrives late and leaves after a fixed number of steps. Each job is a
@@ -13,6 +13,7 @@
 // measured workloads (VGG11 and ResNet-50 at batch 25, GoogLeNet for the trial) with time scaled
 // down about 4x and memory about 2x, so a run takes a few seconds.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include <salus/sim.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
