@@ -13,11 +13,16 @@ namespace salus {
 
 const char* to_string(JobState state) noexcept {
   switch (state) {
-    case JobState::idle: return "idle";
-    case JobState::waiting: return "waiting";
-    case JobState::running: return "running";
-    case JobState::left: return "left";
-    case JobState::cancelled: return "cancelled";
+    case JobState::idle:
+      return "idle";
+    case JobState::waiting:
+      return "waiting";
+    case JobState::running:
+      return "running";
+    case JobState::left:
+      return "left";
+    case JobState::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -80,11 +85,19 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream) 
   return impl_->memory->allocate({bytes, device, stream, kUnattributedJob, Lifetime::persistent});
 }
 
-void Runtime::deallocate(DevicePtr ptr) { impl_->memory->deallocate(ptr); }
+void Runtime::deallocate(DevicePtr ptr) {
+  impl_->memory->deallocate(ptr);
+}
 
-MemoryManager& Runtime::memory() { return *impl_->memory; }
-DeviceBackend& Runtime::backend() { return *impl_->backend; }
-std::string_view Runtime::policy() const { return impl_->policy; }
+MemoryManager& Runtime::memory() {
+  return *impl_->memory;
+}
+DeviceBackend& Runtime::backend() {
+  return *impl_->backend;
+}
+std::string_view Runtime::policy() const {
+  return impl_->policy;
+}
 
 std::vector<JobStats> Runtime::job_stats() const {
   std::vector<JobStats> out;
@@ -95,7 +108,9 @@ std::vector<JobStats> Runtime::job_stats() const {
   return out;
 }
 
-std::string Runtime::trace_json() const { return impl_->trace->json(); }
+std::string Runtime::trace_json() const {
+  return impl_->trace->json();
+}
 
 void Runtime::write_trace(const std::string& path) const {
   std::ofstream out(path);
@@ -118,15 +133,21 @@ Job& Job::operator=(Job&& other) noexcept {
   return *this;
 }
 
-Job::~Job() { leave(); }
+Job::~Job() {
+  leave();
+}
 
 DeviceScheduler& Job::scheduler() const {
   if (!scheduler_) throw InvalidArgument("this Job handle was moved from");
   return *scheduler_;
 }
 
-StreamHandle Job::begin_iteration() { return scheduler().begin(*state_); }
-void Job::end_iteration() { scheduler().end(*state_); }
+StreamHandle Job::begin_iteration() {
+  return scheduler().begin(*state_);
+}
+void Job::end_iteration() {
+  scheduler().end(*state_);
+}
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}
 
@@ -142,7 +163,9 @@ DevicePtr Job::allocate(std::size_t bytes, std::optional<Lifetime> lifetime) {
   return scheduler().allocate(*state_, bytes, lifetime);
 }
 
-void Job::deallocate(DevicePtr ptr) { scheduler().deallocate(*state_, ptr); }
+void Job::deallocate(DevicePtr ptr) {
+  scheduler().deallocate(*state_, ptr);
+}
 
 void Job::leave() {
   if (scheduler_ && state_) {
@@ -154,7 +177,9 @@ void Job::leave() {
   }
 }
 
-void Job::cancel() { scheduler().finish(*state_, true); }
+void Job::cancel() {
+  scheduler().finish(*state_, true);
+}
 
 JobId Job::id() const {
   (void)scheduler();
@@ -166,7 +191,11 @@ const std::string& Job::name() const {
   return state_->spec.name;
 }
 
-StreamHandle Job::stream() const { return scheduler().stream_of(*state_); }
-JobStats Job::stats() const { return scheduler().stats(*state_); }
+StreamHandle Job::stream() const {
+  return scheduler().stream_of(*state_);
+}
+JobStats Job::stats() const {
+  return scheduler().stats(*state_);
+}
 
 }  // namespace salus

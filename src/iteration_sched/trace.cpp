@@ -37,9 +37,15 @@ std::string TraceRecorder::json() const {
     const std::pair<int, int> row{s.device, s.lane};
     if (std::find(named.begin(), named.end(), row) == named.end()) {
       named.push_back(row);
-      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", s.device}, {"tid", 0},
+      events.push_back({{"ph", "M"},
+                        {"name", "process_name"},
+                        {"pid", s.device},
+                        {"tid", 0},
                         {"args", {{"name", "gpu" + std::to_string(s.device)}}}});
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", s.device}, {"tid", s.lane},
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", s.device},
+                        {"tid", s.lane},
                         {"args", {{"name", "lane " + std::to_string(s.lane)}}}});
     }
     events.push_back({{"ph", "X"},
@@ -54,8 +60,8 @@ std::string TraceRecorder::json() const {
   for (const Counter& c : counters_) {
     json args = json::object();
     for (const auto& [key, value] : c.values) args[key] = value;
-    events.push_back({{"ph", "C"}, {"name", c.name}, {"pid", c.device}, {"ts", c.at_us},
-                      {"args", args}});
+    events.push_back(
+        {{"ph", "C"}, {"name", c.name}, {"pid", c.device}, {"ts", c.at_us}, {"args", args}});
   }
   json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
   if (dropped_ > 0) doc["otherData"] = {{"dropped_events", dropped_}};
