@@ -99,13 +99,13 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.started = false;
   job.wait_started = SteadyClock::now();
   core_.wait(job.id.value);
-  run_decisions();
+  wake(run_decisions());
   while (!job.started && job.state == JobState::waiting) {
     if (recheck_at_) {
       job.wakeup.wait_until(lock, *recheck_at_);
       if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
         recheck_at_.reset();
-        run_decisions();
+        wake(run_decisions());
       }
     } else {
       job.wakeup.wait(lock);
@@ -121,10 +121,17 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.ephemeral_now = 0;
   job.samples.clear();
   current_job = &job;
-  return job.stream;
+  const StreamHandle stream = job.stream;
+  lock.unlock();
+  auto weak = weak_from_this();
+  backend_->launch_host_func(stream, [weak, id = job.id] {
+    if (auto self = weak.lock()) self->record_gpu_start(id, SteadyClock::now());
+  });
+  return stream;
 }
 
-void DeviceScheduler::run_decisions() {
+std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
+  std::vector<std::shared_ptr<JobRecordState>> to_wake;
   const sched::Decision decision = core_.decide(seconds_since_start(SteadyClock::now()));
   for (const sched::Start& start : decision.starts) {
     auto it = jobs_.find(start.job);
@@ -140,7 +147,7 @@ void DeviceScheduler::run_decisions() {
     }
     running_on_stream_[job.stream.value] = job.id.value;
     job.started = true;
-    job.wakeup.notify_one();
+    to_wake.push_back(it->second);
   }
   if (decision.recheck_after_seconds) {
     const auto at =
@@ -149,9 +156,14 @@ void DeviceScheduler::run_decisions() {
     if (!recheck_at_ || at < *recheck_at_) recheck_at_ = at;
     // Some waiter must watch the clock: wake the waiting jobs so one of them waits until then.
     for (auto& [id, job] : jobs_) {
-      if (job->state == JobState::waiting && !job->started) job->wakeup.notify_one();
+      if (job->state == JobState::waiting && !job->started) to_wake.push_back(job);
     }
   }
+  return to_wake;
+}
+
+void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {
+  for (const auto& job : jobs) job->wakeup.notify_one();
 }
 
 int DeviceScheduler::take_free_slot() {
@@ -188,51 +200,68 @@ void DeviceScheduler::end(JobRecordState& job) {
         fmt::format("end_iteration: job '{}' is not inside an iteration (it is {})", job.spec.name,
                     to_string(job.state)));
   }
+  // The switch first: decide and let the next job in; this iteration's bookkeeping comes after.
   const auto now = SteadyClock::now();
   const double host_seconds = std::chrono::duration<double>(now - job.iteration_started).count();
-  const double begin_us = seconds_since_start(job.iteration_started) * 1e6;
   job.state = JobState::idle;
   ++job.iterations;
   running_on_stream_.erase(job.stream.value);
   release_slot(job.lane);
   if (current_job == &job) current_job = nullptr;
-
-  // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
-  memory_->promote_ephemeral(job.id);
-  finish_profile(job, host_seconds);
+  core_.finish(job.id.value, seconds_since_start(now));
+  const auto to_wake = run_decisions();
+  const StreamHandle stream = job.stream;
+  TraceRecorder::Span span{job.spec.name,
+                           device_,
+                           std::max(job.lane, 0),
+                           seconds_since_start(job.iteration_started) * 1e6,
+                           seconds_since_start(now) * 1e6,
+                           job.iterations};
+  // Only this thread touches the samples of an idle job; take them out of the lock's reach.
+  auto samples = std::move(job.samples);
+  job.samples.clear();
+  lock.unlock();
+  wake(to_wake);
 
   // GPU time: the stream reaches this marker when the iteration's work is done.
   auto weak = weak_from_this();
   const JobId id = job.id;
-  const auto began = job.iteration_started;
-  backend_->launch_host_func(job.stream, [weak, id, began] {
-    if (auto self = weak.lock()) {
-      self->record_gpu_time(id, std::chrono::duration<double>(SteadyClock::now() - began).count());
-    }
+  backend_->launch_host_func(stream, [weak, id] {
+    if (auto self = weak.lock()) self->record_gpu_end(id, SteadyClock::now());
   });
-
-  core_.finish(job.id.value, seconds_since_start(now));
-  core_.update(view_of(job));
-  run_decisions();
-  TraceRecorder::Span span{
-      job.spec.name, device_, std::max(job.lane, 0), begin_us, seconds_since_start(now) * 1e6,
-      job.iterations};
+  // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
+  memory_->promote_ephemeral(job.id);
+  const JobMemoryStats mem = memory_->job_stats(job.id);
+  lock.lock();
+  finish_profile(job, host_seconds, samples,
+                 mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
+  if (job.state == JobState::idle) core_.update(view_of(job));
   lock.unlock();
 
   trace_->span(std::move(span));
-  const DeviceMemoryStats mem = memory_->device_stats(device_);
+  const DeviceMemoryStats device = memory_->device_stats(device_);
   trace_->counter({fmt::format("memory gpu{}", device_),
                    device_,
                    seconds_since_start(now) * 1e6,
-                   {{"allocated_MiB", static_cast<double>(mem.allocated) / (1 << 20)},
-                    {"reserved_MiB", static_cast<double>(mem.reserved) / (1 << 20)}}});
+                   {{"allocated_MiB", static_cast<double>(device.allocated) / (1 << 20)},
+                    {"reserved_MiB", static_cast<double>(device.reserved) / (1 << 20)}}});
 }
 
-void DeviceScheduler::record_gpu_time(JobId id, double seconds) {
+void DeviceScheduler::record_gpu_start(JobId id, SteadyClock::time_point at) {
+  std::lock_guard lock(mu_);
+  if (auto it = jobs_.find(id.value); it != jobs_.end()) it->second->gpu_started = at;
+}
+
+void DeviceScheduler::record_gpu_end(JobId id, SteadyClock::time_point at) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id.value);
   if (it == jobs_.end()) return;
   JobRecordState& job = *it->second;
+  if (!job.gpu_started) return;
+  // From the stream reaching the iteration's first work to it finishing the last: what the
+  // previous job left draining on a shared lane stream is not charged to this one.
+  const double seconds = std::chrono::duration<double>(at - *job.gpu_started).count();
+  job.gpu_started.reset();
   job.attained_seconds += seconds;
   JobProfile& p = job.profile;
   p.iteration_seconds =
@@ -245,13 +274,14 @@ void DeviceScheduler::record_gpu_time(JobId id, double seconds) {
   }
 }
 
-void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds) {
+void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
+                                     const std::vector<std::pair<double, std::size_t>>& samples,
+                                     std::size_t persistent_bytes) {
   JobProfile& p = job.profile;
-  const JobMemoryStats mem = memory_->job_stats(job.id);
-  p.persistent_bytes = mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use;
+  p.persistent_bytes = persistent_bytes;
   std::size_t peak = 0;
-  for (const auto& [t, bytes] : job.samples) peak = std::max(peak, bytes);
-  if (job.samples.empty()) return;  // nothing allocated through Salus this iteration
+  for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
+  if (samples.empty()) return;  // nothing allocated through Salus this iteration
   p.ephemeral_peak_bytes = peak;
   // Resample to a fixed number of buckets, each the highest level reached within it.
   p.curve.duration_seconds = std::max(host_seconds, 1e-9);
@@ -261,8 +291,8 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds) {
   for (std::size_t b = 0; b < kCurveSamples; ++b) {
     const double bucket_end = p.curve.duration_seconds * static_cast<double>(b + 1) / kCurveSamples;
     std::size_t high = level;
-    while (next < job.samples.size() && job.samples[next].first < bucket_end) {
-      level = job.samples[next].second;
+    while (next < samples.size() && samples[next].first < bucket_end) {
+      level = samples[next].second;
       high = std::max(high, level);
       ++next;
     }
@@ -338,6 +368,7 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
 
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   std::vector<StreamHandle> streams;
+  std::vector<std::shared_ptr<JobRecordState>> to_wake;
   {
     std::lock_guard lock(mu_);
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
@@ -351,8 +382,9 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     jobs_.erase(job.id.value);
     streams = job.streams_used;
     job.wakeup.notify_all();
-    run_decisions();  // its lane share is free: others may start or be admitted
+    to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }
+  wake(to_wake);
   // Its memory may still be in use by work it enqueued: free it once that work is done. Later
   // work on these streams is ordered after the frees anyway.
   for (StreamHandle stream : streams) {

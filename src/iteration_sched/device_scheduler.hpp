@@ -51,6 +51,7 @@ struct JobRecordState {
   double max_wait_seconds = 0.0;
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};
+  std::optional<SteadyClock::time_point> gpu_started;  // when its stream reached the start marker
   JobProfile profile;
   // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
   std::size_t ephemeral_now = 0;
@@ -90,13 +91,20 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   [[nodiscard]] JobView view_of(const JobRecordState& job) const;
   void check_usable(const JobRecordState& job, const char* what) const;  // with mu_ held
   void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
-  void run_decisions();  // with mu_ held
+  // With mu_ held: starts what the core decides; returns the jobs to wake (after unlocking, so
+  // they do not wake only to block on mu_).
+  std::vector<std::shared_ptr<JobRecordState>> run_decisions();
+  static void wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs);
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();          // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
-  void record_gpu_time(JobId job, double seconds);
+  // Stream markers at the start and end of an iteration's GPU work (host functions).
+  void record_gpu_start(JobId job, SteadyClock::time_point at);
+  void record_gpu_end(JobId job, SteadyClock::time_point at);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
-  void finish_profile(JobRecordState& job, double host_seconds);
+  void finish_profile(JobRecordState& job, double host_seconds,
+                      const std::vector<std::pair<double, std::size_t>>& samples,
+                      std::size_t persistent_bytes);
 
   std::shared_ptr<DeviceBackend> backend_;
   std::shared_ptr<MemoryManager> memory_;

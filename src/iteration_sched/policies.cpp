@@ -84,8 +84,12 @@ class FairPolicy final : public Policy {
 class PriorityPolicy final : public Policy {
  public:
   std::string_view name() const override { return "priority"; }
+  // Latency-critical first, then larger priority; among equals the least attained GPU time, so
+  // equal training jobs share instead of the first arrival starving the rest.
   SortKey key(const JobView& job) const override {
-    return {job.latency_critical() ? 0.0 : 1.0, -static_cast<double>(job.priority)};
+    constexpr double kClassStride = 0x1p40;  // above any int priority, exact in a double
+    return {(job.latency_critical() ? 0.0 : kClassStride) - static_cast<double>(job.priority),
+            job.attained_seconds};
   }
 };
 
