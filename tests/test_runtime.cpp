@@ -245,6 +245,10 @@ TEST(Runtime, AllocationsAreAttributedByStreamThenByThread) {
   runtime.deallocate(by_stream);
   runtime.deallocate(nobody);
   a.end_iteration();
+  // Both the allocation and the free through the runtime fed the job's memory curve.
+  EXPECT_EQ(a.stats().ephemeral_peak_bytes, 2 * MiB);
+  EXPECT_EQ(a.stats().memory_curve.peak(), 2 * MiB);
+  EXPECT_EQ(a.stats().persistent_bytes, MiB) << "by_thread outlived the iteration";
   // by_thread survived the iteration: promoted to persistent.
   EXPECT_EQ(runtime.memory().find(by_thread)->lifetime, Lifetime::persistent);
   runtime.deallocate(by_thread);

@@ -358,6 +358,12 @@ void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
   }
 }
 
+std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id.value);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
 std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
   std::lock_guard lock(mu_);
   auto it = running_on_stream_.find(stream.value);

@@ -79,6 +79,8 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   void deallocate(JobRecordState& job, DevicePtr ptr);
   // The job whose iteration runs on `stream` now, if it is one of this device's lane streams.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);
+  // A job present on this device, by id; nullptr once it left or for other ids.
+  [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id);
 
   [[nodiscard]] JobStats stats(const JobRecordState& job) const;
   [[nodiscard]] StreamHandle stream_of(const JobRecordState& job) const;

@@ -86,6 +86,14 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream) 
 }
 
 void Runtime::deallocate(DevicePtr ptr) {
+  // A job's block goes back through its scheduler, so the job's memory curve sees the free.
+  if (const auto block = impl_->memory->find(ptr)) {
+    DeviceScheduler& scheduler = impl_->scheduler(block->device);
+    if (auto job = scheduler.job_by_id(block->job)) {
+      scheduler.deallocate(*job, ptr);
+      return;
+    }
+  }
   impl_->memory->deallocate(ptr);
 }
 
