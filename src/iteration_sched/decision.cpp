@@ -220,7 +220,7 @@ struct DecisionCore::State {
       resident.ephemeral_peak_bytes = rec.persistent;
       const DeviceView device{budget, persistent_total, scratch};
       const std::optional<double> delay = policy.start_delay(device, resident);
-      if (delay && *delay <= 0.0) {
+      if (delay && *delay <= kOffsetTolerance) {
         admit(rec, 0);
         it = pending.erase(it);
         continue;
@@ -278,7 +278,7 @@ struct DecisionCore::State {
       const std::optional<double> delay = delay_of(rec);
       // With nothing running, admission promised that the job fits alone: a policy that says
       // otherwise (estimates moved) must not stall the device forever.
-      if ((delay && *delay <= 0.0) || (!delay && scratch.empty())) {
+      if ((delay && *delay <= kOffsetTolerance) || (!delay && scratch.empty())) {
         start(rec, now, decision);
         scratch.push_back({&rec.view, 0.0});
         continue;
@@ -307,7 +307,7 @@ struct DecisionCore::State {
       JobRecord& rec = jobs.at(next->job);
       ++next;
       const std::optional<double> delay = delay_of(rec);
-      if (!delay || *delay > 0.0) continue;
+      if (!delay || *delay > kOffsetTolerance) continue;
       bool harmless = false;
       if (head_delay) {
         scratch.push_back({&rec.view, 0.0});
