@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace salus {
 
@@ -121,13 +122,7 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.ephemeral_now = 0;
   job.samples.clear();
   current_job = &job;
-  const StreamHandle stream = job.stream;
-  lock.unlock();
-  auto weak = weak_from_this();
-  backend_->launch_host_func(stream, [weak, id = job.id] {
-    if (auto self = weak.lock()) self->record_gpu_start(id, SteadyClock::now());
-  });
-  return stream;
+  return job.stream;
 }
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
@@ -211,6 +206,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   core_.finish(job.id.value, seconds_since_start(now));
   const auto to_wake = run_decisions();
   const StreamHandle stream = job.stream;
+  const SteadyClock::time_point began = job.iteration_started;
   TraceRecorder::Span span{job.spec.name,
                            device_,
                            std::max(job.lane, 0),
@@ -222,12 +218,15 @@ void DeviceScheduler::end(JobRecordState& job) {
   job.samples.clear();
   lock.unlock();
   wake(to_wake);
+  // The woken job is the latency-critical path; on a busy or single core let it run before this
+  // thread's bookkeeping below.
+  if (!to_wake.empty()) std::this_thread::yield();
 
   // GPU time: the stream reaches this marker when the iteration's work is done.
   auto weak = weak_from_this();
   const JobId id = job.id;
-  backend_->launch_host_func(stream, [weak, id] {
-    if (auto self = weak.lock()) self->record_gpu_end(id, SteadyClock::now());
+  backend_->launch_host_func(stream, [weak, id, stream, began] {
+    if (auto self = weak.lock()) self->record_gpu_end(id, stream, began, SteadyClock::now());
   });
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   memory_->promote_ephemeral(job.id);
@@ -247,21 +246,19 @@ void DeviceScheduler::end(JobRecordState& job) {
                     {"reserved_MiB", static_cast<double>(device.reserved) / (1 << 20)}}});
 }
 
-void DeviceScheduler::record_gpu_start(JobId id, SteadyClock::time_point at) {
+void DeviceScheduler::record_gpu_end(JobId id, StreamHandle stream, SteadyClock::time_point began,
+                                     SteadyClock::time_point at) {
   std::lock_guard lock(mu_);
-  if (auto it = jobs_.find(id.value); it != jobs_.end()) it->second->gpu_started = at;
-}
-
-void DeviceScheduler::record_gpu_end(JobId id, SteadyClock::time_point at) {
-  std::lock_guard lock(mu_);
+  // Markers run in stream order, so the previous iteration's marker on this stream has run: the
+  // GPU reached this iteration's work at the later of that and the job's begin. What the previous
+  // job left draining on a shared lane stream is not charged to this one.
+  SteadyClock::time_point& previous_end = stream_reached_[stream.value];
+  const SteadyClock::time_point started = std::max(began, previous_end);
+  previous_end = at;
   auto it = jobs_.find(id.value);
   if (it == jobs_.end()) return;
   JobRecordState& job = *it->second;
-  if (!job.gpu_started) return;
-  // From the stream reaching the iteration's first work to it finishing the last: what the
-  // previous job left draining on a shared lane stream is not charged to this one.
-  const double seconds = std::chrono::duration<double>(at - *job.gpu_started).count();
-  job.gpu_started.reset();
+  const double seconds = std::chrono::duration<double>(at - started).count();
   job.attained_seconds += seconds;
   JobProfile& p = job.profile;
   p.iteration_seconds =

@@ -51,7 +51,6 @@ struct JobRecordState {
   double max_wait_seconds = 0.0;
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};
-  std::optional<SteadyClock::time_point> gpu_started;  // when its stream reached the start marker
   JobProfile profile;
   // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
   std::size_t ephemeral_now = 0;
@@ -100,9 +99,9 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();          // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
-  // Stream markers at the start and end of an iteration's GPU work (host functions).
-  void record_gpu_start(JobId job, SteadyClock::time_point at);
-  void record_gpu_end(JobId job, SteadyClock::time_point at);
+  // Runs (as a host function) when `stream` has finished an iteration that began at `began`.
+  void record_gpu_end(JobId job, StreamHandle stream, SteadyClock::time_point began,
+                      SteadyClock::time_point at);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
   void finish_profile(JobRecordState& job, double host_seconds,
                       const std::vector<std::pair<double, std::size_t>>& samples,
@@ -123,6 +122,8 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::unordered_map<std::uint64_t, std::uint32_t> running_on_stream_;  // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
+  // When each lane stream last finished an iteration's work (its end marker ran).
+  std::unordered_map<std::uint64_t, SteadyClock::time_point> stream_reached_;
   std::uint64_t arrivals_ = 0;
 };
 
