@@ -63,9 +63,9 @@ void BM_SchedulerDecision(benchmark::State& state) {
 }
 BENCHMARK(BM_SchedulerDecision)->Arg(10)->Arg(100)->Arg(1000);
 
-// Memory-aware: each decide() also asks the policy for start offsets over the running curves.
-// The budget fits about two iterations' curves at once, so each decide examines several
-// candidates (start, offset search, backfill attempts).
+// Memory-aware: the lane rule's turns, then the start-offset search for up to 8 waiting jobs as
+// extras. The budget opens six lanes (the rest of the jobs join them), so each decide starts six
+// turns and searches beside six running curves and the quotas held after them.
 void BM_SchedulerDecisionMemoryAware(benchmark::State& state) {
   static const MemoryCurve rising{kIterationSeconds, {100, 300, 600, 1000, 700, 400, 200, 100}};
   run_boundaries(state, "memory_aware", 5'000 + 2'000, &rising);

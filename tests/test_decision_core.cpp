@@ -174,10 +174,14 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   core.add(a);
   core.add(b);
   core.add(c);
+  // The lane rule: job 1 opens lane 0 (70); jobs 2 and 3 do not fit lanes of their own and join
+  // it, growing only its persistent bytes.
   EXPECT_EQ(core.committed_bytes(), 30u + 60);
+  EXPECT_EQ(core.lane_count(), 1);
   for (std::uint32_t id : {1, 2, 3}) core.wait(id);
-  // 30 persistent: job 1 (10) and job 2 (50) fit together. Job 3 needs the others at <= 20 for
-  // a whole second: [1, 2), once job 2 has ended and before job 1 rises to 40.
+  // Job 1 takes the lane's turn; job 2 fits beside its rising curve as an extra (30+10+50). Job
+  // 3 needs the others at <= 20 for a whole second: [1, 2), once job 2 has ended and before job 1
+  // rises to 40.
   const Decision first = core.decide(0.0);
   EXPECT_EQ(started(first), (Ids{1, 2}));
   ASSERT_TRUE(first.recheck_after_seconds.has_value());
@@ -188,14 +192,15 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   EXPECT_EQ(started(core.decide(1.0)), Ids{3});
   core.finish(3, 2.0);
   core.wait(2);
-  // Job 1 is now at 40 then 60: job 2 needs 30+50+x <= 100, x <= 20: only after job 1 ends.
+  // Job 1 is now at 40 then 60: job 2 needs 30+50+x <= 100, x <= 20: only after job 1 ends,
+  // when it takes the lane's turn.
   const Decision later = core.decide(2.0);
   EXPECT_TRUE(later.starts.empty());
   core.finish(1, 4.0);
   EXPECT_EQ(started(core.decide(4.0)), Ids{2});
 }
 
-TEST_F(DecisionCoreTest, MemoryAwareReportsAnOffsetAndBackfillsOnlyWhatDoesNotDelayIt) {
+TEST_F(DecisionCoreTest, MemoryAwareExtrasNeverUseALaneQuotaPastItsTurn) {
   const auto aware = policy("memory_aware");
   const MemoryCurve falling{2.0, {60, 10}};
   const MemoryCurve heavy_start{1.0, {50}};
@@ -207,25 +212,80 @@ TEST_F(DecisionCoreTest, MemoryAwareReportsAnOffsetAndBackfillsOnlyWhatDoesNotDe
   JobView b = job(2, 0, 0);
   b.curve = &heavy_start;
   JobView c = job(3, 0, 0);
-  c.curve = &late_bulk;  // fits now, but its second half beside job 2 would not
+  c.curve = &late_bulk;  // fits beside job 1's turn, but would run on past its end
   JobView d = job(4, 0, 0);
-  d.curve = &tiny;  // fits now and beside job 2 as well
+  d.curve = &tiny;
   for (const JobView& view : {a, b, c, d}) core.add(view);
+  // The lane rule: jobs 2 and 3 do not fit lanes of their own (60 + 50, 60 + 45 > 100) and join
+  // lane 0; job 4 opens lane 1.
+  EXPECT_EQ(core.lane_count(), 2);
+  EXPECT_EQ(core.lane_of(4), 1);
   core.wait(1);
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
   for (std::uint32_t id : {2, 3, 4}) core.wait(id);
-  // Job 2 (first in fair order) fits once job 1 falls to 10 at 1 s: 0.75 s from now.
+  // Job 4 takes lane 1's turn. Job 2 fits beside job 1 once it falls to 10 at 1 s: 0.75 s from
+  // now. Job 3 never fits as an extra: from 2 s on, lane 0 holds its whole quota (60) for its
+  // next turn.
   const Decision first = core.decide(0.25);
   ASSERT_TRUE(first.recheck_after_seconds.has_value());
   EXPECT_NEAR(*first.recheck_after_seconds, 0.75, 1e-6);
-  EXPECT_EQ(started(first), Ids{4});  // job 3 would hold job 2 back to 1.75 s: it waits
+  EXPECT_EQ(started(first), Ids{4});
   EXPECT_TRUE(core.waiting(3));
-  // At 1 s: job 1 at 10, job 4 at 1, job 2 adds 50, job 3 its 5 then 45 after the others end.
-  const Decision second = core.decide(0.25 + *first.recheck_after_seconds);
-  EXPECT_EQ(started(second), (Ids{2, 3}));
+  EXPECT_EQ(started(core.decide(0.25 + *first.recheck_after_seconds)), Ids{2});
+  EXPECT_TRUE(core.waiting(3));
+  core.finish(4, 1.25);
+  EXPECT_TRUE(core.decide(1.25).starts.empty());
+  core.finish(2, 2.0);
+  core.finish(1, 2.0);
+  // Job 3 runs as the lane's turn, the first waiting member in the lane rule's order.
+  EXPECT_EQ(started(core.decide(2.0)), Ids{3});
 }
 
-TEST_F(DecisionCoreTest, MemoryAwareAdmitsOnlyWhatCanRunAlone) {
+TEST_F(DecisionCoreTest, MemoryAwareAdmissionWaitsForExtrasToLeaveRoom) {
+  const auto aware = policy("memory_aware");
+  const MemoryCurve falling{2.0, {60, 10}};
+  const MemoryCurve bulk{1.0, {55}};
+  const MemoryCurve small{1.0, {40}};
+  DecisionCore core(*aware, 100);
+  JobView a = job(1, 0, 0);
+  a.curve = &falling;
+  JobView b = job(2, 0, 0);
+  b.curve = &bulk;
+  JobView c = job(3, 0, 0);
+  c.curve = &small;
+  core.add(a);
+  core.add(b);  // 60 + 55 > 100: joins lane 0
+  EXPECT_EQ(core.committed_bytes(), 60u);
+  core.wait(1);
+  core.wait(2);
+  const Decision first = core.decide(0.0);
+  EXPECT_EQ(started(first), Ids{1});
+  ASSERT_TRUE(first.recheck_after_seconds.has_value());
+  EXPECT_NEAR(*first.recheck_after_seconds, 1.0, 1e-6);
+  // At 1 s job 1 falls to 10: job 2 runs beside it as an extra (65), ending as job 1's turn does.
+  EXPECT_EQ(started(core.decide(1.0)), Ids{2});
+  // The lane rule would open lane 1 for job 3 at once (60 + 40), but the extra holds 5 of those
+  // bytes until 2 s: admission waits for it rather than overcommit the device.
+  core.add(c);
+  core.wait(3);
+  const Decision blocked = core.decide(1.0);
+  EXPECT_TRUE(blocked.starts.empty());
+  EXPECT_FALSE(core.admitted(3));
+  EXPECT_EQ(core.committed_bytes(), 60u);
+  // Room is made only when the extra ends: its finish brings the core back, no recheck needed.
+  EXPECT_FALSE(blocked.recheck_after_seconds.has_value());
+  core.finish(2, 2.0);
+  core.finish(1, 2.0);
+  core.wait(1);
+  core.wait(2);
+  const Decision admitted = core.decide(2.0);
+  EXPECT_EQ(core.lane_of(3), 1);
+  EXPECT_EQ(core.committed_bytes(), 100u);
+  // Each lane takes its turn; no room is left for an extra.
+  EXPECT_EQ(started(admitted), (Ids{1, 3}));
+}
+
+TEST_F(DecisionCoreTest, MemoryAwareAdmitsByTheLaneRule) {
   const auto aware = policy("memory_aware");
   DecisionCore core(*aware, 100);
   core.add(job(1, 10, 80));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -182,11 +183,12 @@ TEST(SchedSimLanes, AdmissionRuleHoldsAndWaitingJobIsAdmittedWhenMemoryFrees) {
   EXPECT_THROW(Simulation("round_robin", 40 * kMiB), InvalidArgument);
 }
 
-TEST(SchedSimMemoryAware, NeverExceedsTheBudgetAndMostlyOutrunsTheLaneRule) {
+TEST(SchedSimMemoryAware, NeverExceedsTheBudgetNorLosesToTheLaneRule) {
+  constexpr std::uint64_t kSeeds = 50;
   int strictly_faster = 0;
-  int slower = 0;
   double ratio_sum = 0.0;
-  for (std::uint64_t seed = 1; seed <= 50; ++seed) {
+  double worst = 1e300;
+  for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
     std::mt19937_64 rng(seed);
     std::uniform_int_distribution<int> count(3, 6);
     std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -215,18 +217,22 @@ TEST(SchedSimMemoryAware, NeverExceedsTheBudgetAndMostlyOutrunsTheLaneRule) {
     EXPECT_LE(aware.peak_combined_bytes, budget) << "seed " << seed;
     EXPECT_LE(pack.peak_combined_bytes, budget) << "seed " << seed;
     const double ratio = aware.throughput / pack.throughput;
-    // Not >= 1 in every trial: throughput here is iterations over the makespan, and the lane
-    // rule can leave a job that does not fit out until another leaves, letting the longest job
-    // run undisturbed, while the memory-aware policy shares the device fairly and may finish the
-    // longest job a little later (seed 1: 0.92; see the report in benchmarks/RESULTS.md).
-    EXPECT_GE(ratio, 0.9) << "seed " << seed;
+    // The memory-aware plan is the lane rule plus extras (decision.cpp): its lanes and turns are
+    // the lane rule's, and extras only take work off them. The one way back is a newcomer whose
+    // admission waits for running extras to leave it room: 5 of seeds 1..5000 lose up to 0.6%
+    // that way (seeds 1..1000 and these 50 none).
+    EXPECT_GE(ratio, 1.0 - 1e-9) << "seed " << seed;
     ratio_sum += ratio;
-    slower += ratio < 1.0 - 1e-9;
+    worst = std::min(worst, ratio);
     strictly_faster += ratio > 1.01;
   }
-  EXPECT_LE(slower, 5);  // 3 of these 50 seeds, at most 8% slower
+  const double mean = ratio_sum / static_cast<double>(kSeeds);
+  RecordProperty("worst_ratio", std::to_string(worst));
+  RecordProperty("mean_ratio", std::to_string(mean));
+  std::printf("memory_aware / pack throughput over %d seeds: worst %.3f, mean %.3f, %d faster\n",
+              static_cast<int>(kSeeds), worst, mean, strictly_faster);
   EXPECT_GT(strictly_faster, 25);
-  EXPECT_GE(ratio_sum / 50, 1.2);  // on average far ahead (about 1.6x)
+  EXPECT_GE(mean, 1.2);  // 1.30 here, 1.31 over 200 seeds, 1.28 over 5000
 }
 
 TEST(SchedSimStats, AccountingAddsUp) {

@@ -13,7 +13,8 @@
 
 namespace salus::sched {
 
-// An iteration to start now, in `lane`.
+// An iteration to start now, in `lane` (memory-aware plans: the lane of the job, whether it
+// starts as the lane's turn or as an extra beside the lanes).
 struct Start {
   std::uint32_t job = 0;
   int lane = 0;
@@ -21,8 +22,9 @@ struct Start {
 
 struct Decision {
   std::vector<Start> starts;  // already marked running in the core
-  // Memory-aware plans: ask again after this many seconds even if nothing else happens (a
-  // waiting job's predicted start offset). Unset when only an event can change the answer.
+  // Memory-aware plans: ask again after this many seconds even if nothing else happens (when a
+  // waiting job is predicted to fit as an extra, or a newcomer's quota beside the extras). Unset
+  // when only an event can change the answer.
   std::optional<double> recheck_after_seconds;
 };
 
@@ -56,7 +58,7 @@ class DecisionCore {
   [[nodiscard]] std::optional<int> lane_of(std::uint32_t job) const;
   [[nodiscard]] int lane_count() const;
   // Bytes the admitted jobs are accounted for: per lane, sum of persistent + largest ephemeral
-  // peak (single/packed), or sum of persistent + largest peak (memory_aware).
+  // peak (the memory-aware plan's lanes are the packed ones; its extras use what is left).
   [[nodiscard]] std::size_t committed_bytes() const;
   [[nodiscard]] const JobView* view(std::uint32_t job) const;
   [[nodiscard]] std::size_t job_count() const;

@@ -64,8 +64,10 @@ std::vector<Segment> candidate_segments(const JobView& job) {
   return out;
 }
 
-// The sum of the running iterations' remaining curves as disjoint segments covering [0, inf).
-std::vector<Segment> combined_running(std::span<const RunningIteration> running, double& last_end) {
+// The sum of the running iterations' remaining curves and the held bytes as disjoint segments
+// covering [0, inf).
+std::vector<Segment> combined_running(std::span<const RunningIteration> running,
+                                      std::span<const HeldFrom> held, double& last_end) {
   std::vector<Segment> pieces;
   for (const RunningIteration& r : running) {
     if (r.job != nullptr) append_remaining(*r.job, std::max(0.0, r.elapsed_seconds), pieces);
@@ -78,6 +80,11 @@ std::vector<Segment> combined_running(std::span<const RunningIteration> running,
     changes.emplace_back(s.begin, static_cast<std::int64_t>(s.bytes));
     if (s.end < kInfinity) changes.emplace_back(s.end, -static_cast<std::int64_t>(s.bytes));
     last_end = std::max(last_end, s.end);
+  }
+  // A held piece only begins: the level changes there, so the search looks past it too.
+  for (const HeldFrom& h : held) {
+    changes.emplace_back(std::max(0.0, h.from_seconds), static_cast<std::int64_t>(h.bytes));
+    last_end = std::max(last_end, h.from_seconds);
   }
   std::sort(changes.begin(), changes.end());
   std::vector<Segment> combined;
@@ -102,10 +109,15 @@ std::size_t ephemeral_peak(const JobView& job) {
 }
 
 std::optional<double> least_start_offset(const DeviceView& device, const JobView& candidate) {
+  return least_start_offset(device, {}, candidate);
+}
+
+std::optional<double> least_start_offset(const DeviceView& device, std::span<const HeldFrom> held,
+                                         const JobView& candidate) {
   if (device.persistent_bytes > device.budget_bytes) return std::nullopt;
   const std::size_t available = device.budget_bytes - device.persistent_bytes;
   double last_end = 0.0;
-  const std::vector<Segment> running = combined_running(device.running, last_end);
+  const std::vector<Segment> running = combined_running(device.running, held, last_end);
   const std::vector<Segment> own = candidate_segments(candidate);
 
   // Starting at d puts the candidate's piece [x, y) over the running piece [a, b) exactly when

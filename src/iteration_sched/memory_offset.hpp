@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 
 #include "salus/scheduler.hpp"
 
@@ -24,6 +25,19 @@ inline constexpr double kOffsetTolerance = 1e-9;
 // nullopt when no such d exists before the last running iteration is predicted to end (the
 // caller then waits for an iteration to end).
 [[nodiscard]] std::optional<double> least_start_offset(const DeviceView& device,
+                                                       const JobView& candidate);
+
+// Bytes held from `from_seconds` after now on, for good: memory a lane has reserved for its next
+// iteration once the one it runs now is predicted to end.
+struct HeldFrom {
+  double from_seconds = 0.0;
+  std::size_t bytes = 0;
+};
+
+// As above, with `held` added to the running curves (and counted among the ends the search looks
+// past).
+[[nodiscard]] std::optional<double> least_start_offset(const DeviceView& device,
+                                                       std::span<const HeldFrom> held,
                                                        const JobView& candidate);
 
 }  // namespace salus::sched

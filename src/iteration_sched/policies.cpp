@@ -100,12 +100,14 @@ class PackPolicy final : public Policy {
   LanePlan lanes() const override { return LanePlan::packed; }
 };
 
-// After Zico (ATC'21): iterations overlap whenever their predicted combined memory curve stays
-// under the budget, each started at the least offset that keeps it so. Fair among equals.
+// The lane rule ("pack") as a backbone, plus Zico-style (ATC'21) extras: a job waiting for its
+// lane's turn also starts whenever its predicted memory curve fits, at once, in what the lanes'
+// reservations and the other extras leave free (DecisionCore::State::decide_memory_aware). The
+// key is pack's, so that the backbone's turns are exactly the lane rule's.
 class MemoryAwarePolicy final : public Policy {
  public:
   std::string_view name() const override { return "memory_aware"; }
-  SortKey key(const JobView& job) const override { return {job.attained_seconds, 0.0}; }
+  SortKey key(const JobView& job) const override { return by_arrival(job); }
   LanePlan lanes() const override { return LanePlan::memory_aware; }
   std::optional<double> start_delay(const DeviceView& device,
                                     const JobView& candidate) const override {
