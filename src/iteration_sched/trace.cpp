@@ -4,22 +4,20 @@
 
 namespace salus {
 
+bool TraceRecorder::make_room() {
+  if (spans_.size() + counters_.size() < max_events_) return true;
+  ++dropped_;
+  return false;
+}
+
 void TraceRecorder::span(Span span) {
   std::lock_guard lock(mu_);
-  if (spans_.size() + counters_.size() >= max_events_) {
-    ++dropped_;
-    return;
-  }
-  spans_.push_back(std::move(span));
+  if (make_room()) spans_.push_back(std::move(span));
 }
 
 void TraceRecorder::counter(Counter counter) {
   std::lock_guard lock(mu_);
-  if (spans_.size() + counters_.size() >= max_events_) {
-    ++dropped_;
-    return;
-  }
-  counters_.push_back(std::move(counter));
+  if (make_room()) counters_.push_back(std::move(counter));
 }
 
 std::size_t TraceRecorder::dropped() const {

@@ -36,6 +36,9 @@ class TraceRecorder {
   [[nodiscard]] std::size_t dropped() const;
 
  private:
+  // With mu_ held: whether one more event fits; counts it as dropped if not.
+  bool make_room();
+
   mutable std::mutex mu_;
   std::size_t max_events_;
   std::vector<Span> spans_;

@@ -10,7 +10,6 @@ Arena::Arena(DevicePtr base, std::size_t bytes, std::size_t page_bytes)
   head_->addr = base;
   head_->size = bytes;
   free_.insert(head_);
-  free_bytes_ = bytes;
 }
 
 Block* Arena::new_block() {
@@ -35,7 +34,6 @@ Block* Arena::carve(std::size_t size) {
   if (it == free_.end()) return nullptr;
   Block* block = *it;
   free_.erase(it);
-  free_bytes_ -= block->size;
   if (block->size > size) {
     // The remainder stays free right after the carved block.
     Block* rest = new_block();
@@ -47,7 +45,6 @@ Block* Arena::carve(std::size_t size) {
     block->next = rest;
     block->size = size;
     free_.insert(rest);
-    free_bytes_ += rest->size;
   }
   block->free = false;
   return block;
@@ -60,7 +57,6 @@ Block* Arena::release(Block* block) {
   block->job_prev = block->job_next = nullptr;
   if (Block* next = block->next; next && next->free) {
     free_.erase(next);
-    free_bytes_ -= next->size;
     block->size += next->size;
     block->next = next->next;
     if (block->next) block->next->prev = block;
@@ -68,7 +64,6 @@ Block* Arena::release(Block* block) {
   }
   if (Block* prev = block->prev; prev && prev->free) {
     free_.erase(prev);
-    free_bytes_ -= prev->size;
     prev->size += block->size;
     prev->next = block->next;
     if (prev->next) prev->next->prev = prev;
@@ -76,7 +71,6 @@ Block* Arena::release(Block* block) {
     block = prev;
   }
   free_.insert(block);
-  free_bytes_ += block->size;
   return block;
 }
 

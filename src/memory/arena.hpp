@@ -69,12 +69,6 @@ class Arena {
   void for_each_free_largest_first(F&& visit) const {
     for (auto it = free_.rbegin(); it != free_.rend(); ++it) visit(**it);
   }
-  // Every block in address order.
-  template <class F>
-  void for_each_block(F&& visit) const {
-    for (const Block* b = head_; b != nullptr; b = b->next) visit(*b);
-  }
-  [[nodiscard]] std::size_t free_bytes() const { return free_bytes_; }
 
  private:
   struct BySizeThenAddress {
@@ -94,7 +88,6 @@ class Arena {
   Block* head_ = nullptr;
   std::pmr::unsynchronized_pool_resource node_pool_;  // tree nodes, recycled without malloc
   std::pmr::set<Block*, BySizeThenAddress> free_{&node_pool_};
-  std::size_t free_bytes_ = 0;
   std::vector<PageSlot> pages_;
 };
 

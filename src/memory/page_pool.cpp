@@ -71,9 +71,4 @@ std::size_t PagePool::trim() {
   return released;
 }
 
-std::size_t PagePool::kept_pages() const {
-  std::lock_guard lock(mu_);
-  return kept_.size();
-}
-
 }  // namespace salus::memory
