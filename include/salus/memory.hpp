@@ -9,8 +9,10 @@
 // class, and per device.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -51,6 +53,34 @@ struct AllocationRequest {
   Lifetime lifetime = Lifetime::persistent;
 };
 
+// Where a page lives, seen from the device whose address range maps it.
+enum class Tier : std::uint8_t { local = 0, peer = 1, host = 2 };
+inline constexpr std::size_t kTierCount = 3;
+[[nodiscard]] SALUS_API const char* to_string(Tier tier) noexcept;
+
+// What a device does when its own pages run out (after reclaiming its cached free pages).
+enum class SpillPolicy : std::uint8_t {
+  none,            // the allocation fails with OutOfMemory
+  host_only,       // pages of idle jobs, then new pages, go to host memory
+  peer_then_host,  // ... to idle memory of peers, best link first, then to host memory
+};
+[[nodiscard]] SALUS_API const char* to_string(SpillPolicy policy) noexcept;
+
+// Memory harvesting: devices lend idle pages to peers; pages move between tiers at safe points
+// (see MemoryManager::set_job_quiescent).
+struct HarvestOptions {
+  SpillPolicy spill = SpillPolicy::none;
+  // Bytes each device keeps for itself and never lends; unset = 1/8 of its limit.
+  std::optional<std::size_t> lend_reserve_bytes;
+  // Host memory Salus may hold for spilled pages.
+  std::size_t host_limit_bytes = kUnlimited;
+  // Pages moved per round; a round holds the lock of the stream heap it moves pages of.
+  std::size_t move_batch_pages = 32;
+  // How long an allocation waits for running jobs that borrowed this device's pages to reach a
+  // safe point before it fails with OutOfMemory.
+  std::chrono::milliseconds recall_wait{2000};
+};
+
 struct MemoryOptions {
   // Physical bytes Salus may hold on each device; 0 = the device's total memory minus
   // `device_headroom_bytes`. A device with no entry uses 0.
@@ -59,6 +89,7 @@ struct MemoryOptions {
   // Virtual address space reserved per device, as a multiple of its limit (VA is cheap; a larger
   // range means fragmentation never forces a new reservation).
   std::size_t va_factor = 4;
+  HarvestOptions harvest;
 };
 
 struct ClassBytes {
@@ -76,6 +107,17 @@ struct JobMemoryStats {
   std::size_t in_use = 0;
   std::size_t peak = 0;
   std::uint64_t promoted_bytes = 0;  // ephemeral bytes that outlived an iteration
+  // Live block bytes by the tier of the pages under them (a page shared by several blocks counts
+  // for each, by their overlap with it).
+  std::size_t in_use_by_tier[kTierCount] = {};
+  bool quiescent = false;  // its pages may move now (set_job_quiescent)
+  std::uint64_t activations = 0;  // activate_job calls that found the job quiescent
+  // ... after some of its pages had moved down a tier while it was quiescent,
+  std::uint64_t activations_after_move = 0;
+  // ... and those that had to bring pages home first (no prefetch, or it was not done).
+  std::uint64_t activations_waited = 0;
+  std::uint64_t fetched_bytes = 0;     // brought home by activate_job (the job waited for them)
+  std::uint64_t prefetched_bytes = 0;  // brought home in the background (prefetch)
 };
 
 struct DeviceMemoryStats {
@@ -97,11 +139,44 @@ struct DeviceMemoryStats {
   std::uint64_t chunk_releases = 0;
   std::uint64_t cross_stream_reuses = 0;  // blocks handed to another stream behind an event
   std::uint64_t out_of_memory = 0;
+  // Harvesting. Pages of this device mapped into other devices' ranges, and pages of peers and
+  // of the host mapped into this device's ranges.
+  std::size_t lent = 0;
+  std::size_t borrowed_peer = 0;
+  std::size_t borrowed_host = 0;
+  std::uint64_t pages_moved = 0;  // pages under this device's ranges that changed tier
+  std::uint64_t bytes_moved = 0;
+  double move_seconds = 0.0;      // wall time of those moves, copies and remapping included
+  std::uint64_t recalled_pages = 0;  // this device's pages it took back from borrowers
 };
 
 struct MemoryStats {
   std::vector<DeviceMemoryStats> devices;
   std::vector<JobMemoryStats> jobs;
+  std::size_t host_spill_bytes = 0;  // host pages Salus holds for spilling (mapped or kept)
+};
+
+// Why pages moved.
+enum class MoveReason : std::uint8_t { demote, recall, fetch, prefetch, remap };
+[[nodiscard]] SALUS_API const char* to_string(MoveReason reason) noexcept;
+
+// One round of page moves, as reported to a move observer.
+struct MoveRecord {
+  MoveReason reason = MoveReason::remap;
+  int device = 0;  // whose address range the pages are mapped in
+  Location from;
+  Location to;
+  std::size_t pages = 0;
+  std::size_t bytes = 0;
+  double seconds = 0.0;  // from the first copy enqueued to the last page remapped
+  std::chrono::steady_clock::time_point finished;
+};
+
+// A peer a device may borrow pages from, best first (NVLink before PCIe, then the driver's rank,
+// then bandwidth).
+struct Lender {
+  int device = 0;
+  PeerLink link;
 };
 
 // A block as the allocator sees it (for diagnostics and tests).
@@ -160,6 +235,26 @@ class SALUS_API MemoryManager {
   // Moves the physical pages under [ptr, ptr + bytes) of a live block to fresh chunks at `where`;
   // the address and the bytes stay. Ordered after all work submitted so far (synchronous).
   void remap(DevicePtr ptr, Location where);
+
+  // Safe points. A job is active when registered: its pages never move behind its back. Once
+  // marked quiescent it promises to enqueue no GPU work until activate_job, and Salus may move
+  // its pages between tiers (after the work it already enqueued has finished, on the GPU).
+  // The runtime marks its jobs quiescent between iterations.
+  void set_job_quiescent(JobId job);
+  // Marks the job active again: waits for a move of its pages in flight, then brings its pages
+  // on other tiers home as far as room allows (other quiescent jobs' pages may go down a tier for
+  // them). Returns the bytes it brought home (what the caller waited for).
+  std::size_t activate_job(JobId job);
+  // Starts bringing a quiescent job's pages home in the background (the job that runs next);
+  // room is taken as it appears. A later prefetch replaces the target.
+  void prefetch(JobId job);
+  // Moves the pages of a quiescent job's live blocks on `device`'s ranges down a tier (to peers
+  // or the host, by the spill policy); returns the bytes moved. For studies and tests.
+  std::size_t demote(JobId job, int device);
+  // The peers `device` may borrow from, best first.
+  [[nodiscard]] std::vector<Lender> lenders(int device) const;
+  // Called after every round of page moves (from the thread that moved them).
+  void set_move_observer(std::function<void(const MoveRecord&)> observer);
 
   [[nodiscard]] MemoryStats stats() const;
   [[nodiscard]] DeviceMemoryStats device_stats(int device) const;

@@ -530,6 +530,12 @@ std::optional<int> DecisionCore::lane_of(std::uint32_t job) const {
   return it == state_->jobs.end() ? std::nullopt : it->second.lane;
 }
 
+std::optional<std::uint32_t> DecisionCore::next_in_lane(int lane) const {
+  const auto it = state_->lanes.find(lane);
+  if (it == state_->lanes.end() || it->second.waiting.empty()) return std::nullopt;
+  return it->second.waiting.begin()->job;
+}
+
 int DecisionCore::lane_count() const {
   int count = 0;
   for (const auto& entry : state_->lanes) count += entry.second.members > 0 ? 1 : 0;

@@ -56,6 +56,8 @@ class DecisionCore {
   [[nodiscard]] bool waiting(std::uint32_t job) const;
   [[nodiscard]] bool running(std::uint32_t job) const;
   [[nodiscard]] std::optional<int> lane_of(std::uint32_t job) const;
+  // The waiting job that takes `lane`'s next turn as things stand (what to prefetch).
+  [[nodiscard]] std::optional<std::uint32_t> next_in_lane(int lane) const;
   [[nodiscard]] int lane_count() const;
   // Bytes the admitted jobs are accounted for: per lane, sum of persistent + largest ephemeral
   // peak (the memory-aware plan's lanes are the packed ones; its extras use what is left).

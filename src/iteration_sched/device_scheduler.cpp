@@ -99,8 +99,11 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.state = JobState::waiting;
   job.started = false;
   job.wait_started = SteadyClock::now();
+  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages.
+  memory_->set_job_quiescent(job.id);
   core_.wait(job.id.value);
   wake(run_decisions());
+  if (!job.started) prefetch_next(core_.lane_of(job.id.value));
   while (!job.started && job.state == JobState::waiting) {
     if (recheck_at_) {
       job.wakeup.wait_until(lock, *recheck_at_);
@@ -112,6 +115,11 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
       job.wakeup.wait(lock);
     }
   }
+  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  // Its pages that went down a tier while it waited come home (prefetch may have done it).
+  lock.unlock();
+  memory_->activate_job(job.id);
+  lock.lock();
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   const auto now = SteadyClock::now();
   const double waited = std::chrono::duration<double>(now - job.wait_started).count();
@@ -144,6 +152,7 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
     job.started = true;
     to_wake.push_back(it->second);
   }
+  for (const sched::Start& start : decision.starts) prefetch_next(start.lane);
   if (decision.recheck_after_seconds) {
     const auto at =
         SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
@@ -155,6 +164,11 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
     }
   }
   return to_wake;
+}
+
+void DeviceScheduler::prefetch_next(std::optional<int> lane) {
+  if (!lane) return;
+  if (const auto next = core_.next_in_lane(*lane)) memory_->prefetch(JobId{*next});
 }
 
 void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {

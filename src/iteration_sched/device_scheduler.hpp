@@ -96,6 +96,8 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   // they do not wake only to block on mu_).
   std::vector<std::shared_ptr<JobRecordState>> run_decisions();
   static void wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs);
+  // With mu_ held: starts bringing home the pages of the job that takes `lane`'s next turn.
+  void prefetch_next(std::optional<int> lane);
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();          // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);

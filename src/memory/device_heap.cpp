@@ -28,21 +28,28 @@ void DeviceCounters::on_promote(std::size_t bytes) {
   by_class[eph].fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, int device, std::size_t limit_bytes,
-                       std::size_t va_factor)
+DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, int device,
+                       std::size_t limit_bytes, std::size_t va_factor)
     : backend_(std::move(backend)),
+      tiers_(tiers),
       device_(device),
       va_factor_(va_factor),
       pool_(*backend_, Location::gpu(device), backend_->granularity(Location::gpu(device)),
             limit_bytes),
-      grants_{AccessGrant{device, Access::read_write}} {}
+      grants_{AccessGrant{device, Access::read_write}},
+      mover_(backend_, device, pool_.page_bytes(), tiers.options().move_batch_pages) {
+  tiers_.add_device(pool_);
+}
 
 DeviceHeap::~DeviceHeap() {
-  {
-    std::lock_guard lock(create_mu_);
-    heaps_.clear();  // unmaps their pages into the pool
-  }
+  close();
   pool_.trim();
+}
+
+void DeviceHeap::close() {
+  std::lock_guard lock(create_mu_);
+  published_count_.store(0, std::memory_order_release);
+  heaps_.clear();  // unmaps their pages; each goes back to its own pool
 }
 
 StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
@@ -79,28 +86,10 @@ StreamHeap* DeviceHeap::heap_of(DevicePtr ptr) const {
   return nullptr;
 }
 
-DevicePtr DeviceHeap::allocate(const AllocationRequest& request, std::size_t bytes,
-                               std::string& why_not) {
-  StreamHeap& heap = heap_for(request.stream);
-  // Pages held by other streams' free blocks are taken only when the pool has none; a second try
-  // covers pages that another thread took between our reclaim and our retry.
-  constexpr int kAttempts = 3;
-  std::size_t short_by = 0;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    const CarveResult r = heap.allocate(bytes, request.bytes, request.job, request.lifetime);
-    if (r.ptr != 0) return r.ptr;
-    if (r.out_of_address_space) {
-      why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
-      counters_.out_of_memory.fetch_add(1, std::memory_order_relaxed);
-      return 0;
-    }
-    short_by = r.pages_short;
-    if (reclaim_from_others(&heap, short_by) == 0 && attempt > 0) break;
-  }
-  why_not = fmt::format("device memory exhausted: {} more pages of {} bytes needed", short_by,
-                        granularity());
-  counters_.out_of_memory.fetch_add(1, std::memory_order_relaxed);
-  return 0;
+CarveResult DeviceHeap::try_allocate(const AllocationRequest& request, std::size_t bytes,
+                                     std::vector<Page>& stash) {
+  return heap_for(request.stream).allocate(bytes, request.bytes, request.job, request.lifetime,
+                                           stash);
 }
 
 std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_t pages) {
@@ -140,6 +129,16 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.chunk_releases = pool_.releases();
   s.cross_stream_reuses = counters_.cross_stream_reuses.load(std::memory_order_relaxed);
   s.out_of_memory = counters_.out_of_memory.load(std::memory_order_relaxed);
+  s.lent = pool_.lent_bytes();
+  s.borrowed_peer =
+      counters_.borrowed[static_cast<std::size_t>(Tier::peer)].load(std::memory_order_relaxed);
+  s.borrowed_host =
+      counters_.borrowed[static_cast<std::size_t>(Tier::host)].load(std::memory_order_relaxed);
+  s.pages_moved = counters_.pages_moved.load(std::memory_order_relaxed);
+  s.bytes_moved = counters_.bytes_moved.load(std::memory_order_relaxed);
+  s.move_seconds =
+      static_cast<double>(counters_.move_nanoseconds.load(std::memory_order_relaxed)) * 1e-9;
+  s.recalled_pages = counters_.recalled_pages.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
 #include "memory/stream_heap.hpp"
 #include "salus/device.hpp"
@@ -28,6 +29,11 @@ struct DeviceCounters {
   std::atomic<std::uint64_t> page_unmaps{0};
   std::atomic<std::uint64_t> cross_stream_reuses{0};
   std::atomic<std::uint64_t> out_of_memory{0};
+  std::atomic<std::size_t> borrowed[kTierCount] = {};  // mapped bytes by tier ([local] unused)
+  std::atomic<std::uint64_t> pages_moved{0};
+  std::atomic<std::uint64_t> bytes_moved{0};
+  std::atomic<std::uint64_t> move_nanoseconds{0};
+  std::atomic<std::uint64_t> recalled_pages{0};
 
   void on_allocate(Lifetime lifetime, std::size_t bytes);
   void on_free(Lifetime lifetime, std::size_t bytes);
@@ -39,8 +45,8 @@ class DeviceHeap {
   // At most this many streams may allocate on one device (each gets its own address range).
   static constexpr std::size_t kMaxStreams = 64;
 
-  DeviceHeap(std::shared_ptr<DeviceBackend> backend, int device, std::size_t limit_bytes,
-             std::size_t va_factor);
+  DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, int device,
+             std::size_t limit_bytes, std::size_t va_factor);
   ~DeviceHeap();
   DeviceHeap(const DeviceHeap&) = delete;
   DeviceHeap& operator=(const DeviceHeap&) = delete;
@@ -54,11 +60,19 @@ class DeviceHeap {
   [[nodiscard]] const PagePool& pool() const { return pool_; }
   [[nodiscard]] DeviceCounters& counters() { return counters_; }
   [[nodiscard]] const DeviceCounters& counters() const { return counters_; }
+  [[nodiscard]] Tiers& tiers() const { return tiers_; }
+  [[nodiscard]] PageMover& mover() { return mover_; }
   // Devices that must be able to access every page mapped here.
   [[nodiscard]] std::span<const AccessGrant> grants() const { return grants_; }
 
-  // Allocates or explains why not (the returned string is empty on success).
-  DevicePtr allocate(const AllocationRequest& request, std::size_t bytes, std::string& why_not);
+  // One try at allocating: pages from the pool, the stream's own free pages, then `stash`.
+  // Returns the pages still missing (0 on success, with `ptr` set).
+  CarveResult try_allocate(const AllocationRequest& request, std::size_t bytes,
+                           std::vector<Page>& stash);
+  // The heap of `stream`, made on first use.
+  StreamHeap& heap_for(StreamHandle stream);
+  // Unmaps every stream heap's pages (they go home to their pools); the heap is unusable after.
+  void close();
   // The heap that owns `ptr`, or nullptr. Lock-free.
   [[nodiscard]] StreamHeap* heap_of(DevicePtr ptr) const;
   // Takes up to `pages` pages from the free blocks of streams other than `except`.
@@ -74,14 +88,15 @@ class DeviceHeap {
   void reset_peaks();
 
  private:
-  StreamHeap& heap_for(StreamHandle stream);
 
   std::shared_ptr<DeviceBackend> backend_;
+  Tiers& tiers_;
   const int device_;
   const std::size_t va_factor_;
   PagePool pool_;
   std::vector<AccessGrant> grants_;
   DeviceCounters counters_;
+  PageMover mover_;
 
   // Heaps are published once built and live as long as the DeviceHeap, so lookups need no lock.
   std::mutex create_mu_;

@@ -84,4 +84,30 @@ JobRecord& JobTable::live(JobId job) const {
   return record;
 }
 
+bool JobTable::try_hold(JobId job) {
+  JobRecord* record = find(job);
+  if (record == nullptr) return false;
+  std::lock_guard lock(record->activity_mu);
+  if (record->active || record->activating) return false;
+  ++record->moving;
+  return true;
+}
+
+std::shared_ptr<const Event> JobTable::quiet_mark(JobId job, StreamHandle stream) {
+  JobRecord* record = find(job);
+  if (record == nullptr) return nullptr;
+  std::lock_guard lock(record->activity_mu);
+  for (const auto& [s, mark] : record->quiet_marks) {
+    if (s == stream) return mark;
+  }
+  return nullptr;
+}
+
+void JobTable::release(JobId job) {
+  JobRecord* record = find(job);
+  if (record == nullptr) return;
+  std::lock_guard lock(record->activity_mu);
+  if (--record->moving == 0) record->activity_cv.notify_all();
+}
+
 }  // namespace salus::memory

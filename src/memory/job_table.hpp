@@ -5,10 +5,13 @@
 #include <oneapi/tbb/concurrent_vector.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include "memory/tiers.hpp"
 #include "salus/memory.hpp"
 
 namespace salus::memory {
@@ -27,6 +30,21 @@ struct JobRecord {
   std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
   std::atomic<std::uint64_t> promoted{0};
 
+  // Safe points: whether its pages may move, and who is moving them. Guarded by activity_mu.
+  std::mutex activity_mu;
+  std::condition_variable activity_cv;
+  bool active = true;       // it may be enqueueing GPU work: its pages stay put
+  bool activating = false;  // activate_job is waiting for moves to finish: no new ones start
+  int moving = 0;           // rounds that hold its pages right now
+  bool away = false;        // some of its pages moved down while it was quiescent
+  // Per stream it had blocks on: an event recorded when it turned quiescent.
+  std::vector<std::pair<StreamHandle, std::shared_ptr<const Event>>> quiet_marks;
+  std::atomic<std::uint64_t> activations{0};
+  std::atomic<std::uint64_t> activations_after_move{0};
+  std::atomic<std::uint64_t> activations_waited{0};
+  std::atomic<std::uint64_t> fetched_bytes{0};
+  std::atomic<std::uint64_t> prefetched_bytes{0};
+
   void set_limits(const JobMemoryLimits& limits);
   // Charges `bytes` against the budgets; on refusal nothing changes and the reason is returned.
   [[nodiscard]] std::optional<std::string> try_charge(Lifetime lifetime, std::size_t bytes);
@@ -35,7 +53,8 @@ struct JobRecord {
   void move_class(Lifetime from, Lifetime to, std::size_t bytes);
 };
 
-class JobTable {
+// Lets a job's pages move only while it is quiescent and not being activated.
+class JobTable final : public JobGate {
  public:
   JobTable();
   JobId add(std::string name, JobMemoryLimits limits);
@@ -46,6 +65,10 @@ class JobTable {
   // The record of `job` once fully registered, else nullptr.
   [[nodiscard]] JobRecord* find(JobId job) const;
   [[nodiscard]] std::size_t size() const { return jobs_.size(); }
+
+  bool try_hold(JobId job) override;
+  void release(JobId job) override;
+  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override;
 
  private:
   // A slot exists before its record does (the id is the slot's index), so readers see the record

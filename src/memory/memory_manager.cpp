@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "memory/device_heap.hpp"
+#include "memory/harvester.hpp"
 #include "memory/job_table.hpp"
 #include "salus/memory.hpp"
 
@@ -18,11 +19,50 @@ const char* to_string(Lifetime lifetime) noexcept {
   return lifetime == Lifetime::persistent ? "persistent" : "ephemeral";
 }
 
+const char* to_string(Tier tier) noexcept {
+  switch (tier) {
+    case Tier::local:
+      return "local";
+    case Tier::peer:
+      return "peer";
+    case Tier::host:
+      return "host";
+  }
+  return "unknown";
+}
+
+const char* to_string(SpillPolicy policy) noexcept {
+  switch (policy) {
+    case SpillPolicy::none:
+      return "none";
+    case SpillPolicy::host_only:
+      return "host_only";
+    case SpillPolicy::peer_then_host:
+      return "peer_then_host";
+  }
+  return "unknown";
+}
+
+const char* to_string(MoveReason reason) noexcept {
+  switch (reason) {
+    case MoveReason::demote:
+      return "demote";
+    case MoveReason::recall:
+      return "recall";
+    case MoveReason::fetch:
+      return "fetch";
+    case MoveReason::prefetch:
+      return "prefetch";
+    case MoveReason::remap:
+      return "remap";
+  }
+  return "unknown";
+}
+
 class MemoryManager::Impl {
  public:
   Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
-      : backend_(std::move(backend)) {
-    if (!backend_) throw InvalidArgument("MemoryManager needs a device backend, got none");
+      : backend_(checked(std::move(backend))), tiers_(*backend_, options.harvest) {
     if (options.va_factor == 0) throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
     const int count = backend_->device_count();
     if (static_cast<std::size_t>(count) < options.device_limits.size()) {
@@ -49,8 +89,22 @@ class MemoryManager::Impl {
       if (limit == 0) {
         throw InvalidArgument(fmt::format("device {} would get no memory (limit below one page)", d));
       }
-      heaps_.push_back(std::make_unique<DeviceHeap>(backend_, d, limit, options.va_factor));
+      heaps_.push_back(
+          std::make_unique<DeviceHeap>(backend_, tiers_, d, limit, options.va_factor));
     }
+    harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
+  }
+
+  ~Impl() {
+    harvester_.reset();
+    // Pages go home to their pools as each device's ranges close, so every pool must still be
+    // there when any device closes.
+    for (const auto& device : heaps_) device->close();
+  }
+
+  static std::shared_ptr<DeviceBackend> checked(std::shared_ptr<DeviceBackend> backend) {
+    if (!backend) throw InvalidArgument("MemoryManager needs a device backend, got none");
+    return backend;
   }
 
   DeviceHeap& heap(int device) const {
@@ -74,7 +128,8 @@ class MemoryManager::Impl {
   DevicePtr allocate(const AllocationRequest& request) {
     DeviceHeap& device = heap(request.device);
     if (request.bytes == 0) throw InvalidArgument("allocate: size 0 (a block needs at least a byte)");
-    if (request.bytes > device.limit()) {
+    // With spilling, a block may be larger than the device: its pages come from other tiers.
+    if (request.bytes > device.limit() && !tiers_.spills()) {
       throw InvalidArgument(fmt::format(
           "allocate: {} bytes can never fit device {}, which may hold {} bytes", request.bytes,
           request.device, device.limit()));
@@ -91,7 +146,7 @@ class MemoryManager::Impl {
     std::string why_not;
     DevicePtr ptr = 0;
     try {
-      ptr = device.allocate(request, bytes, why_not);
+      ptr = place(device, request, bytes, why_not);
     } catch (...) {
       job.uncharge(request.lifetime, bytes);
       throw;
@@ -108,6 +163,47 @@ class MemoryManager::Impl {
     return ptr;
   }
 
+  // Finds pages for a charged request: the device's own first, then (when harvesting) what
+  // recalling, demoting and borrowing give. Returns 0 with `why_not` set when nothing fits.
+  DevicePtr place(DeviceHeap& device, const AllocationRequest& request, std::size_t bytes,
+                  std::string& why_not) {
+    std::vector<memory::Page> stash;
+    struct GiveBack {
+      memory::Tiers& tiers;
+      int device;
+      std::vector<memory::Page>& pages;
+      ~GiveBack() { tiers.give_back(device, pages); }
+    } give_back{tiers_, device.device(), stash};
+    StreamHeap& heap = device.heap_for(request.stream);
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    // Pages held by other streams' free blocks are taken only when the pool has none; a second
+    // try covers pages that another thread took between our reclaim and our retry.
+    constexpr int kAttempts = 3;
+    std::size_t short_by = 0;
+    for (int attempt = 0;; ++attempt) {
+      const memory::CarveResult r = device.try_allocate(request, bytes, stash);
+      if (r.ptr != 0) return r.ptr;
+      if (r.out_of_address_space) {
+        why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
+        device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+      }
+      short_by = r.pages_short;
+      if (device.reclaim_from_others(&heap, short_by) > 0 && attempt < kAttempts) continue;
+      if (!tiers_.spills()) {
+        if (attempt == 0) continue;
+        break;
+      }
+      if (!deadline) deadline = std::chrono::steady_clock::now() + tiers_.options().recall_wait;
+      if (!harvester_->make_room(device, short_by, request.job, stash, *deadline)) break;
+    }
+    why_not = fmt::format("device memory exhausted: {} more pages of {} bytes needed{}", short_by,
+                          device.granularity(),
+                          tiers_.spills() ? ", and no peer or host memory could take them" : "");
+    device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+
   void deallocate(DevicePtr ptr, std::optional<std::size_t> bytes, std::optional<int> device) {
     auto [owner, heap] = owner_of(ptr, "free");
     if (device && *device != owner->device()) {
@@ -116,6 +212,7 @@ class MemoryManager::Impl {
     }
     const FreedBlock freed = heap->deallocate(ptr, bytes);
     jobs_.any(freed.job).uncharge(freed.lifetime, freed.bytes);
+    harvester_->on_free();
   }
 
   OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
@@ -193,12 +290,28 @@ class MemoryManager::Impl {
     s.in_use = job.in_use_total.load(std::memory_order_relaxed);
     s.peak = job.peak_total.load(std::memory_order_relaxed);
     s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
+    for (const auto& device : heaps_) {
+      device->for_each_stream_heap(
+          [&](StreamHeap& heap) { heap.add_tier_usage(job.id, s.in_use_by_tier); });
+    }
+    {
+      std::lock_guard lock(const_cast<JobRecord&>(job).activity_mu);
+      s.quiescent = !job.active;
+    }
+    s.activations = job.activations.load(std::memory_order_relaxed);
+    s.activations_after_move = job.activations_after_move.load(std::memory_order_relaxed);
+    s.activations_waited = job.activations_waited.load(std::memory_order_relaxed);
+    s.fetched_bytes = job.fetched_bytes.load(std::memory_order_relaxed);
+    s.prefetched_bytes = job.prefetched_bytes.load(std::memory_order_relaxed);
     return s;
   }
 
+  // Declared in the order they must be built; torn down in reverse (see ~Impl).
   std::shared_ptr<DeviceBackend> backend_;
+  memory::Tiers tiers_;
   std::vector<std::unique_ptr<DeviceHeap>> heaps_;
   memory::JobTable jobs_;
+  std::unique_ptr<memory::Harvester> harvester_;
 };
 
 MemoryManager::MemoryManager(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
@@ -240,7 +353,7 @@ std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {
 std::size_t MemoryManager::trim() {
   std::size_t released = 0;
   for (const auto& device : impl_->heaps_) released += impl_->trim(*device);
-  return released;
+  return released + impl_->tiers_.host().trim();
 }
 
 std::size_t MemoryManager::trim(int device) { return impl_->trim(impl_->heap(device)); }
@@ -249,8 +362,42 @@ void MemoryManager::remap(DevicePtr ptr, Location where) {
   impl_->owner_of(ptr, "remap").second->remap(ptr, where);
 }
 
+void MemoryManager::set_job_quiescent(JobId job) {
+  if (job == kUnattributedJob) {
+    throw InvalidArgument("set_job_quiescent: the unattributed job is never quiescent");
+  }
+  impl_->harvester_->set_quiescent(impl_->jobs_.live(job));
+}
+
+std::size_t MemoryManager::activate_job(JobId job) {
+  return impl_->harvester_->activate(impl_->jobs_.live(job));
+}
+
+void MemoryManager::prefetch(JobId job) {
+  (void)impl_->jobs_.live(job);
+  impl_->harvester_->prefetch(job);
+}
+
+std::size_t MemoryManager::demote(JobId job, int device) {
+  (void)impl_->jobs_.live(job);
+  if (!impl_->tiers_.spills()) {
+    throw NotSupported("demote: the spill policy is none, so there is no tier below the device");
+  }
+  return impl_->harvester_->demote(job, impl_->heap(device));
+}
+
+std::vector<Lender> MemoryManager::lenders(int device) const {
+  (void)impl_->heap(device);
+  return impl_->tiers_.lenders(device);
+}
+
+void MemoryManager::set_move_observer(std::function<void(const MoveRecord&)> observer) {
+  impl_->tiers_.set_observer(std::move(observer));
+}
+
 MemoryStats MemoryManager::stats() const {
   MemoryStats s;
+  s.host_spill_bytes = impl_->tiers_.host().held_bytes();
   for (const auto& device : impl_->heaps_) s.devices.push_back(device->stats());
   for (std::size_t j = 0; j < impl_->jobs_.size(); ++j) {
     // A job being registered right now has a slot but no record yet.

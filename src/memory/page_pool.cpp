@@ -14,13 +14,36 @@ PagePool::~PagePool() { trim(); }
 
 std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
+  return take_locked(count, 0, out);
+}
+
+std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) {
+  std::lock_guard lock(mu_);
+  const std::size_t added = take_locked(count, (reserve_bytes + page_bytes_ - 1) / page_bytes_, out);
+  lent_.fetch_add(added, std::memory_order_relaxed);
+  return added;
+}
+
+std::size_t PagePool::free_bytes() const {
+  std::lock_guard lock(mu_);
+  const std::size_t held = held_.load(std::memory_order_relaxed);
+  return (limit_bytes_ > held ? limit_bytes_ - held : 0) + kept_.size() * page_bytes_;
+}
+
+std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages,
+                                  std::vector<Page>& out) {
+  auto free_pages = [&] {
+    const std::size_t held = held_.load(std::memory_order_relaxed);
+    return (limit_bytes_ > held ? (limit_bytes_ - held) / page_bytes_ : 0) + kept_.size();
+  };
   std::size_t added = 0;
-  while (added < count && !kept_.empty()) {
+  while (added < count && !kept_.empty() && free_pages() > keep_free_pages) {
     out.push_back(std::move(kept_.back()));
     kept_.pop_back();
     ++added;
   }
-  while (added < count && held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_) {
+  while (added < count && held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
+         free_pages() > keep_free_pages) {
     ChunkHandle chunk;
     try {
       chunk = backend_.create_chunk(where_, page_bytes_);
@@ -30,7 +53,7 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
       if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") break;
       throw;
     }
-    out.push_back({chunk, nullptr});
+    out.push_back({chunk, nullptr, where_});
     ++added;
     held_.fetch_add(page_bytes_, std::memory_order_relaxed);
     creates_.fetch_add(1, std::memory_order_relaxed);
@@ -42,6 +65,11 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
 void PagePool::put(Page page) {
   std::lock_guard lock(mu_);
   kept_.push_back(std::move(page));
+}
+
+void PagePool::take_back(Page page) {
+  lent_.fetch_sub(1, std::memory_order_relaxed);
+  put(std::move(page));
 }
 
 void PagePool::put(std::vector<Page>& pages) {

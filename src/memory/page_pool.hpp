@@ -17,6 +17,7 @@ namespace salus::memory {
 struct Page {
   ChunkHandle chunk{};
   std::shared_ptr<const Event> fence;
+  Location where{};  // the pool it comes from and goes back to
 };
 
 class PagePool {
@@ -30,9 +31,14 @@ class PagePool {
   // under the limit. Returns how many were added. Throws DeviceError only for driver failures
   // other than running out of memory.
   std::size_t acquire(std::size_t count, std::vector<Page>& out);
+  // As acquire, for another device or the host tier: stops while fewer than `reserve_bytes`
+  // would stay free here. The pages count as lent until take_back.
+  std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out);
   // Keeps unmapped pages for reuse.
   void put(Page page);
   void put(std::vector<Page>& pages);  // empties `pages`
+  // A lent page comes home.
+  void take_back(Page page);
   // Releases every kept page to the device (after its fence); returns the bytes released.
   std::size_t trim();
 
@@ -43,9 +49,14 @@ class PagePool {
   [[nodiscard]] std::size_t peak_held_bytes() const { return peak_held_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t creates() const { return creates_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t lent_bytes() const { return lent_.load(std::memory_order_relaxed) * page_bytes_; }
+  // Pages nobody uses: kept ones plus what may still be created.
+  [[nodiscard]] std::size_t free_bytes() const;
   void reset_peak() { peak_held_.store(held_bytes(), std::memory_order_relaxed); }
 
  private:
+  std::size_t take_locked(std::size_t count, std::size_t keep_free_pages, std::vector<Page>& out);
+
   DeviceBackend& backend_;
   const Location where_;
   const std::size_t page_bytes_;
@@ -56,6 +67,7 @@ class PagePool {
   std::atomic<std::size_t> peak_held_{0};
   std::atomic<std::uint64_t> creates_{0};
   std::atomic<std::uint64_t> releases_{0};
+  std::atomic<std::size_t> lent_{0};  // pages
 };
 
 }  // namespace salus::memory

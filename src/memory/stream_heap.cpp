@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unordered_set>
+
 #include "memory/device_heap.hpp"
 
 namespace salus::memory {
@@ -19,13 +21,11 @@ StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t smal
                        std::size_t large_bytes)
     : device_(device),
       stream_(stream),
-      // One reservation holds the small arena, the large arena and a scratch page.
-      va_base_(reserve_range(device.backend(), small_bytes + large_bytes + device.granularity(),
-                             device.granularity())),
-      va_bytes_(small_bytes + large_bytes + device.granularity()),
+      // One reservation holds the small arena and the large arena.
+      va_base_(reserve_range(device.backend(), small_bytes + large_bytes, device.granularity())),
+      va_bytes_(small_bytes + large_bytes),
       small_(va_base_, small_bytes, device.granularity()),
-      large_(va_base_ + small_bytes, large_bytes, device.granularity()),
-      scratch_page_(va_base_ + small_bytes + large_bytes) {}
+      large_(va_base_ + small_bytes, large_bytes, device.granularity()) {}
 
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
@@ -33,19 +33,19 @@ StreamHeap::~StreamHeap() {
     spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown", device_.device(),
                  stream_.value, live_.size());
   }
-  std::vector<Page> local;
+  std::vector<Page> pages;
   for (Arena* arena : {&small_, &large_}) {
     for (std::size_t i = 0; i < arena->page_count(); ++i) {
       if (arena->page(i).mapped) {
         try {
-          unmap_page(*arena, i, local);
+          pages.push_back(unmap_page(*arena, i));
         } catch (const Error& e) {
           spdlog::error("salus: unmapping at shutdown failed: {}", e.what());
         }
       }
     }
   }
-  device_.pool().put(local);
+  device_.tiers().give_back(device_.device(), pages);
   try {
     device_.backend().free_address(va_base_, va_bytes_);
   } catch (const Error& e) {
@@ -54,7 +54,7 @@ StreamHeap::~StreamHeap() {
 }
 
 CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId job,
-                                 Lifetime lifetime) {
+                                 Lifetime lifetime, std::vector<Page>& stash) {
   std::lock_guard lock(mu_);
   if (!pending_.empty()) retire_pending();
   Arena& arena = arena_for(bytes);
@@ -71,15 +71,23 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
       std::size_t got = device_.pool().acquire(missing, pages);
       // The block is live now, so reclaiming cannot take pages from under it.
       if (got < missing) got += reclaim_locked(missing - got, pages);
+      if (got < missing && stash.size() >= missing - got) {
+        // Pages from other tiers go at the back: map_pages takes from there first, so these
+        // land at the block's start; what is left over of the local ones stays local.
+        for (; got < missing; ++got) {
+          pages.insert(pages.begin(), std::move(stash.back()));
+          stash.pop_back();
+        }
+      }
       if (got < missing) {
-        device_.pool().put(pages);
+        device_.tiers().give_back(device_.device(), pages);
         arena.release(block);
         return {.pages_short = missing - got};
       }
       map_pages(arena, first, last, pages);
     } catch (...) {
       // A driver failure: whatever pages were gathered go back, the block returns to the free set.
-      device_.pool().put(pages);
+      device_.tiers().give_back(device_.device(), pages);
       arena.release(block);
       throw;
     }
@@ -119,19 +127,25 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
           waited_on = next.fence.get();
         }
         const ChunkHandle chunk = next.chunk;
+        const Location where = next.where;
         backend.map(arena.page_addr(i), page, chunk, 0);
         pages.pop_back();
-        arena.page(i) = {chunk, device_.pool().where(), true};
+        arena.page(i) = {chunk, where, true};
         mapped_now.push_back(i);
         device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
         device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
+        if (const Tier tier = tier_of(where, device_.device()); tier != Tier::local) {
+          device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_add(
+              page, std::memory_order_relaxed);
+          ++remote_pages_;
+        }
       }
       backend.set_access(arena.page_addr(run_start), (i - run_start) * page, device_.grants());
     }
   } catch (...) {
     for (std::size_t index : mapped_now) {
       try {
-        unmap_page(arena, index, pages);
+        pages.push_back(unmap_page(arena, index));
       } catch (const Error& e) {
         spdlog::error("salus: rolling back a page map failed: {}", e.what());
       }
@@ -140,17 +154,19 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
   }
 }
 
-void StreamHeap::unmap_page(Arena& arena, std::size_t index, std::vector<Page>& local_pages) {
+Page StreamHeap::unmap_page(Arena& arena, std::size_t index) {
   PageSlot& slot = arena.page(index);
   device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-  if (slot.where == device_.pool().where()) {
-    local_pages.push_back({slot.chunk, nullptr});
-  } else {
-    device_.backend().release_chunk(slot.chunk);
+  const Page page{slot.chunk, nullptr, slot.where};
+  if (const Tier tier = tier_of(slot.where, device_.device()); tier != Tier::local) {
+    device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_sub(
+        arena.page_bytes(), std::memory_order_relaxed);
+    --remote_pages_;
   }
   slot = PageSlot{};
   device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
   device_.counters().mapped.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
+  return page;
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -197,7 +213,7 @@ FreedBlock StreamHeap::free_block(Block* block) {
   --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
   device_.counters().on_free(block->lifetime, block->size);
   if (block->other_streams.empty()) {
-    arena_of(*block).release(block);
+    release_block(block);
     return freed;
   }
   // Other streams may still read or write it: reuse waits until their work so far has finished.
@@ -236,9 +252,38 @@ void StreamHeap::retire_pending() {
     for (Event& e : p.events) {
       if (!e.query()) return false;
     }
-    arena_of(*p.block).release(p.block);
+    release_block(p.block);
     return true;
   });
+}
+
+void StreamHeap::release_block(Block* block) {
+  Arena& arena = arena_of(*block);
+  if (remote_pages_ == 0) {
+    arena.release(block);
+    return;
+  }
+  auto [first, last] = arena.pages_touched(*block);
+  const Block* merged = arena.release(block);
+  return_remote_pages(arena, first, last, *merged);
+}
+
+void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_t last,
+                                     const Block& merged) {
+  auto [inside_first, inside_last] = arena.pages_inside(merged);
+  std::vector<Page> pages;
+  for (std::size_t i = std::max(first, inside_first); i < std::min(last, inside_last); ++i) {
+    const PageSlot& slot = arena.page(i);
+    if (slot.mapped && tier_of(slot.where, device_.device()) != Tier::local) {
+      pages.push_back(unmap_page(arena, i));
+    }
+  }
+  if (pages.empty()) return;
+  // Work enqueued before the free may still touch these pages: their next user waits for it.
+  auto fence = std::make_shared<Event>(device_.shared_backend(), device_.device());
+  fence->record(stream_);
+  for (Page& page : pages) page.fence = fence;
+  device_.tiers().give_back(device_.device(), pages);
 }
 
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
@@ -305,10 +350,10 @@ std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& ou
       if (taken >= wanted) return;
       auto [first, last] = arena->pages_inside(free_block);
       for (std::size_t i = first; i < last && taken < wanted; ++i) {
-        if (!arena->page(i).mapped) continue;
-        const std::size_t before = out.size();
-        unmap_page(*arena, i, out);
-        taken += out.size() - before;
+        // Pages of other tiers in free space went home when they were freed.
+        if (!arena->page(i).mapped || arena->page(i).where != device_.pool().where()) continue;
+        out.push_back(unmap_page(*arena, i));
+        ++taken;
       }
     });
     if (taken >= wanted) break;
@@ -338,65 +383,228 @@ std::size_t StreamHeap::reclaim_pages(std::size_t wanted) {
 void StreamHeap::remap(DevicePtr ptr, Location where) {
   std::lock_guard lock(mu_);
   Block* block = live_block(ptr, "remap");
-  DeviceBackend& backend = device_.backend();
   const std::size_t page = device_.granularity();
-  if (backend.granularity(where) != page) {
+  if (device_.backend().granularity(where) != page) {
     throw NotSupported(fmt::format("remap to {}: its page size {} differs from device {}'s {}",
-                                   to_string(where), backend.granularity(where), device_.device(),
-                                   page));
-  }
-  // Every use of the pages so far must have finished before their bytes are copied.
-  drain_stream();
-  for (StreamHandle other : block->other_streams) {
-    Event event(device_.shared_backend(), device_.device());
-    event.record(other);
-    event.synchronize();
+                                   to_string(where), device_.backend().granularity(where),
+                                   device_.device(), page));
   }
   Arena& arena = arena_of(*block);
   auto [first, last] = arena.pages_touched(*block);
-  const bool local = where == device_.pool().where();
+  std::vector<PageMove> moves;
   for (std::size_t i = first; i < last; ++i) {
-    ChunkHandle fresh;
-    if (local) {
-      std::vector<Page> got;
-      if (device_.pool().acquire(1, got) == 0) {
-        throw OutOfMemory({.job = block->job.value,
-                           .job_name = {},
-                           .device = device_.device(),
-                           .requested_bytes = page,
-                           .job_in_use_bytes = 0,
-                           .job_limit_bytes = 0,
-                           .device_in_use_bytes = 0,
-                           .device_limit_bytes = device_.limit(),
-                           .reason = "remap found no free page on the device"});
+    if (arena.page(i).where != where) moves.push_back({arena.page_addr(i), &arena.page(i), {}});
+  }
+  std::vector<Page> fresh;
+  if (device_.tiers().borrow_from(device_.device(), where, moves.size(), fresh) < moves.size()) {
+    device_.tiers().give_back(device_.device(), fresh);
+    throw OutOfMemory({.job = block->job.value,
+                       .job_name = {},
+                       .device = device_.device(),
+                       .requested_bytes = moves.size() * page,
+                       .job_in_use_bytes = 0,
+                       .job_limit_bytes = 0,
+                       .device_in_use_bytes = 0,
+                       .device_limit_bytes = device_.limit(),
+                       .reason = fmt::format("remap found too few free pages at {}",
+                                             to_string(where))});
+  }
+  for (PageMove& move : moves) {
+    move.to = std::move(fresh.back());
+    fresh.pop_back();
+  }
+  std::vector<StreamHandle> streams{stream_};
+  streams.insert(streams.end(), block->other_streams.begin(), block->other_streams.end());
+  run_moves(MoveReason::remap, moves, marks_now(streams));
+  // The caller asked for its bytes where they now are: ordered after all work so far, the host
+  // included.
+}
+std::vector<std::shared_ptr<const Event>> StreamHeap::marks_now(
+    std::span<const StreamHandle> streams) {
+  std::vector<std::shared_ptr<const Event>> marks;
+  for (StreamHandle stream : streams) {
+    auto mark = std::make_shared<Event>(device_.shared_backend(), device_.device());
+    mark->record(stream);
+    marks.push_back(std::move(mark));
+  }
+  return marks;
+}
+
+bool StreamHeap::has_job(JobId job) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job.value);
+  return it != jobs_.end() && (it->second.head[0] != nullptr || it->second.head[1] != nullptr);
+}
+
+void StreamHeap::run_moves(MoveReason reason, std::vector<PageMove>& moves,
+                           std::span<const std::shared_ptr<const Event>> after) {
+  if (moves.empty()) return;
+  const std::size_t page = device_.granularity();
+  const int device = device_.device();
+  MoveRecord record{reason, device, moves.front().slot->where, moves.front().to.where, 0, 0, 0.0, {}};
+  std::vector<Page> old;
+  std::exception_ptr failure;
+  try {
+    record.seconds = device_.mover().run(moves, after, device_.grants(), old);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::vector<Page> unused;
+  DeviceCounters& counters = device_.counters();
+  for (PageMove& move : moves) {
+    if (!move.done) {
+      unused.push_back(std::move(move.to));
+      continue;
+    }
+    ++record.pages;
+    // The page changed tier under the same address: keep the borrowed counts true.
+    const Tier before = tier_of(old[record.pages - 1].where, device);
+    const Tier now = tier_of(move.slot->where, device);
+    if (before != Tier::local) {
+      counters.borrowed[static_cast<std::size_t>(before)].fetch_sub(page, std::memory_order_relaxed);
+      --remote_pages_;
+    }
+    if (now != Tier::local) {
+      counters.borrowed[static_cast<std::size_t>(now)].fetch_add(page, std::memory_order_relaxed);
+      ++remote_pages_;
+    }
+  }
+  record.bytes = record.pages * page;
+  record.finished = std::chrono::steady_clock::now();
+  counters.pages_moved.fetch_add(record.pages, std::memory_order_relaxed);
+  counters.bytes_moved.fetch_add(record.bytes, std::memory_order_relaxed);
+  counters.move_nanoseconds.fetch_add(static_cast<std::uint64_t>(record.seconds * 1e9),
+                                      std::memory_order_relaxed);
+  device_.tiers().give_back(device, old);
+  device_.tiers().give_back(device, unused);
+  if (record.pages > 0) device_.tiers().report(record);
+  if (failure) std::rethrow_exception(failure);
+}
+
+template <class F>
+void StreamHeap::for_each_live_page(std::optional<JobId> job, F&& visit) {
+  // Adjacent blocks can share a page; visit each page once.
+  std::pair<const Arena*, std::size_t> last_seen{nullptr, 0};
+  auto walk = [&](const JobBlocks& blocks) {
+    for (Block* head : blocks.head) {
+      for (Block* b = head; b != nullptr; b = b->job_next) {
+        Arena& arena = arena_of(*b);
+        auto [first, last] = arena.pages_touched(*b);
+        for (std::size_t i = first; i < last; ++i) {
+          if (last_seen == std::pair<const Arena*, std::size_t>{&arena, i}) continue;
+          last_seen = {&arena, i};
+          visit(arena, i, *b);
+        }
       }
-      if (got.front().fence) got.front().fence->synchronize();
-      fresh = got.front().chunk;
-    } else {
-      fresh = backend.create_chunk(where, page);
     }
-    const DevicePtr va = arena.page_addr(i);
-    const AccessGrant self{device_.device(), Access::read_write};
-    try {
-      backend.map(scratch_page_, page, fresh, 0);
-      backend.set_access(scratch_page_, page, std::span(&self, 1));
-      backend.copy_async(scratch_page_, va, page, stream_);
-      backend.synchronize_stream(stream_);
-      backend.unmap(scratch_page_, page);
-    } catch (...) {
-      local ? device_.pool().put({fresh, nullptr}) : backend.release_chunk(fresh);
-      throw;
-    }
+  };
+  if (job) {
+    if (auto it = jobs_.find(job->value); it != jobs_.end()) walk(it->second);
+  } else {
+    for (const auto& [id, blocks] : jobs_) walk(blocks);
+  }
+}
+
+bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start,
+                              JobGate& gate, std::vector<JobId>& held) {
+  const DevicePtr lo = arena.page_addr(index);
+  const DevicePtr hi = lo + arena.page_bytes();
+  auto allowed = [&](const Block& b) {
+    if (b.free) return true;
+    if (!live_.contains(b.addr)) return false;  // freed, waiting for another stream's work
+    if (std::find(held.begin(), held.end(), b.job) != held.end()) return true;
+    if (!gate.try_hold(b.job)) return false;
+    held.push_back(b.job);
+    return true;
+  };
+  // Walk out from the block the page was reached through, both ways, while blocks touch it.
+  for (const Block* b = &start; b != nullptr && b->end() > lo; b = b->prev) {
+    if (!allowed(*b)) return false;
+  }
+  for (const Block* b = start.next; b != nullptr && b->addr < hi; b = b->next) {
+    if (!allowed(*b)) return false;
+  }
+  return true;
+}
+
+std::size_t StreamHeap::count_pages(const MoveSpec& spec) {
+  std::lock_guard lock(mu_);
+  std::unordered_set<const PageSlot*> seen;
+  for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block&) {
+    const PageSlot& slot = arena.page(i);
+    if (slot.mapped && spec.from(slot.where)) seen.insert(&slot);
+  });
+  return seen.size();
+}
+
+std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& destinations,
+                                   JobGate& gate) {
+  if (destinations.empty()) return 0;
+  std::lock_guard lock(mu_);
+  std::vector<JobId> held;
+  std::vector<PageMove> moves;
+  std::unordered_set<const PageSlot*> chosen;
+  for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block& block) {
+    if (moves.size() == destinations.size()) return;
     PageSlot& slot = arena.page(i);
-    const PageSlot old = slot;
-    backend.unmap(va, page);
-    backend.map(va, page, fresh, 0);
-    backend.set_access(va, page, device_.grants());
-    slot = {fresh, where, true};
-    if (old.where == device_.pool().where()) {
-      device_.pool().put({old.chunk, nullptr});
-    } else {
-      backend.release_chunk(old.chunk);
+    if (!slot.mapped || !spec.from(slot.where) || !chosen.insert(&slot).second) return;
+    if (!owners_allow(arena, i, block, gate, held)) return;
+    moves.push_back({arena.page_addr(i), &slot, {}});
+  });
+  // The owners' work on this stream: up to their quiescence marks where every owner has one,
+  // else all work so far. Blocks also used on other streams wait for those streams too.
+  std::vector<std::shared_ptr<const Event>> marks;
+  std::vector<StreamHandle> streams;
+  for (JobId job : held) {
+    if (auto mark = gate.quiet_mark(job, stream_)) {
+      marks.push_back(std::move(mark));
+    } else if (streams.empty()) {
+      streams.push_back(stream_);
+    }
+  }
+  for (JobId job : held) {
+    auto it = jobs_.find(job.value);
+    if (it == jobs_.end()) continue;
+    for (Block* head : it->second.head) {
+      for (Block* b = head; b != nullptr; b = b->job_next) {
+        for (StreamHandle s : b->other_streams) {
+          if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+        }
+      }
+    }
+  }
+  for (PageMove& move : moves) {
+    move.to = std::move(destinations.back());
+    destinations.pop_back();
+  }
+  std::exception_ptr failure;
+  try {
+    auto now = marks_now(streams);
+    marks.insert(marks.end(), now.begin(), now.end());
+    run_moves(spec.reason, moves, marks);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (JobId job : held) gate.release(job);
+  if (failure) std::rethrow_exception(failure);
+  std::size_t moved = 0;
+  for (const PageMove& move : moves) moved += move.done ? 1 : 0;
+  return moved;
+}
+
+void StreamHeap::add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job.value);
+  if (it == jobs_.end()) return;
+  for (Block* head : it->second.head) {
+    for (Block* b = head; b != nullptr; b = b->job_next) {
+      Arena& arena = arena_of(*b);
+      auto [first, last] = arena.pages_touched(*b);
+      for (std::size_t i = first; i < last; ++i) {
+        const DevicePtr lo = std::max(b->addr, arena.page_addr(i));
+        const DevicePtr hi = std::min(b->end(), arena.page_addr(i) + arena.page_bytes());
+        bytes[static_cast<std::size_t>(tier_of(arena.page(i).where, device_.device()))] += hi - lo;
+      }
     }
   }
 }

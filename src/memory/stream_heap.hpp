@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory_resource>
 #include <mutex>
 #include <optional>
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
+#include "memory/tiers.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
 
@@ -47,7 +50,10 @@ class StreamHeap {
   [[nodiscard]] StreamHandle stream() const { return stream_; }
   [[nodiscard]] bool contains(DevicePtr p) const { return p >= va_base_ && p < va_base_ + va_bytes_; }
 
-  CarveResult allocate(std::size_t bytes, std::size_t requested, JobId job, Lifetime lifetime);
+  // Pages come from the device pool, this heap's own free pages, then `stash` (pages the caller
+  // gathered from other tiers); what is left of `stash` stays the caller's.
+  CarveResult allocate(std::size_t bytes, std::size_t requested, JobId job, Lifetime lifetime,
+                       std::vector<Page>& stash);
   // Throws InvalidArgument when `ptr` is not a live block start, or its size disagrees.
   FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes);
   void record_stream_use(DevicePtr ptr, StreamHandle other);
@@ -62,6 +68,22 @@ class StreamHeap {
   // Returns how many.
   std::size_t reclaim_pages(std::size_t wanted);
   void remap(DevicePtr ptr, Location where);
+
+  // Which pages a move takes: those living where `from` says, under live blocks (of `job` only,
+  // when set) whose every owner `gate` lets move.
+  struct MoveSpec {
+    MoveReason reason = MoveReason::demote;
+    std::function<bool(Location)> from;
+    std::optional<JobId> job;
+  };
+  // Moves up to destinations.size() pages onto `destinations` (taken from the back); the old
+  // pages go home through the tiers. Returns how many moved.
+  std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate);
+  // Pages `move_pages(spec)` would consider, whatever the gate says.
+  std::size_t count_pages(const MoveSpec& spec);
+  [[nodiscard]] bool has_job(JobId job);
+  // Live bytes of `job` here by the tier of the pages under them.
+  void add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]);
   // Operation and block counts, kept under this heap's lock.
   struct Tally {
     std::uint64_t allocations = 0;
@@ -92,7 +114,25 @@ class StreamHeap {
   void retire_pending();
   std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out);
   void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
-  void unmap_page(Arena& arena, std::size_t index, std::vector<Page>& local_pages);
+  // Unmaps one page and returns it (fenced by nothing: the caller knows what may still use it).
+  Page unmap_page(Arena& arena, std::size_t index);
+  // Pages of `block` (just released into `merged`) that live on other tiers and lie wholly in
+  // free space go home, behind an event after this stream's work so far.
+  void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
+  void release_block(Block* block);
+  // Runs `moves` on the device's mover after `after`, then settles counters, reports the round
+  // and sends the old pages home. Moves that failed give their new pages back; rethrows.
+  void run_moves(MoveReason reason, std::vector<PageMove>& moves,
+                 std::span<const std::shared_ptr<const Event>> after);
+  // Events after the work so far on `streams`.
+  std::vector<std::shared_ptr<const Event>> marks_now(std::span<const StreamHandle> streams);
+  // Visits the pages under live blocks (of one job, or all): visit(arena, index, block). A page
+  // shared by two blocks may be visited twice.
+  template <class F>
+  void for_each_live_page(std::optional<JobId> job, F&& visit);
+  // True when every block touching page `index` of `arena` is live and `gate` holds its owner.
+  bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
+                    std::vector<JobId>& held);
   void drain_stream();
 
   DeviceHeap& device_;
@@ -102,7 +142,7 @@ class StreamHeap {
   std::size_t va_bytes_ = 0;
   Arena small_;
   Arena large_;
-  DevicePtr scratch_page_ = 0;  // for remap: new pages are filled here before taking the place
+  std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
   // Map nodes come from a pool owned by this heap: no trip to malloc on the hot path.
   std::pmr::unsynchronized_pool_resource node_pool_;
@@ -125,7 +165,7 @@ void StreamHeap::release_job(JobId job, F&& on_free) {
   for (Block* head : it->second.head) {
     for (Block* b = head; b != nullptr;) {
       Block* next = b->job_next;
-      on_free(free_block(b));
+      on_free(free_block(b));  // remote pages under it go home
       b = next;
     }
   }

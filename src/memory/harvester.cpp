@@ -1,0 +1,322 @@
+#include "memory/harvester.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace salus::memory {
+
+namespace {
+
+// Every job the base gate allows, except one.
+class ExceptGate final : public JobGate {
+ public:
+  ExceptGate(JobGate& base, JobId excluded) : base_(base), excluded_(excluded) {}
+  bool try_hold(JobId job) override { return job != excluded_ && base_.try_hold(job); }
+  void release(JobId job) override { base_.release(job); }
+  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override {
+    return base_.quiet_mark(job, stream);
+  }
+
+ private:
+  JobGate& base_;
+  JobId excluded_;
+};
+
+// One job is held already (by whoever owns this gate); others as the base gate says.
+class OwnerGate final : public JobGate {
+ public:
+  OwnerGate(JobGate& base, JobId owner) : base_(base), owner_(owner) {}
+  bool try_hold(JobId job) override { return job == owner_ || base_.try_hold(job); }
+  void release(JobId job) override {
+    if (job != owner_) base_.release(job);
+  }
+  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override {
+    return base_.quiet_mark(job, stream);
+  }
+
+ private:
+  JobGate& base_;
+  JobId owner_;
+};
+
+bool is_local_to(Location where, int device) { return where == Location::gpu(device); }
+
+}  // namespace
+
+Harvester::Harvester(const std::vector<std::unique_ptr<DeviceHeap>>& devices, Tiers& tiers,
+                     JobTable& jobs)
+    : devices_(devices),
+      tiers_(tiers),
+      jobs_(jobs),
+      worker_([this](std::stop_token stop) { run_prefetches(stop); }) {}
+
+Harvester::~Harvester() {
+  worker_.request_stop();
+  prefetch_cv_.notify_all();
+}
+
+bool Harvester::make_room(DeviceHeap& device, std::size_t short_pages, JobId requester,
+                          std::vector<Page>& stash,
+                          std::chrono::steady_clock::time_point deadline) {
+  const std::uint64_t safe_points = tiers_.safe_points();
+  if (recall(device, short_pages) > 0) return true;
+  ExceptGate others(jobs_, requester);
+  if (evict(device, short_pages, others) > 0) return true;
+  if (stash.size() < short_pages) {
+    if (tiers_.borrow(device.device(), short_pages - stash.size(), stash) > 0 &&
+        stash.size() >= short_pages) {
+      return true;
+    }
+  }
+  // The pages are out with running borrowers: they come back at their next safe point.
+  if (device.pool().lent_bytes() > 0) return tiers_.wait_safe_point(deadline, safe_points);
+  return false;
+}
+
+std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
+  if (lender.pool().lent_bytes() == 0) return 0;
+  const Location home = Location::gpu(lender.device());
+  const StreamHeap::MoveSpec spec{MoveReason::recall,
+                                  [home](Location where) { return where == home; }, std::nullopt};
+  std::size_t recalled = 0;
+  for (const auto& borrower : devices_) {
+    if (borrower.get() == &lender) continue;
+    borrower->for_each_stream_heap([&](StreamHeap& heap) {
+      if (recalled >= pages) return;
+      const std::size_t candidates = std::min(heap.count_pages(spec), pages - recalled);
+      if (candidates == 0) return;
+      // Back to the borrower's own memory when it has room, else to the host.
+      std::vector<Page> destinations;
+      std::size_t own = borrower->pool().acquire(candidates, destinations);
+      if (own < candidates && borrower->reclaim_from_others(nullptr, candidates - own) > 0) {
+        own += borrower->pool().acquire(candidates - own, destinations);
+      }
+      if (own < candidates) tiers_.host().lend(candidates - own, 0, destinations);
+      try {
+        recalled += heap.move_pages(spec, destinations, jobs_);
+      } catch (const Error& e) {
+        spdlog::error("salus: recalling pages of device {} failed: {}", lender.device(), e.what());
+      }
+      tiers_.give_back(borrower->device(), destinations);
+    });
+  }
+  lender.counters().recalled_pages.fetch_add(recalled, std::memory_order_relaxed);
+  return recalled;
+}
+
+std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gate) {
+  const int d = device.device();
+  const StreamHeap::MoveSpec spec{MoveReason::demote,
+                                  [d](Location where) { return is_local_to(where, d); },
+                                  std::nullopt};
+  std::size_t evicted = 0;
+  device.for_each_stream_heap([&](StreamHeap& heap) {
+    if (evicted >= pages) return;
+    const std::size_t candidates = std::min(heap.count_pages(spec), pages - evicted);
+    if (candidates == 0) return;
+    std::vector<Page> destinations;
+    if (tiers_.borrow(d, candidates, destinations) == 0) return;
+    std::size_t moved = 0;
+    try {
+      moved = heap.move_pages(spec, destinations, gate);
+    } catch (const Error& e) {
+      spdlog::error("salus: demoting pages on device {} failed: {}", d, e.what());
+    }
+    tiers_.give_back(d, destinations);
+    evicted += moved;
+  });
+  if (evicted > 0) {
+    // Whose pages went down is known only page by page; mark the quiescent jobs with pages here.
+    for (std::size_t j = 1; j < jobs_.size(); ++j) {
+      JobRecord* job = jobs_.find(JobId{static_cast<std::uint32_t>(j)});
+      if (job == nullptr) continue;
+      std::lock_guard lock(job->activity_mu);
+      if (!job->active) job->away = true;
+    }
+  }
+  return evicted;
+}
+
+std::size_t Harvester::pages_away(JobId job) {
+  std::size_t away = 0;
+  for (const auto& device : devices_) {
+    const int d = device->device();
+    const StreamHeap::MoveSpec spec{MoveReason::fetch,
+                                    [d](Location where) { return !is_local_to(where, d); }, job};
+    device->for_each_stream_heap([&](StreamHeap& heap) { away += heap.count_pages(spec); });
+  }
+  return away;
+}
+
+std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate& others) {
+  std::size_t moved = 0;
+  for (const auto& device : devices_) {
+    const int d = device->device();
+    const StreamHeap::MoveSpec spec{reason, [d](Location where) { return !is_local_to(where, d); },
+                                    job};
+    device->for_each_stream_heap([&](StreamHeap& heap) {
+      const std::size_t wanted = heap.count_pages(spec);
+      if (wanted == 0) return;
+      std::vector<Page> destinations;
+      std::size_t got = device->pool().acquire(wanted, destinations);
+      if (got < wanted) {
+        device->reclaim_from_others(nullptr, wanted - got);
+        got += device->pool().acquire(wanted - got, destinations);
+      }
+      if (got < wanted && evict(*device, wanted - got, others) > 0) {
+        device->pool().acquire(wanted - got, destinations);
+      }
+      try {
+        moved += heap.move_pages(spec, destinations, own) * device->granularity();
+      } catch (const Error& e) {
+        spdlog::error("salus: bringing pages home to device {} failed: {}", d, e.what());
+      }
+      tiers_.give_back(d, destinations);
+    });
+  }
+  return moved;
+}
+
+void Harvester::set_quiescent(JobRecord& job) {
+  // Moves of its pages need wait only for its own work, not for what others enqueue later on a
+  // stream it shares with them.
+  std::vector<std::pair<StreamHandle, std::shared_ptr<const Event>>> marks;
+  if (tiers_.spills()) {
+    for (const auto& device : devices_) {
+      device->for_each_stream_heap([&](StreamHeap& heap) {
+        if (!heap.has_job(job.id)) return;
+        auto mark = std::make_shared<Event>(device->shared_backend(), device->device());
+        mark->record(heap.stream());
+        marks.emplace_back(heap.stream(), std::move(mark));
+      });
+    }
+  }
+  {
+    std::lock_guard lock(job.activity_mu);
+    job.active = false;
+    job.quiet_marks = std::move(marks);
+  }
+  tiers_.notify_safe_point();
+  signal_room();
+}
+
+std::size_t Harvester::activate(JobRecord& job) {
+  {
+    std::unique_lock lock(job.activity_mu);
+    if (job.active) return 0;
+    job.activating = true;
+    job.activity_cv.wait(lock, [&] { return job.moving == 0; });
+  }
+  {
+    std::lock_guard lock(prefetch_mu_);
+    std::erase(targets_, job.id);
+  }
+  std::size_t fetched = 0;
+  std::exception_ptr failure;
+  try {
+    if (tiers_.spills()) {
+      OwnerGate own(jobs_, job.id);
+      ExceptGate others(jobs_, job.id);
+      fetched = fetch_home(job.id, MoveReason::fetch, own, others);
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  bool away = false;
+  {
+    std::lock_guard lock(job.activity_mu);
+    away = std::exchange(job.away, false);
+    job.quiet_marks.clear();
+    job.active = true;
+    job.activating = false;
+  }
+  job.activations.fetch_add(1, std::memory_order_relaxed);
+  if (away) job.activations_after_move.fetch_add(1, std::memory_order_relaxed);
+  if (fetched > 0) {
+    job.activations_waited.fetch_add(1, std::memory_order_relaxed);
+    job.fetched_bytes.fetch_add(fetched, std::memory_order_relaxed);
+  }
+  if (failure) std::rethrow_exception(failure);
+  return fetched;
+}
+
+void Harvester::prefetch(JobId job) {
+  if (!tiers_.spills()) return;
+  {
+    std::lock_guard lock(prefetch_mu_);
+    if (std::find(targets_.begin(), targets_.end(), job) != targets_.end()) return;
+    targets_.push_back(job);
+    fresh_ = true;
+  }
+  prefetch_cv_.notify_all();
+}
+
+std::size_t Harvester::demote(JobId job, DeviceHeap& device) {
+  const int d = device.device();
+  const StreamHeap::MoveSpec spec{MoveReason::demote,
+                                  [d](Location where) { return is_local_to(where, d); }, job};
+  std::size_t moved = 0;
+  device.for_each_stream_heap([&](StreamHeap& heap) {
+    const std::size_t wanted = heap.count_pages(spec);
+    if (wanted == 0) return;
+    std::vector<Page> destinations;
+    tiers_.borrow(d, wanted, destinations);
+    try {
+      moved += heap.move_pages(spec, destinations, jobs_) * device.granularity();
+    } catch (...) {
+      tiers_.give_back(d, destinations);
+      throw;
+    }
+    tiers_.give_back(d, destinations);
+  });
+  if (moved > 0) {
+    JobRecord& record = jobs_.any(job);
+    std::lock_guard lock(record.activity_mu);
+    if (!record.active) record.away = true;
+  }
+  return moved;
+}
+
+void Harvester::signal_room() {
+  {
+    std::lock_guard lock(prefetch_mu_);
+    if (targets_.empty()) return;
+    room_ = true;
+  }
+  prefetch_cv_.notify_all();
+}
+
+void Harvester::run_prefetches(std::stop_token stop) {
+  std::unique_lock lock(prefetch_mu_);
+  while (!stop.stop_requested()) {
+    if (!prefetch_cv_.wait(lock, stop, [&] { return !targets_.empty() && (fresh_ || room_); })) {
+      return;
+    }
+    fresh_ = room_ = false;
+    // Frees during this round ask for another: the room they make may come too late for it.
+    waiting_for_room_.store(true, std::memory_order_relaxed);
+    const std::vector<JobId> targets = targets_;
+    lock.unlock();
+    std::vector<JobId> done;
+    for (JobId target : targets) {
+      try {
+        ExceptGate others(jobs_, target);
+        const std::size_t moved = fetch_home(target, MoveReason::prefetch, jobs_, others);
+        if (JobRecord* record = jobs_.find(target)) {
+          record->prefetched_bytes.fetch_add(moved, std::memory_order_relaxed);
+        }
+        if (pages_away(target) == 0) done.push_back(target);
+      } catch (const Error& e) {
+        spdlog::warn("salus: prefetching job {} failed: {}", target.value, e.what());
+        done.push_back(target);
+      }
+    }
+    lock.lock();
+    for (JobId target : done) std::erase(targets_, target);
+    // What is left waits for room: frees and jobs turning quiescent signal it.
+    if (targets_.empty()) waiting_for_room_.store(false, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace salus::memory

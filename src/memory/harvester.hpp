@@ -1,0 +1,73 @@
+// Harvesting policy across devices: what gives way when a device runs out of its own pages, and
+// bringing a job's pages home before (prefetch) or when (fetch) it runs again.
+//
+// Order when an allocation on device D comes up short, after D's own cached pages:
+//   1. recall: D's pages lent to quiescent borrowers come back (the borrowers' pages move to their
+//      own memory if it has room, else to the host);
+//   2. demote: pages of D's quiescent jobs go down a tier (peers, then host, by the spill policy);
+//   3. borrow: the allocation itself gets pages from the best lender with room, then the host;
+//   4. wait: when D has pages lent to running jobs, wait for a safe point (bounded), and retry.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "memory/device_heap.hpp"
+#include "memory/job_table.hpp"
+#include "memory/tiers.hpp"
+
+namespace salus::memory {
+
+class Harvester {
+ public:
+  Harvester(const std::vector<std::unique_ptr<DeviceHeap>>& devices, Tiers& tiers, JobTable& jobs);
+  ~Harvester();
+  Harvester(const Harvester&) = delete;
+  Harvester& operator=(const Harvester&) = delete;
+
+  // An allocation of `requester` on `device` came up `short_pages` short. Makes room or gathers
+  // pages of other tiers into `stash`; false when nothing more can be done before `deadline`.
+  bool make_room(DeviceHeap& device, std::size_t short_pages, JobId requester,
+                 std::vector<Page>& stash, std::chrono::steady_clock::time_point deadline);
+
+  void set_quiescent(JobRecord& job);
+  std::size_t activate(JobRecord& job);
+  void prefetch(JobId job);
+  std::size_t demote(JobId job, DeviceHeap& device);
+  // Blocks were freed: a prefetch waiting for room may go on.
+  void on_free() {
+    if (waiting_for_room_.load(std::memory_order_relaxed)) signal_room();
+  }
+
+ private:
+  // Pages of `lender` mapped by quiescent borrowers come home; returns how many.
+  std::size_t recall(DeviceHeap& lender, std::size_t pages);
+  // Pages of quiescent jobs (as `gate` says) in `device`'s ranges go a tier down.
+  std::size_t evict(DeviceHeap& device, std::size_t pages, JobGate& gate);
+  // Brings the job's pages on other tiers home as room allows; returns bytes moved. `own` lets
+  // the job's pages move; `others` says whose pages may make room.
+  std::size_t fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate& others);
+  // Pages of `job` not in the memory of the device whose ranges hold them.
+  std::size_t pages_away(JobId job);
+  void signal_room();
+  void run_prefetches(std::stop_token stop);
+
+  const std::vector<std::unique_ptr<DeviceHeap>>& devices_;
+  Tiers& tiers_;
+  JobTable& jobs_;
+
+  std::mutex prefetch_mu_;
+  std::condition_variable_any prefetch_cv_;
+  std::vector<JobId> targets_;  // guarded by prefetch_mu_
+  bool fresh_ = false;          // a target was added
+  bool room_ = false;           // blocks were freed or jobs turned quiescent since the last try
+  std::atomic<bool> waiting_for_room_{false};
+  std::jthread worker_;  // last: stops and joins before the state above goes
+};
+
+}  // namespace salus::memory

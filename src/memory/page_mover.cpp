@@ -1,0 +1,115 @@
+#include "memory/page_mover.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+namespace salus::memory {
+
+PageMover::PageMover(std::shared_ptr<DeviceBackend> backend, int device, std::size_t page_bytes,
+                     std::size_t window_pages)
+    : backend_(std::move(backend)),
+      device_(device),
+      page_bytes_(page_bytes),
+      window_pages_(window_pages) {}
+
+PageMover::~PageMover() {
+  if (window_ == 0) return;
+  try {
+    stream_->synchronize();
+    backend_->free_address(window_, window_pages_ * page_bytes_);
+  } catch (const Error& e) {
+    spdlog::error("salus: releasing the page mover of device {} failed: {}", device_, e.what());
+  }
+}
+
+void PageMover::ensure_started() {
+  if (window_ != 0) return;
+  // The least urgent priority: moves yield to the jobs' own work.
+  stream_.emplace(backend_, device_, backend_->stream_priority_range(device_).least);
+  for (std::size_t i = 0; i < window_pages_; ++i) landed_.emplace_back(backend_, device_);
+  window_ = backend_->reserve_address(window_pages_ * page_bytes_, page_bytes_);
+}
+
+double PageMover::run(std::span<PageMove> moves, std::span<const std::shared_ptr<const Event>> after,
+                      std::span<const AccessGrant> grants, std::vector<Page>& old) {
+  if (moves.empty()) return 0.0;
+  std::lock_guard lock(mu_);
+  ensure_started();
+  const auto start = std::chrono::steady_clock::now();
+  DeviceBackend& backend = *backend_;
+  // Ordered after every use so far of the pages (the owners are quiescent: nothing new comes),
+  // and after whatever last used the destination pages.
+  for (const auto& mark : after) {
+    if (!mark->query()) backend.stream_wait_event(stream_->handle(), mark->handle());
+  }
+  for (const PageMove& move : moves) {
+    if (move.to.fence && !move.to.fence->query()) {
+      backend.stream_wait_event(stream_->handle(), move.to.fence->handle());
+    }
+  }
+  for (std::size_t first = 0; first < moves.size(); first += window_pages_) {
+    const std::size_t n = std::min(window_pages_, moves.size() - first);
+    move_window(moves.subspan(first, n), grants, old);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGrant> grants,
+                            std::vector<Page>& old) {
+  DeviceBackend& backend = *backend_;
+  const AccessGrant self{device_, Access::read_write};
+  std::size_t staged = 0;
+  try {
+    for (; staged < window.size(); ++staged) {
+      const DevicePtr slot = window_ + staged * page_bytes_;
+      backend.map(slot, page_bytes_, window[staged].to.chunk, 0);
+      backend.set_access(slot, page_bytes_, std::span(&self, 1));
+      backend.copy_async(slot, window[staged].va, page_bytes_, stream_->handle());
+      landed_[staged].record(stream_->handle());
+    }
+  } catch (...) {
+    // Nothing has changed hands yet: undo the staging and leave every page where it was.
+    try {
+      stream_->synchronize();
+      for (std::size_t i = 0; i < staged; ++i) backend.unmap(window_ + i * page_bytes_, page_bytes_);
+    } catch (const Error& e) {
+      spdlog::error("salus: undoing a staged page move failed: {}", e.what());
+    }
+    throw;
+  }
+  std::size_t i = 0;
+  try {
+    for (; i < window.size(); ++i) {
+      PageMove& move = window[i];
+      landed_[i].synchronize();
+      const DevicePtr slot = window_ + i * page_bytes_;
+      backend.unmap(slot, page_bytes_);
+      backend.unmap(move.va, page_bytes_);
+      try {
+        backend.map(move.va, page_bytes_, move.to.chunk, 0);
+        backend.set_access(move.va, page_bytes_, grants);
+      } catch (...) {
+        // Put the old page back under its address; its bytes are intact.
+        backend.map(move.va, page_bytes_, move.slot->chunk, 0);
+        backend.set_access(move.va, page_bytes_, grants);
+        throw;
+      }
+      old.push_back({move.slot->chunk, nullptr, move.slot->where});
+      *move.slot = PageSlot{move.to.chunk, move.to.where, true};
+      move.done = true;
+    }
+  } catch (...) {
+    try {
+      for (std::size_t j = i + 1; j < window.size(); ++j) {
+        landed_[j].synchronize();
+        backend.unmap(window_ + j * page_bytes_, page_bytes_);
+      }
+    } catch (const Error& e) {
+      spdlog::error("salus: undoing a staged page move failed: {}", e.what());
+    }
+    throw;
+  }
+}
+
+}  // namespace salus::memory
