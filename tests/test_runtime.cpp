@@ -289,17 +289,27 @@ TEST(Runtime, TraceHasAnIterationSpanPerIterationAndMemoryCounters) {
     }
   }
   const auto doc = nlohmann::json::parse(runtime.trace_json());
-  int spans = 0, counters = 0;
+  int spans = 0, device_counters = 0, tier_counters = 0;
   for (const auto& e : doc.at("traceEvents")) {
     if (e.at("ph") == "X") {
       ++spans;
       EXPECT_TRUE(e.at("name") == "alpha" || e.at("name") == "beta");
       EXPECT_GE(e.at("dur").get<double>(), 0.0);
     }
-    if (e.at("ph") == "C") ++counters;
+    if (e.at("ph") != "C") continue;
+    if (e.at("name") == "memory gpu0") {
+      ++device_counters;
+      EXPECT_TRUE(e.at("args").contains("lent_MiB"));
+    } else {
+      // One per job and iteration: where its bytes live.
+      EXPECT_TRUE(e.at("name") == "tiers alpha" || e.at("name") == "tiers beta");
+      EXPECT_DOUBLE_EQ(e.at("args").at("host_MiB").get<double>(), 0.0);
+      ++tier_counters;
+    }
   }
   EXPECT_EQ(spans, 6);
-  EXPECT_EQ(counters, 6);
+  EXPECT_EQ(device_counters, 6);
+  EXPECT_EQ(tier_counters, 6);
   EXPECT_THROW(runtime.write_trace("/nonexistent-dir/trace.json"), InvalidArgument);
 }
 

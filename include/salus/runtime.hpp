@@ -80,6 +80,11 @@ class SALUS_API Job {
   // Blocks until the policy admits this job; returns the stream its work must go on. Throws
   // JobCancelled when the job is cancelled while waiting, InvalidArgument when already inside an
   // iteration or after the job left.
+  //
+  // With harvesting on (MemoryOptions::harvest), the wait is the job's safe point: its pages may
+  // move to another tier then (its pointers never change), and they come home before this
+  // returns, as far as the device has room. The prefetcher starts on them as soon as the policy
+  // makes this job the next in its lane.
   StreamHandle begin_iteration();
   // Throws InvalidArgument outside an iteration.
   void end_iteration();
@@ -152,7 +157,8 @@ class SALUS_API Runtime {
   [[nodiscard]] DeviceBackend& backend();
   [[nodiscard]] std::string_view policy() const;
   [[nodiscard]] std::vector<JobStats> job_stats() const;
-  // Chrome trace-event JSON (iterations per lane and job, memory counters); Perfetto opens it.
+  // Chrome trace-event JSON (iterations per lane and job, page moves per device, memory and tier
+  // counters); Perfetto opens it.
   [[nodiscard]] std::string trace_json() const;
   void write_trace(const std::string& path) const;
 

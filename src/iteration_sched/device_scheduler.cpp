@@ -42,7 +42,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       trace_(std::move(trace)),
       device_(device),
       policy_(std::move(policy)),
-      epoch_(SteadyClock::now()),
+      epoch_(trace_->epoch()),
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
@@ -253,11 +253,25 @@ void DeviceScheduler::end(JobRecordState& job) {
 
   trace_->span(std::move(span));
   const DeviceMemoryStats device = memory_->device_stats(device_);
+  constexpr double kMiB = 1 << 20;
+  const double at_us = seconds_since_start(now) * 1e6;
   trace_->counter({fmt::format("memory gpu{}", device_),
                    device_,
-                   seconds_since_start(now) * 1e6,
-                   {{"allocated_MiB", static_cast<double>(device.allocated) / (1 << 20)},
-                    {"reserved_MiB", static_cast<double>(device.reserved) / (1 << 20)}}});
+                   at_us,
+                   {{"allocated_MiB", static_cast<double>(device.allocated) / kMiB},
+                    {"reserved_MiB", static_cast<double>(device.reserved) / kMiB},
+                    {"lent_MiB", static_cast<double>(device.lent) / kMiB},
+                    {"borrowed_peer_MiB", static_cast<double>(device.borrowed_peer) / kMiB},
+                    {"borrowed_host_MiB", static_cast<double>(device.borrowed_host) / kMiB}}});
+  auto tier_mib = [&](Tier tier) {
+    return static_cast<double>(mem.in_use_by_tier[static_cast<std::size_t>(tier)]) / kMiB;
+  };
+  trace_->counter({fmt::format("tiers {}", job.spec.name),
+                   device_,
+                   at_us,
+                   {{"local_MiB", tier_mib(Tier::local)},
+                    {"peer_MiB", tier_mib(Tier::peer)},
+                    {"host_MiB", tier_mib(Tier::host)}}});
 }
 
 void DeviceScheduler::record_gpu_end(JobId id, StreamHandle stream, SteadyClock::time_point began,

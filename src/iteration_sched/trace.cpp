@@ -4,8 +4,13 @@
 
 namespace salus {
 
+namespace {
+// Page moves get a row of their own under each device, below its lanes.
+constexpr int kMoveRow = 1000;
+}  // namespace
+
 bool TraceRecorder::make_room() {
-  if (spans_.size() + counters_.size() < max_events_) return true;
+  if (spans_.size() + moves_.size() + counters_.size() < max_events_) return true;
   ++dropped_;
   return false;
 }
@@ -13,6 +18,11 @@ bool TraceRecorder::make_room() {
 void TraceRecorder::span(Span span) {
   std::lock_guard lock(mu_);
   if (make_room()) spans_.push_back(std::move(span));
+}
+
+void TraceRecorder::move(Move move) {
+  std::lock_guard lock(mu_);
+  if (make_room()) moves_.push_back(std::move(move));
 }
 
 void TraceRecorder::counter(Counter counter) {
@@ -54,6 +64,29 @@ std::string TraceRecorder::json() const {
                       {"ts", s.begin_us},
                       {"dur", s.end_us - s.begin_us},
                       {"args", {{"iteration", s.iteration}}}});
+  }
+  std::vector<int> move_rows;
+  for (const Move& m : moves_) {
+    if (std::find(move_rows.begin(), move_rows.end(), m.device) == move_rows.end()) {
+      move_rows.push_back(m.device);
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", m.device},
+                        {"tid", kMoveRow},
+                        {"args", {{"name", "page moves"}}}});
+    }
+    const double seconds = (m.end_us - m.begin_us) * 1e-6;
+    events.push_back({{"ph", "X"},
+                      {"name", m.what},
+                      {"cat", "move"},
+                      {"pid", m.device},
+                      {"tid", kMoveRow},
+                      {"ts", m.begin_us},
+                      {"dur", m.end_us - m.begin_us},
+                      {"args",
+                       {{"pages", m.pages},
+                        {"MiB", static_cast<double>(m.bytes) / (1 << 20)},
+                        {"GBps", seconds > 0 ? static_cast<double>(m.bytes) / seconds / 1e9 : 0.0}}}});
   }
   for (const Counter& c : counters_) {
     json args = json::object();

@@ -2,6 +2,7 @@
 // as Chrome trace-event JSON (chrome://tracing and Perfetto open it).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -20,6 +21,15 @@ class TraceRecorder {
     double end_us = 0.0;
     std::uint64_t iteration = 0;
   };
+  // Pages that changed tier under one device's address ranges (one row per device).
+  struct Move {
+    std::string what;  // e.g. "prefetch gpu1 -> gpu0"
+    int device = 0;
+    double begin_us = 0.0;
+    double end_us = 0.0;
+    std::size_t pages = 0;
+    std::size_t bytes = 0;
+  };
   struct Counter {
     std::string name;  // e.g. "memory gpu0"
     int device = 0;
@@ -28,9 +38,17 @@ class TraceRecorder {
   };
 
   // Bounded: once `max_events` are held, further ones are counted as dropped.
-  explicit TraceRecorder(std::size_t max_events = 1'000'000) : max_events_(max_events) {}
+  explicit TraceRecorder(std::size_t max_events = 1'000'000)
+      : epoch_(std::chrono::steady_clock::now()), max_events_(max_events) {}
+
+  // Every timestamp of the trace counts from here.
+  [[nodiscard]] std::chrono::steady_clock::time_point epoch() const { return epoch_; }
+  [[nodiscard]] double micros(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - epoch_).count();
+  }
 
   void span(Span span);
+  void move(Move move);
   void counter(Counter counter);
   [[nodiscard]] std::string json() const;
   [[nodiscard]] std::size_t dropped() const;
@@ -39,9 +57,11 @@ class TraceRecorder {
   // With mu_ held: whether one more event fits; counts it as dropped if not.
   bool make_room();
 
+  const std::chrono::steady_clock::time_point epoch_;
   mutable std::mutex mu_;
   std::size_t max_events_;
   std::vector<Span> spans_;
+  std::vector<Move> moves_;
   std::vector<Counter> counters_;
   std::size_t dropped_ = 0;
 };
