@@ -118,7 +118,12 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   lock.unlock();
-  memory_->activate_job(job.id);
+  try {
+    memory_->activate_job(job.id);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
+    throw;
+  }
   lock.lock();
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   const auto now = SteadyClock::now();

@@ -80,6 +80,7 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
   const StreamHeap::MoveSpec spec{MoveReason::recall,
                                   [home](Location where) { return where == home; }, std::nullopt};
   std::size_t recalled = 0;
+  std::vector<JobId> owners;
   for (const auto& borrower : devices_) {
     if (borrower.get() == &lender) continue;
     borrower->for_each_stream_heap([&](StreamHeap& heap) {
@@ -94,7 +95,8 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
       }
       if (own < candidates) tiers_.host().lend(candidates - own, 0, destinations);
       try {
-        recalled += heap.move_pages(spec, destinations, jobs_);
+        // Pages that went to the borrower's own memory are home, not away.
+        recalled += heap.move_pages(spec, destinations, jobs_, own < candidates ? &owners : nullptr);
       } catch (const Error& e) {
         spdlog::error("salus: recalling pages of device {} failed: {}", lender.device(), e.what());
       }
@@ -102,7 +104,17 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
     });
   }
   lender.counters().recalled_pages.fetch_add(recalled, std::memory_order_relaxed);
+  mark_away(owners);
   return recalled;
+}
+
+void Harvester::mark_away(const std::vector<JobId>& jobs) {
+  for (JobId id : jobs) {
+    JobRecord* job = jobs_.find(id);
+    if (job == nullptr) continue;
+    std::lock_guard lock(job->activity_mu);
+    if (!job->active) job->away = true;
+  }
 }
 
 std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gate) {
@@ -111,6 +123,7 @@ std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gat
                                   [d](Location where) { return is_local_to(where, d); },
                                   std::nullopt};
   std::size_t evicted = 0;
+  std::vector<JobId> owners;
   device.for_each_stream_heap([&](StreamHeap& heap) {
     if (evicted >= pages) return;
     const std::size_t candidates = std::min(heap.count_pages(spec), pages - evicted);
@@ -119,22 +132,14 @@ std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gat
     if (tiers_.borrow(d, candidates, destinations) == 0) return;
     std::size_t moved = 0;
     try {
-      moved = heap.move_pages(spec, destinations, gate);
+      moved = heap.move_pages(spec, destinations, gate, &owners);
     } catch (const Error& e) {
       spdlog::error("salus: demoting pages on device {} failed: {}", d, e.what());
     }
     tiers_.give_back(d, destinations);
     evicted += moved;
   });
-  if (evicted > 0) {
-    // Whose pages went down is known only page by page; mark the quiescent jobs with pages here.
-    for (std::size_t j = 1; j < jobs_.size(); ++j) {
-      JobRecord* job = jobs_.find(JobId{static_cast<std::uint32_t>(j)});
-      if (job == nullptr) continue;
-      std::lock_guard lock(job->activity_mu);
-      if (!job->active) job->away = true;
-    }
-  }
+  mark_away(owners);
   return evicted;
 }
 
@@ -257,24 +262,21 @@ std::size_t Harvester::demote(JobId job, DeviceHeap& device) {
   const StreamHeap::MoveSpec spec{MoveReason::demote,
                                   [d](Location where) { return is_local_to(where, d); }, job};
   std::size_t moved = 0;
+  std::vector<JobId> owners;
   device.for_each_stream_heap([&](StreamHeap& heap) {
     const std::size_t wanted = heap.count_pages(spec);
     if (wanted == 0) return;
     std::vector<Page> destinations;
     tiers_.borrow(d, wanted, destinations);
     try {
-      moved += heap.move_pages(spec, destinations, jobs_) * device.granularity();
+      moved += heap.move_pages(spec, destinations, jobs_, &owners) * device.granularity();
     } catch (...) {
       tiers_.give_back(d, destinations);
       throw;
     }
     tiers_.give_back(d, destinations);
   });
-  if (moved > 0) {
-    JobRecord& record = jobs_.any(job);
-    std::lock_guard lock(record.activity_mu);
-    if (!record.active) record.away = true;
-  }
+  mark_away(owners);
   return moved;
 }
 

@@ -55,6 +55,8 @@ class Harvester {
   // Pages of `job` not in the memory of the device whose ranges hold them.
   std::size_t pages_away(JobId job);
   void signal_room();
+  // These jobs' pages went down a tier while they were quiescent.
+  void mark_away(const std::vector<JobId>& jobs);
   void run_prefetches(std::stop_token stop);
 
   const std::vector<std::unique_ptr<DeviceHeap>>& devices_;

@@ -179,8 +179,11 @@ class MemoryManager::Impl {
     // Pages held by other streams' free blocks are taken only when the pool has none; a second
     // try covers pages that another thread took between our reclaim and our retry.
     constexpr int kAttempts = 3;
+    // Each harvesting round makes progress (pages recalled, demoted or borrowed, or a safe point
+    // passed); the cap only guards against other threads taking that progress forever.
+    constexpr int kHarvestAttempts = 64;
     std::size_t short_by = 0;
-    for (int attempt = 0;; ++attempt) {
+    for (int attempt = 0; attempt < kHarvestAttempts; ++attempt) {
       const memory::CarveResult r = device.try_allocate(request, bytes, stash);
       if (r.ptr != 0) return r.ptr;
       if (r.out_of_address_space) {

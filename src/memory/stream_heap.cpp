@@ -538,7 +538,7 @@ std::size_t StreamHeap::count_pages(const MoveSpec& spec) {
 }
 
 std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& destinations,
-                                   JobGate& gate) {
+                                   JobGate& gate, std::vector<JobId>* owners) {
   if (destinations.empty()) return 0;
   std::lock_guard lock(mu_);
   std::vector<JobId> held;
@@ -589,6 +589,8 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
   if (failure) std::rethrow_exception(failure);
   std::size_t moved = 0;
   for (const PageMove& move : moves) moved += move.done ? 1 : 0;
+  // Every held job owns at least one chosen page; all of them moved unless a round failed.
+  if (owners != nullptr && moved > 0) owners->insert(owners->end(), held.begin(), held.end());
   return moved;
 }
 

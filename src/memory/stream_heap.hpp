@@ -77,8 +77,10 @@ class StreamHeap {
     std::optional<JobId> job;
   };
   // Moves up to destinations.size() pages onto `destinations` (taken from the back); the old
-  // pages go home through the tiers. Returns how many moved.
-  std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate);
+  // pages go home through the tiers. Returns how many moved; `owners`, when given, gets the jobs
+  // whose pages moved.
+  std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate,
+                         std::vector<JobId>* owners = nullptr);
   // Pages `move_pages(spec)` would consider, whatever the gate says.
   std::size_t count_pages(const MoveSpec& spec);
   [[nodiscard]] bool has_job(JobId job);
