@@ -93,7 +93,10 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
       if (own < candidates && borrower->reclaim_from_others(nullptr, candidates - own) > 0) {
         own += borrower->pool().acquire(candidates - own, destinations);
       }
-      if (own < candidates) tiers_.host().lend(candidates - own, 0, destinations);
+      PagePool* host = tiers_.host();
+      if (own < candidates && host != nullptr && tiers_.fits(borrower->device(), *host)) {
+        host->lend(candidates - own, 0, destinations);
+      }
       try {
         // Pages that went to the borrower's own memory are home, not away.
         recalled += heap.move_pages(spec, destinations, jobs_, own < candidates ? &owners : nullptr);

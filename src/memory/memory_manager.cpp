@@ -13,6 +13,7 @@ namespace salus {
 using memory::DeviceHeap;
 using memory::FreedBlock;
 using memory::JobRecord;
+using memory::PagePool;
 using memory::StreamHeap;
 
 const char* to_string(Lifetime lifetime) noexcept {
@@ -356,7 +357,8 @@ std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {
 std::size_t MemoryManager::trim() {
   std::size_t released = 0;
   for (const auto& device : impl_->heaps_) released += impl_->trim(*device);
-  return released + impl_->tiers_.host().trim();
+  PagePool* host = impl_->tiers_.host();
+  return released + (host != nullptr ? host->trim() : 0);
 }
 
 std::size_t MemoryManager::trim(int device) { return impl_->trim(impl_->heap(device)); }
@@ -400,7 +402,7 @@ void MemoryManager::set_move_observer(std::function<void(const MoveRecord&)> obs
 
 MemoryStats MemoryManager::stats() const {
   MemoryStats s;
-  s.host_spill_bytes = impl_->tiers_.host().held_bytes();
+  s.host_spill_bytes = impl_->tiers_.host_held_bytes();
   for (const auto& device : impl_->heaps_) s.devices.push_back(device->stats());
   for (std::size_t j = 0; j < impl_->jobs_.size(); ++j) {
     // A job being registered right now has a slot but no record yet.

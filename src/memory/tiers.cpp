@@ -42,24 +42,35 @@ std::vector<std::vector<Lender>> rank_lenders(const DeviceBackend& backend) {
 }
 
 Tiers::Tiers(DeviceBackend& backend, HarvestOptions options)
-    : backend_(backend),
-      options_(options),
-      lenders_(rank_lenders(backend)),
-      host_(backend, Location::host(), backend.granularity(Location::host()),
-            options.host_limit_bytes) {
+    : backend_(backend), options_(options), lenders_(rank_lenders(backend)) {
   if (options_.move_batch_pages == 0) {
     throw InvalidArgument("HarvestOptions::move_batch_pages must be at least 1");
+  }
+  try {
+    host_.emplace(backend, Location::host(), backend.granularity(Location::host()),
+                  options.host_limit_bytes);
+  } catch (const NotSupported&) {
+    // A CUDA driver without host VMM chunks: peers are the only tier below a device.
+    if (options_.spill == SpillPolicy::host_only) throw;
   }
 }
 
 void Tiers::add_device(PagePool& pool) { device_pools_.push_back(&pool); }
+
+bool Tiers::fits(int device, const PagePool& pool) const {
+  // Pages are mapped into the device's ranges one granule at a time.
+  return pool.page_bytes() == device_pools_.at(static_cast<std::size_t>(device))->page_bytes();
+}
 
 const std::vector<Lender>& Tiers::lenders(int device) const {
   return lenders_.at(static_cast<std::size_t>(device));
 }
 
 PagePool& Tiers::pool(Location where) {
-  if (where.is_host()) return host_;
+  if (where.is_host()) {
+    if (!host_) throw NotSupported("host memory chunks: the backend does not offer them here");
+    return *host_;
+  }
   if (where.index < 0 || where.index >= static_cast<int>(device_pools_.size())) {
     throw InvalidArgument(fmt::format("{} does not exist (the backend has {} devices)",
                                       to_string(where), device_pools_.size()));
@@ -77,11 +88,13 @@ std::size_t Tiers::borrow(int device, std::size_t count, std::vector<Page>& out)
   if (options_.spill == SpillPolicy::peer_then_host) {
     for (const Lender& lender : lenders(device)) {
       if (got == count) break;
-      got += pool(Location::gpu(lender.device))
-                 .lend(count - got, reserve_bytes(lender.device), out);
+      PagePool& peer = pool(Location::gpu(lender.device));
+      if (fits(device, peer)) got += peer.lend(count - got, reserve_bytes(lender.device), out);
     }
   }
-  if (options_.spill != SpillPolicy::none && got < count) got += host_.lend(count - got, 0, out);
+  if (options_.spill != SpillPolicy::none && got < count && host_ && fits(device, *host_)) {
+    got += host_->lend(count - got, 0, out);
+  }
   return got;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "memory/page_pool.hpp"
@@ -47,8 +48,12 @@ class Tiers {
   [[nodiscard]] bool spills() const { return options_.spill != SpillPolicy::none; }
   [[nodiscard]] const std::vector<Lender>& lenders(int device) const;
   [[nodiscard]] PagePool& pool(Location where);
-  [[nodiscard]] PagePool& host() { return host_; }
+  // The host tier; null when the backend offers no host chunks.
+  [[nodiscard]] PagePool* host() { return host_ ? &*host_ : nullptr; }
+  [[nodiscard]] std::size_t host_held_bytes() const { return host_ ? host_->held_bytes() : 0; }
   [[nodiscard]] std::size_t reserve_bytes(int device) const;
+  // Whether pages of `pool` can be mapped into `device`'s ranges (same page size).
+  [[nodiscard]] bool fits(int device, const PagePool& pool) const;
 
   // Appends up to `count` pages a level below `device`'s own memory, by the spill policy: lenders
   // with room beyond their reserve, best first, then the host. Returns how many.
@@ -74,7 +79,7 @@ class Tiers {
   const HarvestOptions options_;
   std::vector<std::vector<Lender>> lenders_;
   std::vector<PagePool*> device_pools_;
-  PagePool host_;
+  std::optional<PagePool> host_;
 
   std::mutex observer_mu_;
   std::shared_ptr<const std::function<void(const MoveRecord&)>> observer_;
