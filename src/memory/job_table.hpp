@@ -31,7 +31,7 @@ struct JobRecord {
   std::atomic<std::uint64_t> promoted{0};
 
   // Safe points: whether its pages may move, and who is moving them. Guarded by activity_mu.
-  std::mutex activity_mu;
+  mutable std::mutex activity_mu;
   std::condition_variable activity_cv;
   bool active = true;       // it may be enqueueing GPU work: its pages stay put
   bool activating = false;  // activate_job is waiting for moves to finish: no new ones start

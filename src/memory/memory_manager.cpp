@@ -299,7 +299,7 @@ class MemoryManager::Impl {
           [&](StreamHeap& heap) { heap.add_tier_usage(job.id, s.in_use_by_tier); });
     }
     {
-      std::lock_guard lock(const_cast<JobRecord&>(job).activity_mu);
+      std::lock_guard lock(job.activity_mu);
       s.quiescent = !job.active;
     }
     s.activations = job.activations.load(std::memory_order_relaxed);
