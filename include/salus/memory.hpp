@@ -114,7 +114,7 @@ struct JobMemoryStats {
   std::uint64_t activations = 0;  // activate_job calls that found the job quiescent
   // ... after some of its pages had moved down a tier while it was quiescent,
   std::uint64_t activations_after_move = 0;
-  // ... and those that had to bring pages home first (no prefetch, or it was not done).
+  // ... and those that waited for pages: to bring them home, or for a move of them in flight.
   std::uint64_t activations_waited = 0;
   std::uint64_t fetched_bytes = 0;     // brought home by activate_job (the job waited for them)
   std::uint64_t prefetched_bytes = 0;  // brought home in the background (prefetch)
@@ -245,12 +245,16 @@ class SALUS_API MemoryManager {
   // on other tiers home as far as room allows (other quiescent jobs' pages may go down a tier for
   // them). Returns the bytes it brought home (what the caller waited for).
   std::size_t activate_job(JobId job);
-  // Starts bringing a quiescent job's pages home in the background (the job that runs next);
-  // room is taken as it appears. A later prefetch replaces the target.
+  // Starts bringing a quiescent job's pages home in the background (the job that runs next),
+  // into free room only (nothing is pushed down for it), as that room appears. Several jobs may
+  // be targets; a job stops being one once its pages are home or it is activated.
   void prefetch(JobId job);
   // Moves the pages of a quiescent job's live blocks on `device`'s ranges down a tier (to peers
   // or the host, by the spill policy); returns the bytes moved. For studies and tests.
   std::size_t demote(JobId job, int device);
+  // What `device`'s jobs can hold at most: its limit, plus (with spilling) what its lenders may
+  // lend beyond their reserves and the host limit. Saturates at kUnlimited.
+  [[nodiscard]] std::size_t reachable_bytes(int device) const;
   // The peers `device` may borrow from, best first.
   [[nodiscard]] std::vector<Lender> lenders(int device) const;
   // Called after every round of page moves (from the thread that moved them).

@@ -533,6 +533,11 @@ std::optional<int> DecisionCore::lane_of(std::uint32_t job) const {
 std::optional<std::uint32_t> DecisionCore::next_in_lane(int lane) const {
   const auto it = state_->lanes.find(lane);
   if (it == state_->lanes.end() || it->second.waiting.empty()) return std::nullopt;
+  // A lane held to completion runs only its owner until the owner leaves.
+  if (state_->exclusive && it->second.owner) {
+    const std::uint32_t owner = *it->second.owner;
+    return state_->jobs.at(owner).waiting ? std::optional(owner) : std::nullopt;
+  }
   return it->second.waiting.begin()->job;
 }
 

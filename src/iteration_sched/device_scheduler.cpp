@@ -16,8 +16,10 @@ thread_local JobRecordState* current_job = nullptr;
 constexpr std::size_t kCurveSamples = 64;
 constexpr double kEstimateWeight = 0.5;  // weight of the newest measurement
 
+// With harvesting, jobs are admitted against what the device can reach (its own memory, what
+// peers lend, the host); where their pages live is the memory manager's business.
 std::size_t budget_of(const MemoryManager& memory, int device) {
-  return memory.device_stats(device).limit;
+  return memory.reachable_bytes(device);
 }
 
 }  // namespace
@@ -99,8 +101,12 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.state = JobState::waiting;
   job.started = false;
   job.wait_started = SteadyClock::now();
-  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages.
+  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
+  // like every memory manager call that may take a heap lock: see allocate.)
+  lock.unlock();
   memory_->set_job_quiescent(job.id);
+  lock.lock();
+  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   core_.wait(job.id.value);
   wake(run_decisions());
   if (!job.started) prefetch_next(core_.lane_of(job.id.value));
@@ -356,8 +362,11 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
     throw;
   }
   if (life == Lifetime::ephemeral) {
+    // Never ask the memory manager anything with mu_ held: a page move holds a heap lock while it
+    // waits for a lane stream, whose end-of-iteration marker needs mu_.
+    const std::size_t block_bytes = memory_->find(ptr)->bytes;
     lock.lock();
-    note_memory(job, static_cast<std::ptrdiff_t>(memory_->find(ptr)->bytes));
+    note_memory(job, static_cast<std::ptrdiff_t>(block_bytes));
   }
   return ptr;
 }

@@ -118,6 +118,8 @@ void Harvester::mark_away(const std::vector<JobId>& jobs) {
     std::lock_guard lock(job->activity_mu);
     if (!job->active) job->away = true;
   }
+  // A prefetch target among them should come back as soon as there is room.
+  if (!jobs.empty()) signal_room();
 }
 
 std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gate) {
@@ -146,25 +148,17 @@ std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gat
   return evicted;
 }
 
-std::size_t Harvester::pages_away(JobId job) {
-  std::size_t away = 0;
-  for (const auto& device : devices_) {
-    const int d = device->device();
-    const StreamHeap::MoveSpec spec{MoveReason::fetch,
-                                    [d](Location where) { return !is_local_to(where, d); }, job};
-    device->for_each_stream_heap([&](StreamHeap& heap) { away += heap.count_pages(spec); });
-  }
-  return away;
-}
-
-std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate& others) {
+std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate* others) {
   std::size_t moved = 0;
   for (const auto& device : devices_) {
     const int d = device->device();
     const StreamHeap::MoveSpec spec{reason, [d](Location where) { return !is_local_to(where, d); },
                                     job};
     device->for_each_stream_heap([&](StreamHeap& heap) {
-      const std::size_t wanted = heap.count_pages(spec);
+      // Only pages that can come home now: room made (by reclaiming, or by pushing other idle
+      // jobs down a tier) for a page shared with a running job, or for a job that is not
+      // quiescent (a prefetch of a running one), would be room made for nothing.
+      const std::size_t wanted = heap.count_pages(spec, &own);
       if (wanted == 0) return;
       std::vector<Page> destinations;
       std::size_t got = device->pool().acquire(wanted, destinations);
@@ -172,7 +166,7 @@ std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, Jo
         device->reclaim_from_others(nullptr, wanted - got);
         got += device->pool().acquire(wanted - got, destinations);
       }
-      if (got < wanted && evict(*device, wanted - got, others) > 0) {
+      if (got < wanted && others != nullptr && evict(*device, wanted - got, *others) > 0) {
         device->pool().acquire(wanted - got, destinations);
       }
       try {
@@ -210,10 +204,12 @@ void Harvester::set_quiescent(JobRecord& job) {
 }
 
 std::size_t Harvester::activate(JobRecord& job) {
+  bool waited_for_move = false;  // a prefetch (or demotion) of its pages was still running
   {
     std::unique_lock lock(job.activity_mu);
     if (job.active) return 0;
     job.activating = true;
+    waited_for_move = job.moving > 0;
     job.activity_cv.wait(lock, [&] { return job.moving == 0; });
   }
   {
@@ -226,7 +222,7 @@ std::size_t Harvester::activate(JobRecord& job) {
     if (tiers_.spills()) {
       OwnerGate own(jobs_, job.id);
       ExceptGate others(jobs_, job.id);
-      fetched = fetch_home(job.id, MoveReason::fetch, own, others);
+      fetched = fetch_home(job.id, MoveReason::fetch, own, &others);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -241,10 +237,8 @@ std::size_t Harvester::activate(JobRecord& job) {
   }
   job.activations.fetch_add(1, std::memory_order_relaxed);
   if (away) job.activations_after_move.fetch_add(1, std::memory_order_relaxed);
-  if (fetched > 0) {
-    job.activations_waited.fetch_add(1, std::memory_order_relaxed);
-    job.fetched_bytes.fetch_add(fetched, std::memory_order_relaxed);
-  }
+  if (fetched > 0 || waited_for_move) job.activations_waited.fetch_add(1, std::memory_order_relaxed);
+  job.fetched_bytes.fetch_add(fetched, std::memory_order_relaxed);
   if (failure) std::rethrow_exception(failure);
   return fetched;
 }
@@ -306,12 +300,17 @@ void Harvester::run_prefetches(std::stop_token stop) {
     std::vector<JobId> done;
     for (JobId target : targets) {
       try {
-        ExceptGate others(jobs_, target);
-        const std::size_t moved = fetch_home(target, MoveReason::prefetch, jobs_, others);
-        if (JobRecord* record = jobs_.find(target)) {
+        // Only free room: a prefetch that pushed other jobs down could push down the job whose
+        // turn comes first (it is quiescent too, for a moment, between its iterations).
+        const std::size_t moved = fetch_home(target, MoveReason::prefetch, jobs_, nullptr);
+        // A target stays one until it is activated: pages at home now may go down later (the
+        // running job's forward pass pushes them), and then they should come back.
+        JobRecord* record = jobs_.find(target);
+        if (record == nullptr || !record->alive.load(std::memory_order_acquire)) {
+          done.push_back(target);
+        } else {
           record->prefetched_bytes.fetch_add(moved, std::memory_order_relaxed);
         }
-        if (pages_away(target) == 0) done.push_back(target);
       } catch (const Error& e) {
         spdlog::warn("salus: prefetching job {} failed: {}", target.value, e.what());
         done.push_back(target);

@@ -50,10 +50,8 @@ class Harvester {
   // Pages of quiescent jobs (as `gate` says) in `device`'s ranges go a tier down.
   std::size_t evict(DeviceHeap& device, std::size_t pages, JobGate& gate);
   // Brings the job's pages on other tiers home as room allows; returns bytes moved. `own` lets
-  // the job's pages move; `others` says whose pages may make room.
-  std::size_t fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate& others);
-  // Pages of `job` not in the memory of the device whose ranges hold them.
-  std::size_t pages_away(JobId job);
+  // the job's pages move; `others`, when given, says whose pages may go down to make room.
+  std::size_t fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate* others);
   void signal_room();
   // These jobs' pages went down a tier while they were quiescent.
   void mark_away(const std::vector<JobId>& jobs);

@@ -391,6 +391,22 @@ std::size_t MemoryManager::demote(JobId job, int device) {
   return impl_->harvester_->demote(job, impl_->heap(device));
 }
 
+std::size_t MemoryManager::reachable_bytes(int device) const {
+  const DeviceHeap& heap = impl_->heap(device);
+  const memory::Tiers& tiers = impl_->tiers_;
+  std::size_t total = heap.limit();
+  auto add = [&](std::size_t bytes) { total = bytes > kUnlimited - total ? kUnlimited : total + bytes; };
+  if (tiers.options().spill == SpillPolicy::peer_then_host) {
+    for (const Lender& lender : tiers.lenders(device)) {
+      const std::size_t limit = impl_->heap(lender.device).limit();
+      const std::size_t reserve = tiers.reserve_bytes(lender.device);
+      add(limit > reserve ? limit - reserve : 0);
+    }
+  }
+  if (tiers.spills() && tiers.has_host()) add(tiers.options().host_limit_bytes);
+  return total;
+}
+
 std::vector<Lender> MemoryManager::lenders(int device) const {
   (void)impl_->heap(device);
   return impl_->tiers_.lenders(device);

@@ -60,19 +60,26 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
   DeviceBackend& backend = *backend_;
   const AccessGrant self{device_, Access::read_write};
   std::size_t staged = 0;
+  bool slot_mapped = false;  // the slot being staged is mapped (its access or copy may fail)
   try {
     for (; staged < window.size(); ++staged) {
       const DevicePtr slot = window_ + staged * page_bytes_;
       backend.map(slot, page_bytes_, window[staged].to.chunk, 0);
+      slot_mapped = true;
       backend.set_access(slot, page_bytes_, std::span(&self, 1));
       backend.copy_async(slot, window[staged].va, page_bytes_, stream_->handle());
       landed_[staged].record(stream_->handle());
+      slot_mapped = false;
     }
   } catch (...) {
-    // Nothing has changed hands yet: undo the staging and leave every page where it was.
+    // Nothing has changed hands yet: undo the staging and leave every page where it was. The
+    // slot that failed half-way is unmapped too, or every later move would find it taken.
     try {
       stream_->synchronize();
-      for (std::size_t i = 0; i < staged; ++i) backend.unmap(window_ + i * page_bytes_, page_bytes_);
+      const std::size_t mapped = staged + (slot_mapped ? 1 : 0);
+      for (std::size_t i = 0; i < mapped; ++i) {
+        backend.unmap(window_ + i * page_bytes_, page_bytes_);
+      }
     } catch (const Error& e) {
       spdlog::error("salus: undoing a staged page move failed: {}", e.what());
     }
@@ -86,11 +93,15 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
       const DevicePtr slot = window_ + i * page_bytes_;
       backend.unmap(slot, page_bytes_);
       backend.unmap(move.va, page_bytes_);
+      bool new_mapped = false;
       try {
         backend.map(move.va, page_bytes_, move.to.chunk, 0);
+        new_mapped = true;
         backend.set_access(move.va, page_bytes_, grants);
       } catch (...) {
-        // Put the old page back under its address; its bytes are intact.
+        // Put the old page back under its address; its bytes are intact. When the new page got
+        // mapped but not its access, it has to come off first (the caller takes it back as unused).
+        if (new_mapped) backend.unmap(move.va, page_bytes_);
         backend.map(move.va, page_bytes_, move.slot->chunk, 0);
         backend.set_access(move.va, page_bytes_, grants);
         throw;

@@ -527,13 +527,18 @@ bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& star
   return true;
 }
 
-std::size_t StreamHeap::count_pages(const MoveSpec& spec) {
+std::size_t StreamHeap::count_pages(const MoveSpec& spec, JobGate* gate) {
   std::lock_guard lock(mu_);
   std::unordered_set<const PageSlot*> seen;
-  for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block&) {
+  std::vector<JobId> held;
+  for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block& block) {
     const PageSlot& slot = arena.page(i);
-    if (slot.mapped && spec.from(slot.where)) seen.insert(&slot);
+    if (!slot.mapped || !spec.from(slot.where) || seen.contains(&slot)) return;
+    // A page shared with a job that may not move now (a running one) is not a candidate.
+    if (gate != nullptr && !owners_allow(arena, i, block, *gate, held)) return;
+    seen.insert(&slot);
   });
+  for (JobId job : held) gate->release(job);
   return seen.size();
 }
 
@@ -573,10 +578,12 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
       }
     }
   }
-  for (PageMove& move : moves) {
-    move.to = std::move(destinations.back());
-    destinations.pop_back();
-  }
+  // Best destinations first: callers list them in order of preference (lenders best first, then
+  // the host; the borrower's own memory, then the host). When fewer pages can move than were
+  // counted (some share a page with a running job), the worse ones are what is left over.
+  for (std::size_t i = 0; i < moves.size(); ++i) moves[i].to = std::move(destinations[i]);
+  destinations.erase(destinations.begin(),
+                     destinations.begin() + static_cast<std::ptrdiff_t>(moves.size()));
   std::exception_ptr failure;
   try {
     auto now = marks_now(streams);

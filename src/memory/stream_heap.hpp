@@ -76,13 +76,14 @@ class StreamHeap {
     std::function<bool(Location)> from;
     std::optional<JobId> job;
   };
-  // Moves up to destinations.size() pages onto `destinations` (taken from the back); the old
-  // pages go home through the tiers. Returns how many moved; `owners`, when given, gets the jobs
-  // whose pages moved.
+  // Moves up to destinations.size() pages onto `destinations`, used in the order given (callers
+  // put the best first; what is left over stays theirs); the old pages go home through the tiers.
+  // Returns how many moved; `owners`, when given, gets the jobs whose pages moved.
   std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate,
                          std::vector<JobId>* owners = nullptr);
-  // Pages `move_pages(spec)` would consider, whatever the gate says.
-  std::size_t count_pages(const MoveSpec& spec);
+  // Pages `move_pages(spec)` would consider: whatever the gate says when `gate` is null, else only
+  // those whose owners the gate lets move now.
+  std::size_t count_pages(const MoveSpec& spec, JobGate* gate = nullptr);
   [[nodiscard]] bool has_job(JobId job);
   // Live bytes of `job` here by the tier of the pages under them.
   void add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]);

@@ -51,6 +51,7 @@ class Tiers {
   // The host tier; null when the backend offers no host chunks.
   [[nodiscard]] PagePool* host() { return host_ ? &*host_ : nullptr; }
   [[nodiscard]] std::size_t host_held_bytes() const { return host_ ? host_->held_bytes() : 0; }
+  [[nodiscard]] bool has_host() const { return host_.has_value(); }
   [[nodiscard]] std::size_t reserve_bytes(int device) const;
   // Whether pages of `pool` can be mapped into `device`'s ranges (same page size).
   [[nodiscard]] bool fits(int device, const PagePool& pool) const;

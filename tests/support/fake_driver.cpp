@@ -210,6 +210,9 @@ void FakeDriver::clear_calls() {
 Access FakeDriver::access_of(DevicePtr va, int device) const {
   return state_->access_of(va, device);
 }
+std::optional<FakeDriver::MappedChunk> FakeDriver::chunk_at(DevicePtr va) const {
+  return state_->mapped_chunk(va);
+}
 std::size_t FakeDriver::mapped_bytes() const {
   return state_->mapped_bytes();
 }

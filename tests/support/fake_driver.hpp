@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -105,6 +106,12 @@ class FakeDriver {
 
   // --- state ---
   [[nodiscard]] Access access_of(DevicePtr va, int device) const;  // none where unmapped
+  // The chunk mapped at the page holding `va` and where it lives; nullopt where unmapped.
+  struct MappedChunk {
+    std::uint64_t handle = 0;
+    Location where;
+  };
+  [[nodiscard]] std::optional<MappedChunk> chunk_at(DevicePtr va) const;
   [[nodiscard]] std::size_t mapped_bytes() const;
   [[nodiscard]] std::size_t live_chunks() const;               // created and not released
   [[nodiscard]] std::size_t used_bytes(Location where) const;  // physical bytes still allocated

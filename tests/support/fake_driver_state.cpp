@@ -312,6 +312,17 @@ Access FakeDriver::State::access_of(DevicePtr va, int device) const {
   }
 }
 
+std::optional<FakeDriver::MappedChunk> FakeDriver::State::mapped_chunk(DevicePtr va) const {
+  const std::scoped_lock lock(mutex_);
+  auto it = mappings_.upper_bound(va);
+  if (it == mappings_.begin()) return std::nullopt;
+  --it;
+  if (va >= it->first + it->second.size) return std::nullopt;
+  const Chunk& chunk = chunks_.at(it->second.handle);
+  return FakeDriver::MappedChunk{it->second.handle,
+                                 chunk.host ? Location::host() : Location::gpu(chunk.device)};
+}
+
 std::size_t FakeDriver::State::mapped_bytes() const {
   const std::scoped_lock lock(mutex_);
   return pages_.size() * page_;

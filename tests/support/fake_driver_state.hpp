@@ -69,6 +69,7 @@ class FakeDriver::State {
   [[nodiscard]] std::vector<FakeCall> calls() const;
   void clear_calls();
   [[nodiscard]] Access access_of(DevicePtr va, int device) const;
+  [[nodiscard]] std::optional<FakeDriver::MappedChunk> mapped_chunk(DevicePtr va) const;
   [[nodiscard]] std::size_t mapped_bytes() const;
   [[nodiscard]] std::size_t live_chunks() const;
   [[nodiscard]] std::size_t used_bytes(Location where) const;
