@@ -225,8 +225,7 @@ struct Options {
   std::string trace_prefix;
   std::vector<std::string> configs{"no-spill", "host-only", "peer-first"};
   bool verbose = false;
-  bool job_allocate = false;  // activations through Job::allocate (see allocate_activation)
-  bool lane_sync = true;      // the deadlock workaround in Trainer::run
+  bool job_allocate = true;  // activations through Job::allocate (see allocate_activation)
 };
 
 // A training job: the harness thread that drives it, its buffers and its samples.
@@ -291,13 +290,6 @@ class Trainer {
       sample.end = Clock::now();
       lane.finished(sample.end);
       job_.end_iteration();
-      // Work around a deadlock in the runtime (seen in about half of the runs without this):
-      // end_iteration leaves a host function on the lane stream that takes the scheduler's lock;
-      // begin_iteration holds that lock while it marks this job quiescent, which waits for the
-      // stream heap's lock; the other job's activation holds the heap lock while its page moves
-      // wait for the lane stream, which is stuck in that host function. Letting the lane run the
-      // marker first (our own work has finished, so only the marker is left) breaks the cycle.
-      if (options.lane_sync) backend_.synchronize_stream(stream);
       samples_.push_back(sample);
       window.iteration_done(index, sample);
       if (options.verbose) {
@@ -403,6 +395,15 @@ struct JobResult {
     for (double t : iteration_ms) sum += (t - mean) * (t - mean);
     return std::sqrt(sum / static_cast<double>(iteration_ms.size() - 1));
   }
+  // Of the bytes that came home, the share the prefetcher brought before the job was admitted.
+  [[nodiscard]] std::optional<double> prefetched_share() const {
+    const double total =
+        static_cast<double>(delta.prefetched_bytes) + static_cast<double>(delta.fetched_bytes);
+    if (total == 0.0) return std::nullopt;
+    return static_cast<double>(delta.prefetched_bytes) / total;
+  }
+  // Of the admissions that followed a demotion, the share that waited for no page at all (a
+  // prefetch still in flight counts as a wait).
   [[nodiscard]] std::optional<double> hit_rate() const {
     if (delta.activations_after_move == 0) return std::nullopt;
     return 1.0 - static_cast<double>(delta.activations_waited) /
@@ -549,8 +550,7 @@ const ConfigResult* no_spill(const std::vector<ConfigResult>& results) {
   return nullptr;
 }
 
-std::string fmt_hit_rate(const JobResult& job) {
-  const auto rate = job.hit_rate();
+std::string fmt_share(std::optional<double> rate) {
   if (!rate) return "n/a";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0f%%", *rate * 100.0);
@@ -577,16 +577,18 @@ void print(const std::vector<ConfigResult>& results, const Options& options) {
     }
   }
   std::printf("\nPrefetch (activation counters over the window)\n");
-  std::printf("%-10s %-3s %11s %10s %7s %9s %15s %13s\n", "config", "job", "activations",
-              "after_move", "waited", "hit rate", "prefetched MiB", "fetched MiB");
+  std::printf("%-10s %-3s %11s %10s %7s %9s %15s %13s %11s\n", "config", "job", "activations",
+              "after_move", "waited", "hit rate", "prefetched MiB", "fetched MiB", "prefetched%");
   for (const ConfigResult& r : results) {
     for (const JobResult& job : r.jobs) {
-      std::printf("%-10s %-3s %11llu %10llu %7llu %9s %15.0f %13.0f\n", r.config.name.c_str(),
+      std::printf("%-10s %-3s %11llu %10llu %7llu %9s %15.0f %13.0f %11s\n", r.config.name.c_str(),
                   job.name.c_str(), static_cast<unsigned long long>(job.delta.activations),
                   static_cast<unsigned long long>(job.delta.activations_after_move),
                   static_cast<unsigned long long>(job.delta.activations_waited),
-                  fmt_hit_rate(job).c_str(), mib(static_cast<double>(job.delta.prefetched_bytes)),
-                  mib(static_cast<double>(job.delta.fetched_bytes)));
+                  fmt_share(job.hit_rate()).c_str(),
+                  mib(static_cast<double>(job.delta.prefetched_bytes)),
+                  mib(static_cast<double>(job.delta.fetched_bytes)),
+                  fmt_share(job.prefetched_share()).c_str());
     }
   }
   std::printf("\nPage moves over the window, by route (tiers seen from GPU 0)\n");
@@ -669,6 +671,8 @@ Json to_json(const std::vector<ConfigResult>& results, const Options& options,
            {"activations_after_move", job.delta.activations_after_move},
            {"activations_waited", job.delta.activations_waited},
            {"prefetch_hit_rate", rate ? Json(*rate) : Json(nullptr)},
+           {"prefetched_share_of_bytes_home",
+            job.prefetched_share() ? Json(*job.prefetched_share()) : Json(nullptr)},
            {"prefetched_bytes", job.delta.prefetched_bytes},
            {"fetched_bytes", job.delta.fetched_bytes},
            {"attained_seconds_total", job.stats.attained_seconds},
@@ -716,12 +720,9 @@ int main(int argc, char** argv) {
                  "configurations to run (the others are compared with no-spill)")
       ->check(CLI::IsMember({"no-spill", "host-only", "peer-first"}));
   app.add_flag("--verbose", options.verbose, "print every iteration as it ends");
-  app.add_flag("--job-allocate", options.job_allocate,
-               "allocate activations with Job::allocate, so the scheduler profiles them (X is "
-               "then admitted only if the admission budget counts harvested memory)");
-  app.add_flag("!--no-lane-sync", options.lane_sync,
-               "do not wait for the lane's end-of-iteration marker before the next "
-               "begin_iteration (the deadlock workaround)");
+  app.add_flag("!--direct-allocate", options.job_allocate,
+               "allocate activations straight through the MemoryManager (charged to the job but "
+               "not seen by the scheduler's profiler) instead of Job::allocate");
   CLI11_PARSE(app, argc, argv);
 
   // X's working set is 1.3x GPU 0; with Y's, 1.7x. Compute per layer is fixed (simulated time).
