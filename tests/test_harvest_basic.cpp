@@ -211,7 +211,8 @@ TEST_F(Harvest, PrefetchBringsPagesHomeBeforeActivation) {
   EXPECT_EQ(memory->demote(next, 0), 8 * MiB);
   EXPECT_EQ(backend->location_of(weights), Location::gpu(1));
   memory->prefetch(next);
-  for (int i = 0; i < 2000 && backend->location_of(weights + 8 * MiB - 1) != Location::gpu(0); ++i) {
+  for (int i = 0; i < 2000 && backend->location_of(weights + 8 * MiB - 1) != Location::gpu(0);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(memory->activate_job(next), 0u) << "nothing left to wait for";

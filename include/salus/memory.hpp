@@ -110,7 +110,7 @@ struct JobMemoryStats {
   // Live block bytes by the tier of the pages under them (a page shared by several blocks counts
   // for each, by their overlap with it).
   std::size_t in_use_by_tier[kTierCount] = {};
-  bool quiescent = false;  // its pages may move now (set_job_quiescent)
+  bool quiescent = false;         // its pages may move now (set_job_quiescent)
   std::uint64_t activations = 0;  // activate_job calls that found the job quiescent
   // ... after some of its pages had moved down a tier while it was quiescent,
   std::uint64_t activations_after_move = 0;
@@ -122,14 +122,14 @@ struct JobMemoryStats {
 
 struct DeviceMemoryStats {
   int device = 0;
-  std::size_t limit = 0;          // physical bytes Salus may hold
-  std::size_t granularity = 0;    // page size
-  std::size_t allocated = 0;      // live block bytes
+  std::size_t limit = 0;        // physical bytes Salus may hold
+  std::size_t granularity = 0;  // page size
+  std::size_t allocated = 0;    // live block bytes
   std::size_t peak_allocated = 0;
-  std::size_t reserved = 0;       // physical pages held (mapped or pooled)
+  std::size_t reserved = 0;  // physical pages held (mapped or pooled)
   std::size_t peak_reserved = 0;
-  std::size_t mapped = 0;         // of `reserved`, pages mapped into the virtual range
-  std::size_t cached = 0;         // free bytes in mapped blocks, ready for reuse
+  std::size_t mapped = 0;  // of `reserved`, pages mapped into the virtual range
+  std::size_t cached = 0;  // free bytes in mapped blocks, ready for reuse
   ClassBytes by_class[kLifetimeCount];
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
@@ -146,7 +146,7 @@ struct DeviceMemoryStats {
   std::size_t borrowed_host = 0;
   std::uint64_t pages_moved = 0;  // pages under this device's ranges that changed tier
   std::uint64_t bytes_moved = 0;
-  double move_seconds = 0.0;      // wall time of those moves, copies and remapping included
+  double move_seconds = 0.0;         // wall time of those moves, copies and remapping included
   std::uint64_t recalled_pages = 0;  // this device's pages it took back from borrowers
 };
 
@@ -182,8 +182,8 @@ struct Lender {
 // A block as the allocator sees it (for diagnostics and tests).
 struct BlockInfo {
   DevicePtr ptr = 0;
-  std::size_t bytes = 0;       // block size (request rounded up)
-  std::size_t requested = 0;   // what the caller asked for
+  std::size_t bytes = 0;      // block size (request rounded up)
+  std::size_t requested = 0;  // what the caller asked for
   int device = 0;
   StreamHandle stream{};
   JobId job;

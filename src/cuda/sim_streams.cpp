@@ -4,6 +4,7 @@
 // model the legacy default stream's implicit synchronization with other streams.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,8 +14,6 @@
 #include <mutex>
 #include <stop_token>
 #include <thread>
-
-#include <sys/prctl.h>
 
 #include "cuda/sim_backend.hpp"
 

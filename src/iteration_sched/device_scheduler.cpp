@@ -189,14 +189,17 @@ void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& j
 int DeviceScheduler::take_free_slot() {
   const auto free = std::find(slot_busy_.begin(), slot_busy_.end(), false);
   const auto slot = static_cast<std::size_t>(free - slot_busy_.begin());
-  if (free == slot_busy_.end()) slot_busy_.push_back(true);
-  else *free = true;
+  if (free == slot_busy_.end())
+    slot_busy_.push_back(true);
+  else
+    *free = true;
   return static_cast<int>(slot);
 }
 
 void DeviceScheduler::release_slot(int lane) {
   if (policy_->lanes() != LanePlan::memory_aware || lane < 0) return;
-  if (static_cast<std::size_t>(lane) < slot_busy_.size()) slot_busy_[static_cast<std::size_t>(lane)] = false;
+  if (static_cast<std::size_t>(lane) < slot_busy_.size())
+    slot_busy_[static_cast<std::size_t>(lane)] = false;
 }
 
 StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_user) {

@@ -99,7 +99,7 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   // With mu_ held: starts bringing home the pages of the job that takes `lane`'s next turn.
   void prefetch_next(std::optional<int> lane);
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
-  int take_free_slot();          // memory-aware plans: a stream no running iteration uses
+  int take_free_slot();  // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
   // Runs (as a host function) when `stream` has finished an iteration that began at `began`.
   void record_gpu_end(JobId job, StreamHandle stream, SteadyClock::time_point began,

@@ -40,14 +40,15 @@ struct Runtime::Impl {
     (void)options.policies.make(policy);
     // Page moves join the timeline. The manager is shared and may outlive the recorder, so it
     // holds the recorder weakly.
-    memory->set_move_observer([recorder = std::weak_ptr<TraceRecorder>(trace)](const MoveRecord& m) {
-      auto trace_now = recorder.lock();
-      if (!trace_now) return;
-      const double end_us = trace_now->micros(m.finished);
-      trace_now->move({fmt::format("{} {} -> {}", to_string(m.reason), to_string(m.from),
-                                   to_string(m.to)),
-                       m.device, end_us - m.seconds * 1e6, end_us, m.pages, m.bytes});
-    });
+    memory->set_move_observer(
+        [recorder = std::weak_ptr<TraceRecorder>(trace)](const MoveRecord& m) {
+          auto trace_now = recorder.lock();
+          if (!trace_now) return;
+          const double end_us = trace_now->micros(m.finished);
+          trace_now->move(
+              {fmt::format("{} {} -> {}", to_string(m.reason), to_string(m.from), to_string(m.to)),
+               m.device, end_us - m.seconds * 1e6, end_us, m.pages, m.bytes});
+        });
     for (int d = 0; d < memory->device_count(); ++d) {
       schedulers.push_back(std::make_shared<DeviceScheduler>(backend, memory, trace, d,
                                                              options.policies.make(policy)));

@@ -76,17 +76,18 @@ std::string TraceRecorder::json() const {
                         {"args", {{"name", "page moves"}}}});
     }
     const double seconds = (m.end_us - m.begin_us) * 1e-6;
-    events.push_back({{"ph", "X"},
-                      {"name", m.what},
-                      {"cat", "move"},
-                      {"pid", m.device},
-                      {"tid", kMoveRow},
-                      {"ts", m.begin_us},
-                      {"dur", m.end_us - m.begin_us},
-                      {"args",
-                       {{"pages", m.pages},
-                        {"MiB", static_cast<double>(m.bytes) / (1 << 20)},
-                        {"GBps", seconds > 0 ? static_cast<double>(m.bytes) / seconds / 1e9 : 0.0}}}});
+    events.push_back(
+        {{"ph", "X"},
+         {"name", m.what},
+         {"cat", "move"},
+         {"pid", m.device},
+         {"tid", kMoveRow},
+         {"ts", m.begin_us},
+         {"dur", m.end_us - m.begin_us},
+         {"args",
+          {{"pages", m.pages},
+           {"MiB", static_cast<double>(m.bytes) / (1 << 20)},
+           {"GBps", seconds > 0 ? static_cast<double>(m.bytes) / seconds / 1e9 : 0.0}}}});
   }
   for (const Counter& c : counters_) {
     json args = json::object();

@@ -7,7 +7,9 @@
 namespace salus::memory {
 
 namespace {
-constexpr std::size_t idx(Lifetime lifetime) { return static_cast<std::size_t>(lifetime); }
+constexpr std::size_t idx(Lifetime lifetime) {
+  return static_cast<std::size_t>(lifetime);
+}
 }  // namespace
 
 void DeviceCounters::on_allocate(Lifetime lifetime, std::size_t bytes) {
@@ -63,8 +65,8 @@ StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
     if (heap->stream() == stream) return *heap;
   }
   if (heaps_.size() == kMaxStreams) {
-    throw InvalidArgument(fmt::format("device {}: more than {} streams allocate memory", device_,
-                                      kMaxStreams));
+    throw InvalidArgument(
+        fmt::format("device {}: more than {} streams allocate memory", device_, kMaxStreams));
   }
   // Address space is cheap; a generous range means fragmentation never needs a second one.
   const std::size_t page = granularity();
@@ -88,8 +90,8 @@ StreamHeap* DeviceHeap::heap_of(DevicePtr ptr) const {
 
 CarveResult DeviceHeap::try_allocate(const AllocationRequest& request, std::size_t bytes,
                                      std::vector<Page>& stash) {
-  return heap_for(request.stream).allocate(bytes, request.bytes, request.job, request.lifetime,
-                                           stash);
+  return heap_for(request.stream)
+      .allocate(bytes, request.bytes, request.job, request.lifetime, stash);
 }
 
 std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_t pages) {
@@ -118,8 +120,7 @@ DeviceMemoryStats DeviceHeap::stats() const {
   for_each_stream_heap([&](StreamHeap& heap) { tally += heap.tally(); });
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
     s.by_class[c] = {counters_.by_class[c].load(std::memory_order_relaxed),
-                     counters_.peak_by_class[c].load(std::memory_order_relaxed),
-                     tally.blocks[c]};
+                     counters_.peak_by_class[c].load(std::memory_order_relaxed), tally.blocks[c]};
   }
   s.allocations = tally.allocations;
   s.frees = tally.frees;

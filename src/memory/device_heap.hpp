@@ -88,7 +88,6 @@ class DeviceHeap {
   void reset_peaks();
 
  private:
-
   std::shared_ptr<DeviceBackend> backend_;
   Tiers& tiers_;
   const int device_;

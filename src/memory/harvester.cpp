@@ -40,7 +40,9 @@ class OwnerGate final : public JobGate {
   JobId owner_;
 };
 
-bool is_local_to(Location where, int device) { return where == Location::gpu(device); }
+bool is_local_to(Location where, int device) {
+  return where == Location::gpu(device);
+}
 
 }  // namespace
 
@@ -99,7 +101,8 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
       }
       try {
         // Pages that went to the borrower's own memory are home, not away.
-        recalled += heap.move_pages(spec, destinations, jobs_, own < candidates ? &owners : nullptr);
+        recalled +=
+            heap.move_pages(spec, destinations, jobs_, own < candidates ? &owners : nullptr);
       } catch (const Error& e) {
         spdlog::error("salus: recalling pages of device {} failed: {}", lender.device(), e.what());
       }
@@ -124,9 +127,8 @@ void Harvester::mark_away(const std::vector<JobId>& jobs) {
 
 std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gate) {
   const int d = device.device();
-  const StreamHeap::MoveSpec spec{MoveReason::demote,
-                                  [d](Location where) { return is_local_to(where, d); },
-                                  std::nullopt};
+  const StreamHeap::MoveSpec spec{
+      MoveReason::demote, [d](Location where) { return is_local_to(where, d); }, std::nullopt};
   std::size_t evicted = 0;
   std::vector<JobId> owners;
   device.for_each_stream_heap([&](StreamHeap& heap) {
@@ -237,7 +239,8 @@ std::size_t Harvester::activate(JobRecord& job) {
   }
   job.activations.fetch_add(1, std::memory_order_relaxed);
   if (away) job.activations_after_move.fetch_add(1, std::memory_order_relaxed);
-  if (fetched > 0 || waited_for_move) job.activations_waited.fetch_add(1, std::memory_order_relaxed);
+  if (fetched > 0 || waited_for_move)
+    job.activations_waited.fetch_add(1, std::memory_order_relaxed);
   job.fetched_bytes.fetch_add(fetched, std::memory_order_relaxed);
   if (failure) std::rethrow_exception(failure);
   return fetched;

@@ -5,7 +5,9 @@
 namespace salus::memory {
 
 namespace {
-constexpr std::size_t index(Lifetime lifetime) { return static_cast<std::size_t>(lifetime); }
+constexpr std::size_t index(Lifetime lifetime) {
+  return static_cast<std::size_t>(lifetime);
+}
 
 // Adds `bytes` to `counter` unless that would pass `limit`.
 bool try_add(std::atomic<std::size_t>& counter, std::size_t bytes, std::size_t limit) {
@@ -56,7 +58,9 @@ void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes) {
   raise_peak(peak_by_class[index(to)], in_use_by_class[index(to)].load(std::memory_order_relaxed));
 }
 
-JobTable::JobTable() { add("unattributed", {}); }
+JobTable::JobTable() {
+  add("unattributed", {});
+}
 
 JobId JobTable::add(std::string name, JobMemoryLimits limits) {
   // The index is only known after the slot exists, so grow first and fill the slot after.

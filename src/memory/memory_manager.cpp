@@ -64,12 +64,14 @@ class MemoryManager::Impl {
  public:
   Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
       : backend_(checked(std::move(backend))), tiers_(*backend_, options.harvest) {
-    if (options.va_factor == 0) throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
+    if (options.va_factor == 0)
+      throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
     const int count = backend_->device_count();
     if (static_cast<std::size_t>(count) < options.device_limits.size()) {
-      throw InvalidArgument(fmt::format("MemoryOptions::device_limits names {} devices; the {} "
-                                        "backend has {}",
-                                        options.device_limits.size(), backend_->name(), count));
+      throw InvalidArgument(
+          fmt::format("MemoryOptions::device_limits names {} devices; the {} "
+                      "backend has {}",
+                      options.device_limits.size(), backend_->name(), count));
     }
     for (int d = 0; d < count; ++d) {
       const DeviceProperties props = backend_->properties(d);
@@ -88,10 +90,10 @@ class MemoryManager::Impl {
       // Only whole pages can be held.
       limit -= limit % props.granularity;
       if (limit == 0) {
-        throw InvalidArgument(fmt::format("device {} would get no memory (limit below one page)", d));
+        throw InvalidArgument(
+            fmt::format("device {} would get no memory (limit below one page)", d));
       }
-      heaps_.push_back(
-          std::make_unique<DeviceHeap>(backend_, tiers_, d, limit, options.va_factor));
+      heaps_.push_back(std::make_unique<DeviceHeap>(backend_, tiers_, d, limit, options.va_factor));
     }
     harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
   }
@@ -110,9 +112,8 @@ class MemoryManager::Impl {
 
   DeviceHeap& heap(int device) const {
     if (device < 0 || device >= static_cast<int>(heaps_.size())) {
-      throw InvalidArgument(
-          fmt::format("device {} does not exist (the {} backend has {} devices)", device,
-                      backend_->name(), heaps_.size()));
+      throw InvalidArgument(fmt::format("device {} does not exist (the {} backend has {} devices)",
+                                        device, backend_->name(), heaps_.size()));
     }
     return *heaps_[static_cast<std::size_t>(device)];
   }
@@ -128,12 +129,13 @@ class MemoryManager::Impl {
 
   DevicePtr allocate(const AllocationRequest& request) {
     DeviceHeap& device = heap(request.device);
-    if (request.bytes == 0) throw InvalidArgument("allocate: size 0 (a block needs at least a byte)");
+    if (request.bytes == 0)
+      throw InvalidArgument("allocate: size 0 (a block needs at least a byte)");
     // With spilling, a block may be larger than the device: its pages come from other tiers.
     if (request.bytes > device.limit() && !tiers_.spills()) {
-      throw InvalidArgument(fmt::format(
-          "allocate: {} bytes can never fit device {}, which may hold {} bytes", request.bytes,
-          request.device, device.limit()));
+      throw InvalidArgument(
+          fmt::format("allocate: {} bytes can never fit device {}, which may hold {} bytes",
+                      request.bytes, request.device, device.limit()));
     }
     if (request.lifetime != Lifetime::persistent && request.lifetime != Lifetime::ephemeral) {
       throw InvalidArgument("allocate: lifetime is neither persistent nor ephemeral");
@@ -239,7 +241,8 @@ class MemoryManager::Impl {
   }
 
   void release_job(JobId id) {
-    if (id == kUnattributedJob) throw InvalidArgument("release_job: the unattributed job is permanent");
+    if (id == kUnattributedJob)
+      throw InvalidArgument("release_job: the unattributed job is permanent");
     JobRecord& job = jobs_.live(id);
     job.alive.store(false, std::memory_order_release);
     for (const auto& device : heaps_) {
@@ -323,8 +326,12 @@ MemoryManager::MemoryManager(std::shared_ptr<DeviceBackend> backend, MemoryOptio
 
 MemoryManager::~MemoryManager() = default;
 
-DeviceBackend& MemoryManager::backend() const noexcept { return *impl_->backend_; }
-int MemoryManager::device_count() const noexcept { return static_cast<int>(impl_->heaps_.size()); }
+DeviceBackend& MemoryManager::backend() const noexcept {
+  return *impl_->backend_;
+}
+int MemoryManager::device_count() const noexcept {
+  return static_cast<int>(impl_->heaps_.size());
+}
 
 JobId MemoryManager::register_job(std::string name, JobMemoryLimits limits) {
   return impl_->jobs_.add(std::move(name), limits);
@@ -334,10 +341,18 @@ void MemoryManager::set_job_limits(JobId job, JobMemoryLimits limits) {
   impl_->jobs_.live(job).set_limits(limits);
 }
 
-void MemoryManager::release_job(JobId job) { impl_->release_job(job); }
-std::size_t MemoryManager::promote_ephemeral(JobId job) { return impl_->promote(job); }
-DevicePtr MemoryManager::allocate(const AllocationRequest& request) { return impl_->allocate(request); }
-void MemoryManager::deallocate(DevicePtr ptr) { impl_->deallocate(ptr, std::nullopt, std::nullopt); }
+void MemoryManager::release_job(JobId job) {
+  impl_->release_job(job);
+}
+std::size_t MemoryManager::promote_ephemeral(JobId job) {
+  return impl_->promote(job);
+}
+DevicePtr MemoryManager::allocate(const AllocationRequest& request) {
+  return impl_->allocate(request);
+}
+void MemoryManager::deallocate(DevicePtr ptr) {
+  impl_->deallocate(ptr, std::nullopt, std::nullopt);
+}
 
 void MemoryManager::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
   impl_->deallocate(ptr, bytes, device);
@@ -361,7 +376,9 @@ std::size_t MemoryManager::trim() {
   return released + (host != nullptr ? host->trim() : 0);
 }
 
-std::size_t MemoryManager::trim(int device) { return impl_->trim(impl_->heap(device)); }
+std::size_t MemoryManager::trim(int device) {
+  return impl_->trim(impl_->heap(device));
+}
 
 void MemoryManager::remap(DevicePtr ptr, Location where) {
   impl_->owner_of(ptr, "remap").second->remap(ptr, where);
@@ -395,7 +412,9 @@ std::size_t MemoryManager::reachable_bytes(int device) const {
   const DeviceHeap& heap = impl_->heap(device);
   const memory::Tiers& tiers = impl_->tiers_;
   std::size_t total = heap.limit();
-  auto add = [&](std::size_t bytes) { total = bytes > kUnlimited - total ? kUnlimited : total + bytes; };
+  auto add = [&](std::size_t bytes) {
+    total = bytes > kUnlimited - total ? kUnlimited : total + bytes;
+  };
   if (tiers.options().spill == SpillPolicy::peer_then_host) {
     for (const Lender& lender : tiers.lenders(device)) {
       const std::size_t limit = impl_->heap(lender.device).limit();
@@ -429,7 +448,9 @@ MemoryStats MemoryManager::stats() const {
   return s;
 }
 
-DeviceMemoryStats MemoryManager::device_stats(int device) const { return impl_->heap(device).stats(); }
+DeviceMemoryStats MemoryManager::device_stats(int device) const {
+  return impl_->heap(device).stats();
+}
 
 JobMemoryStats MemoryManager::job_stats(JobId job) const {
   return impl_->job_stats(impl_->jobs_.any(job));

@@ -31,7 +31,8 @@ void PageMover::ensure_started() {
   window_ = backend_->reserve_address(window_pages_ * page_bytes_, page_bytes_);
 }
 
-double PageMover::run(std::span<PageMove> moves, std::span<const std::shared_ptr<const Event>> after,
+double PageMover::run(std::span<PageMove> moves,
+                      std::span<const std::shared_ptr<const Event>> after,
                       std::span<const AccessGrant> grants, std::vector<Page>& old) {
   if (moves.empty()) return 0.0;
   std::lock_guard lock(mu_);

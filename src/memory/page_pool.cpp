@@ -10,7 +10,9 @@ PagePool::PagePool(DeviceBackend& backend, Location where, std::size_t page_byte
                    std::size_t limit_bytes)
     : backend_(backend), where_(where), page_bytes_(page_bytes), limit_bytes_(limit_bytes) {}
 
-PagePool::~PagePool() { trim(); }
+PagePool::~PagePool() {
+  trim();
+}
 
 std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
@@ -19,7 +21,8 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
 
 std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
-  const std::size_t added = take_locked(count, (reserve_bytes + page_bytes_ - 1) / page_bytes_, out);
+  const std::size_t added =
+      take_locked(count, (reserve_bytes + page_bytes_ - 1) / page_bytes_, out);
   lent_.fetch_add(added, std::memory_order_relaxed);
   return added;
 }

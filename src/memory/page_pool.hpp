@@ -46,10 +46,14 @@ class PagePool {
   [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
   [[nodiscard]] std::size_t limit_bytes() const { return limit_bytes_; }
   [[nodiscard]] std::size_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
-  [[nodiscard]] std::size_t peak_held_bytes() const { return peak_held_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t peak_held_bytes() const {
+    return peak_held_.load(std::memory_order_relaxed);
+  }
   [[nodiscard]] std::uint64_t creates() const { return creates_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
-  [[nodiscard]] std::size_t lent_bytes() const { return lent_.load(std::memory_order_relaxed) * page_bytes_; }
+  [[nodiscard]] std::size_t lent_bytes() const {
+    return lent_.load(std::memory_order_relaxed) * page_bytes_;
+  }
   // Pages nobody uses: kept ones plus what may still be created.
   [[nodiscard]] std::size_t free_bytes() const;
   void reset_peak() { peak_held_.store(held_bytes(), std::memory_order_relaxed); }

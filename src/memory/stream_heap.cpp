@@ -30,8 +30,8 @@ StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t smal
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
   if (!live_.empty()) {
-    spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown", device_.device(),
-                 stream_.value, live_.size());
+    spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown",
+                 device_.device(), stream_.value, live_.size());
   }
   std::vector<Page> pages;
   for (Arena* arena : {&small_, &large_}) {
@@ -398,16 +398,16 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   std::vector<Page> fresh;
   if (device_.tiers().borrow_from(device_.device(), where, moves.size(), fresh) < moves.size()) {
     device_.tiers().give_back(device_.device(), fresh);
-    throw OutOfMemory({.job = block->job.value,
-                       .job_name = {},
-                       .device = device_.device(),
-                       .requested_bytes = moves.size() * page,
-                       .job_in_use_bytes = 0,
-                       .job_limit_bytes = 0,
-                       .device_in_use_bytes = 0,
-                       .device_limit_bytes = device_.limit(),
-                       .reason = fmt::format("remap found too few free pages at {}",
-                                             to_string(where))});
+    throw OutOfMemory(
+        {.job = block->job.value,
+         .job_name = {},
+         .device = device_.device(),
+         .requested_bytes = moves.size() * page,
+         .job_in_use_bytes = 0,
+         .job_limit_bytes = 0,
+         .device_in_use_bytes = 0,
+         .device_limit_bytes = device_.limit(),
+         .reason = fmt::format("remap found too few free pages at {}", to_string(where))});
   }
   for (PageMove& move : moves) {
     move.to = std::move(fresh.back());
@@ -441,7 +441,8 @@ void StreamHeap::run_moves(MoveReason reason, std::vector<PageMove>& moves,
   if (moves.empty()) return;
   const std::size_t page = device_.granularity();
   const int device = device_.device();
-  MoveRecord record{reason, device, moves.front().slot->where, moves.front().to.where, 0, 0, 0.0, {}};
+  MoveRecord record{reason, device, moves.front().slot->where, moves.front().to.where, 0, 0,
+                    0.0,    {}};
   std::vector<Page> old;
   std::exception_ptr failure;
   try {
@@ -461,7 +462,8 @@ void StreamHeap::run_moves(MoveReason reason, std::vector<PageMove>& moves,
     const Tier before = tier_of(old[record.pages - 1].where, device);
     const Tier now = tier_of(move.slot->where, device);
     if (before != Tier::local) {
-      counters.borrowed[static_cast<std::size_t>(before)].fetch_sub(page, std::memory_order_relaxed);
+      counters.borrowed[static_cast<std::size_t>(before)].fetch_sub(page,
+                                                                    std::memory_order_relaxed);
       --remote_pages_;
     }
     if (now != Tier::local) {
@@ -505,8 +507,8 @@ void StreamHeap::for_each_live_page(std::optional<JobId> job, F&& visit) {
   }
 }
 
-bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start,
-                              JobGate& gate, std::vector<JobId>& held) {
+bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
+                              std::vector<JobId>& held) {
   const DevicePtr lo = arena.page_addr(index);
   const DevicePtr hi = lo + arena.page_bytes();
   auto allowed = [&](const Block& b) {

@@ -30,8 +30,8 @@ struct FreedBlock {
 };
 
 struct CarveResult {
-  DevicePtr ptr = 0;             // non-zero on success
-  std::size_t pages_short = 0;   // pages the device could not provide
+  DevicePtr ptr = 0;            // non-zero on success
+  std::size_t pages_short = 0;  // pages the device could not provide
   bool out_of_address_space = false;
 };
 
@@ -48,7 +48,9 @@ class StreamHeap {
   StreamHeap& operator=(const StreamHeap&) = delete;
 
   [[nodiscard]] StreamHandle stream() const { return stream_; }
-  [[nodiscard]] bool contains(DevicePtr p) const { return p >= va_base_ && p < va_base_ + va_bytes_; }
+  [[nodiscard]] bool contains(DevicePtr p) const {
+    return p >= va_base_ && p < va_base_ + va_bytes_;
+  }
 
   // Pages come from the device pool, this heap's own free pages, then `stash` (pages the caller
   // gathered from other tiers); what is left of `stash` stays the caller's.

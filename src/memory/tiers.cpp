@@ -55,7 +55,9 @@ Tiers::Tiers(DeviceBackend& backend, HarvestOptions options)
   }
 }
 
-void Tiers::add_device(PagePool& pool) { device_pools_.push_back(&pool); }
+void Tiers::add_device(PagePool& pool) {
+  device_pools_.push_back(&pool);
+}
 
 bool Tiers::fits(int device, const PagePool& pool) const {
   // Pages are mapped into the device's ranges one granule at a time.
@@ -118,9 +120,9 @@ void Tiers::give_back(int device, std::vector<Page>& pages) {
 }
 
 void Tiers::set_observer(std::function<void(const MoveRecord&)> observer) {
-  auto shared = observer ? std::make_shared<const std::function<void(const MoveRecord&)>>(
-                               std::move(observer))
-                         : nullptr;
+  auto shared =
+      observer ? std::make_shared<const std::function<void(const MoveRecord&)>>(std::move(observer))
+               : nullptr;
   std::lock_guard lock(observer_mu_);
   observer_ = std::move(shared);
 }
