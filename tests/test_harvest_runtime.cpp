@@ -16,14 +16,15 @@
 
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
+#include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
 namespace salus::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr std::size_t kPage = 2 * MiB;
+using harvest::eventually;
+using harvest::kPage;
 
 RuntimeOptions harvesting_runtime(std::string policy, std::vector<std::size_t> limits) {
   RuntimeOptions options;
@@ -33,17 +34,6 @@ RuntimeOptions harvesting_runtime(std::string policy, std::vector<std::size_t> l
   options.memory.harvest.lend_reserve_bytes = 0;
   options.memory.harvest.recall_wait = 500ms;
   return options;
-}
-
-// Polls `done` every millisecond for at most `limit`; returns its last answer.
-template <class F>
-bool eventually(F&& done, std::chrono::milliseconds limit = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
 }
 
 void gpu_work(DeviceBackend& backend, StreamHandle stream, std::chrono::microseconds duration) {
