@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
 namespace salus::testing {
@@ -211,10 +212,10 @@ TEST_F(Harvest, PrefetchBringsPagesHomeBeforeActivation) {
   EXPECT_EQ(memory->demote(next, 0), 8 * MiB);
   EXPECT_EQ(backend->location_of(weights), Location::gpu(1));
   memory->prefetch(next);
-  for (int i = 0; i < 2000 && backend->location_of(weights + 8 * MiB - 1) != Location::gpu(0);
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // The round is over (and the job no longer held) once its bytes are counted.
+  EXPECT_TRUE(
+      harvest::eventually([&] { return memory->job_stats(next).prefetched_bytes == 8 * MiB; }));
+  EXPECT_EQ(backend->location_of(weights + 8 * MiB - 1), Location::gpu(0));
   EXPECT_EQ(memory->activate_job(next), 0u) << "nothing left to wait for";
   EXPECT_EQ(backend->location_of(weights), Location::gpu(0));
   EXPECT_TRUE(check_pattern(weights, 8 * MiB, 6));

@@ -13,6 +13,7 @@ class ExceptGate final : public JobGate {
  public:
   ExceptGate(JobGate& base, JobId excluded) : base_(base), excluded_(excluded) {}
   bool try_hold(JobId job) override { return job != excluded_ && base_.try_hold(job); }
+  bool may_move(JobId job) override { return job != excluded_ && base_.may_move(job); }
   void release(JobId job) override { base_.release(job); }
   std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override {
     return base_.quiet_mark(job, stream);
@@ -28,6 +29,7 @@ class OwnerGate final : public JobGate {
  public:
   OwnerGate(JobGate& base, JobId owner) : base_(base), owner_(owner) {}
   bool try_hold(JobId job) override { return job == owner_ || base_.try_hold(job); }
+  bool may_move(JobId job) override { return job == owner_ || base_.may_move(job); }
   void release(JobId job) override {
     if (job != owner_) base_.release(job);
   }

@@ -107,6 +107,13 @@ std::shared_ptr<const Event> JobTable::quiet_mark(JobId job, StreamHandle stream
   return nullptr;
 }
 
+bool JobTable::may_move(JobId job) {
+  JobRecord* record = find(job);
+  if (record == nullptr) return false;
+  std::lock_guard lock(record->activity_mu);
+  return !record->active && !record->activating;
+}
+
 void JobTable::release(JobId job) {
   JobRecord* record = find(job);
   if (record == nullptr) return;

@@ -68,6 +68,7 @@ class JobTable final : public JobGate {
 
   bool try_hold(JobId job) override;
   void release(JobId job) override;
+  bool may_move(JobId job) override;
   std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override;
 
  private:

@@ -508,14 +508,14 @@ void StreamHeap::for_each_live_page(std::optional<JobId> job, F&& visit) {
 }
 
 bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
-                              std::vector<JobId>& held) {
+                              bool hold, std::vector<JobId>& held) {
   const DevicePtr lo = arena.page_addr(index);
   const DevicePtr hi = lo + arena.page_bytes();
   auto allowed = [&](const Block& b) {
     if (b.free) return true;
     if (!live_.contains(b.addr)) return false;  // freed, waiting for another stream's work
     if (std::find(held.begin(), held.end(), b.job) != held.end()) return true;
-    if (!gate.try_hold(b.job)) return false;
+    if (!(hold ? gate.try_hold(b.job) : gate.may_move(b.job))) return false;
     held.push_back(b.job);
     return true;
   };
@@ -532,15 +532,14 @@ bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& star
 std::size_t StreamHeap::count_pages(const MoveSpec& spec, JobGate* gate) {
   std::lock_guard lock(mu_);
   std::unordered_set<const PageSlot*> seen;
-  std::vector<JobId> held;
+  std::vector<JobId> allowed;  // owners already asked
   for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block& block) {
     const PageSlot& slot = arena.page(i);
     if (!slot.mapped || !spec.from(slot.where) || seen.contains(&slot)) return;
     // A page shared with a job that may not move now (a running one) is not a candidate.
-    if (gate != nullptr && !owners_allow(arena, i, block, *gate, held)) return;
+    if (gate != nullptr && !owners_allow(arena, i, block, *gate, false, allowed)) return;
     seen.insert(&slot);
   });
-  for (JobId job : held) gate->release(job);
   return seen.size();
 }
 
@@ -555,7 +554,7 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
     if (moves.size() == destinations.size()) return;
     PageSlot& slot = arena.page(i);
     if (!slot.mapped || !spec.from(slot.where) || !chosen.insert(&slot).second) return;
-    if (!owners_allow(arena, i, block, gate, held)) return;
+    if (!owners_allow(arena, i, block, gate, true, held)) return;
     moves.push_back({arena.page_addr(i), &slot, {}});
   });
   // The owners' work on this stream: up to their quiescence marks where every owner has one,

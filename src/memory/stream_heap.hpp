@@ -136,7 +136,8 @@ class StreamHeap {
   template <class F>
   void for_each_live_page(std::optional<JobId> job, F&& visit);
   // True when every block touching page `index` of `arena` is live and `gate` holds its owner.
-  bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
+  // With `hold`, holds each owner it lets through (listed in `held`); without, only asks.
+  bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate, bool hold,
                     std::vector<JobId>& held);
   void drain_stream();
 

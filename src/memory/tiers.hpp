@@ -30,6 +30,8 @@ class JobGate {
   virtual ~JobGate() = default;
   virtual bool try_hold(JobId job) = 0;
   virtual void release(JobId job) = 0;
+  // What try_hold would answer now, without holding (for counting candidates).
+  virtual bool may_move(JobId job) = 0;
   // An event recorded on `stream` when the job turned quiescent: its work there is all before
   // it. Null when there is none (then the stream's work so far has to do).
   virtual std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) = 0;
