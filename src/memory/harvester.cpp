@@ -78,6 +78,14 @@ bool Harvester::make_room(DeviceHeap& device, std::size_t short_pages, JobId req
   return false;
 }
 
+std::size_t Harvester::take_local(DeviceHeap& device, std::size_t pages, std::vector<Page>& out) {
+  std::size_t got = device.pool().acquire(pages, out);
+  if (got < pages && device.reclaim_from_others(nullptr, pages - got) > 0) {
+    got += device.pool().acquire(pages - got, out);
+  }
+  return got;
+}
+
 std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
   if (lender.pool().lent_bytes() == 0) return 0;
   const Location home = Location::gpu(lender.device());
@@ -93,10 +101,7 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
       if (candidates == 0) return;
       // Back to the borrower's own memory when it has room, else to the host.
       std::vector<Page> destinations;
-      std::size_t own = borrower->pool().acquire(candidates, destinations);
-      if (own < candidates && borrower->reclaim_from_others(nullptr, candidates - own) > 0) {
-        own += borrower->pool().acquire(candidates - own, destinations);
-      }
+      const std::size_t own = take_local(*borrower, candidates, destinations);
       PagePool* host = tiers_.host();
       if (own < candidates && host != nullptr && tiers_.fits(borrower->device(), *host)) {
         host->lend(candidates - own, 0, destinations);
@@ -165,11 +170,7 @@ std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, Jo
       const std::size_t wanted = heap.count_pages(spec, &own);
       if (wanted == 0) return;
       std::vector<Page> destinations;
-      std::size_t got = device->pool().acquire(wanted, destinations);
-      if (got < wanted) {
-        device->reclaim_from_others(nullptr, wanted - got);
-        got += device->pool().acquire(wanted - got, destinations);
-      }
+      const std::size_t got = take_local(*device, wanted, destinations);
       if (got < wanted && others != nullptr && evict(*device, wanted - got, *others) > 0) {
         device->pool().acquire(wanted - got, destinations);
       }

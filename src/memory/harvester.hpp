@@ -45,6 +45,8 @@ class Harvester {
   }
 
  private:
+  // Up to `pages` of `device`'s own pages: its pool's, then its streams' cached free ones.
+  std::size_t take_local(DeviceHeap& device, std::size_t pages, std::vector<Page>& out);
   // Pages of `lender` mapped by quiescent borrowers come home; returns how many.
   std::size_t recall(DeviceHeap& lender, std::size_t pages);
   // Pages of quiescent jobs (as `gate` says) in `device`'s ranges go a tier down.

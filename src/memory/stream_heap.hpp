@@ -139,7 +139,6 @@ class StreamHeap {
   // With `hold`, holds each owner it lets through (listed in `held`); without, only asks.
   bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate, bool hold,
                     std::vector<JobId>& held);
-  void drain_stream();
 
   DeviceHeap& device_;
   const StreamHandle stream_;
@@ -160,7 +159,6 @@ class StreamHeap {
     std::vector<Event> events;
   };
   std::vector<Pending> pending_;
-  std::optional<Event> drained_;  // recorded on this stream to learn its work so far finished
 };
 
 template <class F>
