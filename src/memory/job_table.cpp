@@ -64,15 +64,18 @@ JobTable::JobTable() {
 
 JobId JobTable::add(std::string name, JobMemoryLimits limits) {
   // The index is only known after the slot exists, so grow first and fill the slot after.
+  // Registration is rare; serializing it keeps every slot below `registered_` complete.
+  std::lock_guard lock(add_mu_);
   auto slot = jobs_.grow_by(1);
   const JobId job{static_cast<std::uint32_t>(slot - jobs_.begin())};
   slot->owner = std::make_unique<JobRecord>(job, std::move(name), limits);
   slot->published.store(slot->owner.get(), std::memory_order_release);
+  registered_.store(job.value + 1, std::memory_order_release);
   return job;
 }
 
 JobRecord* JobTable::find(JobId job) const {
-  if (job.value >= jobs_.size()) return nullptr;
+  if (job.value >= size()) return nullptr;
   return jobs_[job.value].published.load(std::memory_order_acquire);
 }
 

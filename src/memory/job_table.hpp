@@ -64,7 +64,8 @@ class JobTable final : public JobGate {
   [[nodiscard]] JobRecord& any(JobId job) const;
   // The record of `job` once fully registered, else nullptr.
   [[nodiscard]] JobRecord* find(JobId job) const;
-  [[nodiscard]] std::size_t size() const { return jobs_.size(); }
+  // Ids below this are fully registered.
+  [[nodiscard]] std::size_t size() const { return registered_.load(std::memory_order_acquire); }
 
   bool try_hold(JobId job) override;
   void release(JobId job) override;
@@ -79,6 +80,10 @@ class JobTable final : public JobGate {
     std::unique_ptr<JobRecord> owner;  // written once, by the registering thread
   };
   tbb::concurrent_vector<Slot> jobs_;
+  // The vector's own size counts slots still being constructed, which readers must not touch:
+  // registrations are serialized and publish their slot by raising this count.
+  std::mutex add_mu_;
+  std::atomic<std::size_t> registered_{0};
 };
 
 // Raises `peak` to at least `value`.
