@@ -100,13 +100,22 @@ TEST_F(MemoryStreamOrder, BlockUsedOnAnotherStreamWaitsForThatStreamToo) {
   std::atomic<bool> b_done{false};
   auto gate = block_stream(b, b_done);
   memory->deallocate(p);
-  // b may still be using the block, so even its own stream must not get it back yet.
+  // b may still be using the block: a may have it back at once, but a's later work must wait
+  // for b's on the GPU.
   const DevicePtr q = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
-  EXPECT_NE(p, q);
+  std::atomic<bool> a_ran_before_b{false};
+  std::atomic<bool> a_ran{false};
+  memory->backend().launch_host_func(a.handle(), [&] {
+    a_ran_before_b = !b_done.load();
+    a_ran = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(a_ran.load()) << "a's work ran while b still used the block";
   gate.set_value();
-  b.synchronize();
+  a.synchronize();
+  EXPECT_TRUE(a_ran.load());
+  EXPECT_FALSE(a_ran_before_b.load());
   memory->deallocate(q);
-  // Once b's work has finished the block returns to a's free blocks.
   const DevicePtr r = alloc(2 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, a.handle());
   EXPECT_TRUE(r == p || r == q);
   memory->deallocate(r);

@@ -5,6 +5,12 @@
 // and a page can be remapped without its address changing. Freed blocks are cached (still mapped)
 // and reused in stream order; pages are unmapped only under pressure or by trim().
 //
+// Frees are stream-ordered, as in PyTorch's caching allocator: a block may be freed on the host
+// while work that uses it is still queued. No page is unmapped, moved, released or handed to
+// another stream before the work enqueued ahead of its free (on the block's stream, on streams
+// named by record_stream_use, and on the job's streams from add_job_stream) has finished. A new
+// user waits for that work on the GPU, not on the host; see DeviceMemoryStats::deferred_unmaps.
+//
 // Every allocation belongs to a job and a lifetime class; accounting and budgets are per job and
 // class, and per device.
 #pragma once
@@ -148,6 +154,13 @@ struct DeviceMemoryStats {
   std::uint64_t bytes_moved = 0;
   double move_seconds = 0.0;         // wall time of those moves, copies and remapping included
   std::uint64_t recalled_pages = 0;  // this device's pages it took back from borrowers
+  // Stream-ordered safety. Pages handed to a new user (another stream, a pool, a tier) while
+  // work enqueued before their free might still touch them: the new user waits for that work on
+  // the GPU, and the old address keeps the page mapped until it has finished.
+  std::uint64_t deferred_unmaps = 0;
+  std::size_t retiring = 0;  // bytes still mapped at such old addresses right now
+  // Allocations that had to wait on the host for such work (their address was still retiring).
+  std::uint64_t allocation_waits = 0;
 };
 
 struct MemoryStats {
@@ -224,11 +237,15 @@ class SALUS_API MemoryManager {
 
   // Marks that `stream` also uses the block: on free, its reuse waits for that stream's work too.
   void record_stream_use(DevicePtr ptr, StreamHandle stream);
+  // The job enqueues work on `stream` of `device` besides the streams it allocates on: its memory
+  // there is ordered against that stream too (frees, moves and reuse wait for its work so far).
+  // The runtime calls it for every lane stream a job runs on.
+  void add_job_stream(JobId job, int device, StreamHandle stream);
 
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr) const;
 
-  // Returns unused physical pages to the device (waits for pending stream work on cached blocks).
-  // Returns the bytes released.
+  // Returns unused physical pages to the device. Waits on the host for stream work that may still
+  // touch them (work enqueued before their blocks were freed). Returns the bytes released.
   std::size_t trim();
   std::size_t trim(int device);
 

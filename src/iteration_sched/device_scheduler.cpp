@@ -123,8 +123,12 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   }
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
+  const StreamHandle stream = job.stream;
   lock.unlock();
   try {
+    // Its memory (persistent blocks made on another stream included) is used on this stream
+    // from now on: frees and page moves are ordered after the work it enqueues here.
+    memory_->add_job_stream(job.id, device_, stream);
     memory_->activate_job(job.id);
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
@@ -155,10 +159,6 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
     // takes a stream slot of its own, or the GPU would serialize them.
     job.lane = policy_->lanes() == LanePlan::memory_aware ? take_free_slot() : start.lane;
     job.stream = lane_stream(job.lane, job);
-    if (std::find(job.streams_used.begin(), job.streams_used.end(), job.stream) ==
-        job.streams_used.end()) {
-      job.streams_used.push_back(job.stream);
-    }
     running_on_stream_[job.stream.value] = job.id.value;
     job.started = true;
     to_wake.push_back(it->second);
@@ -415,7 +415,6 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
 }
 
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
-  std::vector<StreamHandle> streams;
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
   {
     std::lock_guard lock(mu_);
@@ -428,21 +427,13 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     if (current_job == &job) current_job = nullptr;
     core_.remove(job.id.value);
     jobs_.erase(job.id.value);
-    streams = job.streams_used;
     job.wakeup.notify_all();
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }
   wake(to_wake);
-  // Its memory may still be in use by work it enqueued: free it once that work is done. Later
-  // work on these streams is ordered after the frees anyway.
-  for (StreamHandle stream : streams) {
-    try {
-      backend_->synchronize_stream(stream);
-    } catch (const Error& e) {
-      spdlog::warn("salus: waiting for job '{}' on stream {:#x}: {}", job.spec.name, stream.value,
-                   e.what());
-    }
-  }
+  // Its memory may still be in use by work it enqueued. The frees are stream-ordered: nothing
+  // reuses, moves or unmaps the memory before the work enqueued so far on every stream the job
+  // used has finished (add_job_stream), and nobody waits for that here.
   memory_->release_job(job.id);
 }
 

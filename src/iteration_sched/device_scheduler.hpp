@@ -44,7 +44,6 @@ struct JobRecordState {
   bool started = false;  // the core started the iteration this job waits for
   int lane = -1;
   StreamHandle stream{};
-  std::vector<StreamHandle> streams_used;
   std::uint64_t iterations = 0;
   double attained_seconds = 0.0;
   double waiting_seconds = 0.0;

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "memory/fence.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
 
@@ -38,6 +39,15 @@ struct PageSlot {
   ChunkHandle chunk{};
   Location where{};
   bool mapped = false;
+  // Mapped, but no longer this arena's: the page went to a new user while work enqueued here may
+  // still touch it, so the address keeps it until `fence` completes and is unmapped then.
+  bool retiring = false;
+  // Work that may still touch the page besides this stream's own (blocks freed here that other
+  // streams used; or, when retiring, everything the page waits for): whoever reuses, moves or
+  // hands off the page orders itself after it.
+  FencePtr fence;
+
+  [[nodiscard]] bool owned() const { return mapped && !retiring; }
 };
 
 class Arena {

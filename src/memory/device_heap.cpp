@@ -30,10 +30,11 @@ void DeviceCounters::on_promote(std::size_t bytes) {
   by_class[eph].fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, int device,
-                       std::size_t limit_bytes, std::size_t va_factor)
+DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, JobTable& jobs,
+                       int device, std::size_t limit_bytes, std::size_t va_factor)
     : backend_(std::move(backend)),
       tiers_(tiers),
+      jobs_(jobs),
       device_(device),
       va_factor_(va_factor),
       pool_(*backend_, Location::gpu(device), backend_->granularity(Location::gpu(device)),
@@ -96,13 +97,21 @@ CarveResult DeviceHeap::try_allocate(const AllocationRequest& request, std::size
 
 std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_t pages) {
   std::size_t taken = 0;
-  for_each_stream_heap([&](StreamHeap& heap) {
-    if (&heap == except || taken >= pages) return;
-    const std::size_t got = heap.reclaim_pages(pages - taken);
-    taken += got;
-    counters_.cross_stream_reuses.fetch_add(got, std::memory_order_relaxed);
-  });
+  // Idle streams first: their pages cost the taker nothing; then pages whose old work the taker
+  // waits for on the GPU.
+  for (const bool idle_only : {true, false}) {
+    for_each_stream_heap([&](StreamHeap& heap) {
+      if (&heap == except || taken >= pages) return;
+      const std::size_t got = heap.reclaim_pages(pages - taken, idle_only);
+      taken += got;
+      counters_.cross_stream_reuses.fetch_add(got, std::memory_order_relaxed);
+    });
+  }
   return taken;
+}
+
+void DeviceHeap::settle(bool wait) {
+  for_each_stream_heap([&](StreamHeap& heap) { heap.settle(wait); });
 }
 
 DeviceMemoryStats DeviceHeap::stats() const {
@@ -140,6 +149,9 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.move_seconds =
       static_cast<double>(counters_.move_nanoseconds.load(std::memory_order_relaxed)) * 1e-9;
   s.recalled_pages = counters_.recalled_pages.load(std::memory_order_relaxed);
+  s.deferred_unmaps = counters_.deferred_unmaps.load(std::memory_order_relaxed);
+  s.retiring = counters_.retiring.load(std::memory_order_relaxed);
+  s.allocation_waits = counters_.allocation_waits.load(std::memory_order_relaxed);
   return s;
 }
 

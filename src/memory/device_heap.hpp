@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/job_table.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
 #include "memory/stream_heap.hpp"
@@ -34,6 +35,12 @@ struct DeviceCounters {
   std::atomic<std::uint64_t> bytes_moved{0};
   std::atomic<std::uint64_t> move_nanoseconds{0};
   std::atomic<std::uint64_t> recalled_pages{0};
+  // Pages handed to a new user while work enqueued before their free might still touch them:
+  // their old addresses stay mapped until it has finished (`retiring` bytes right now).
+  std::atomic<std::uint64_t> deferred_unmaps{0};
+  std::atomic<std::size_t> retiring{0};
+  // Allocations that waited on the host for such work (their address was still retiring).
+  std::atomic<std::uint64_t> allocation_waits{0};
 
   void on_allocate(Lifetime lifetime, std::size_t bytes);
   void on_free(Lifetime lifetime, std::size_t bytes);
@@ -45,7 +52,7 @@ class DeviceHeap {
   // At most this many streams may allocate on one device (each gets its own address range).
   static constexpr std::size_t kMaxStreams = 64;
 
-  DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, int device,
+  DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, JobTable& jobs, int device,
              std::size_t limit_bytes, std::size_t va_factor);
   ~DeviceHeap();
   DeviceHeap(const DeviceHeap&) = delete;
@@ -61,6 +68,7 @@ class DeviceHeap {
   [[nodiscard]] DeviceCounters& counters() { return counters_; }
   [[nodiscard]] const DeviceCounters& counters() const { return counters_; }
   [[nodiscard]] Tiers& tiers() const { return tiers_; }
+  [[nodiscard]] JobTable& jobs() const { return jobs_; }
   [[nodiscard]] PageMover& mover() { return mover_; }
   // Devices that must be able to access every page mapped here.
   [[nodiscard]] std::span<const AccessGrant> grants() const { return grants_; }
@@ -75,8 +83,11 @@ class DeviceHeap {
   void close();
   // The heap that owns `ptr`, or nullptr. Lock-free.
   [[nodiscard]] StreamHeap* heap_of(DevicePtr ptr) const;
-  // Takes up to `pages` pages from the free blocks of streams other than `except`.
+  // Takes up to `pages` pages from the free blocks of streams other than `except`: first those
+  // that nothing may still touch, then those the taker must wait for on the GPU.
   std::size_t reclaim_from_others(const StreamHeap* except, std::size_t pages);
+  // Unmaps the old addresses of handed-off pages (StreamHeap::settle) in every stream heap.
+  void settle(bool wait);
 
   template <class F>
   void for_each_stream_heap(F&& visit) const {
@@ -90,6 +101,7 @@ class DeviceHeap {
  private:
   std::shared_ptr<DeviceBackend> backend_;
   Tiers& tiers_;
+  JobTable& jobs_;
   const int device_;
   const std::size_t va_factor_;
   PagePool pool_;

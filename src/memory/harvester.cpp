@@ -15,8 +15,8 @@ class ExceptGate final : public JobGate {
   bool try_hold(JobId job) override { return job != excluded_ && base_.try_hold(job); }
   bool may_move(JobId job) override { return job != excluded_ && base_.may_move(job); }
   void release(JobId job) override { base_.release(job); }
-  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override {
-    return base_.quiet_mark(job, stream);
+  std::shared_ptr<const Event> quiet_mark(JobId job, int device, StreamHandle stream) override {
+    return base_.quiet_mark(job, device, stream);
   }
 
  private:
@@ -33,8 +33,8 @@ class OwnerGate final : public JobGate {
   void release(JobId job) override {
     if (job != owner_) base_.release(job);
   }
-  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override {
-    return base_.quiet_mark(job, stream);
+  std::shared_ptr<const Event> quiet_mark(JobId job, int device, StreamHandle stream) override {
+    return base_.quiet_mark(job, device, stream);
   }
 
  private:
@@ -188,15 +188,24 @@ std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, Jo
 void Harvester::set_quiescent(JobRecord& job) {
   // Moves of its pages need wait only for its own work, not for what others enqueue later on a
   // stream it shares with them.
-  std::vector<std::pair<StreamHandle, std::shared_ptr<const Event>>> marks;
+  // Marks go on every stream it has blocks on and every stream it works on (add_job_stream):
+  // its pages may be in use on any of them.
+  std::vector<QuietMark> marks;
   if (tiers_.spills()) {
+    std::vector<StreamHandle> streams;
     for (const auto& device : devices_) {
+      streams.clear();
       device->for_each_stream_heap([&](StreamHeap& heap) {
-        if (!heap.has_job(job.id)) return;
-        auto mark = std::make_shared<Event>(device->shared_backend(), device->device());
-        mark->record(heap.stream());
-        marks.emplace_back(heap.stream(), std::move(mark));
+        if (heap.has_job(job.id)) streams.push_back(heap.stream());
       });
+      jobs_.streams_of(job.id, device->device(), streams);
+      std::sort(streams.begin(), streams.end());
+      streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
+      for (StreamHandle stream : streams) {
+        auto mark = std::make_shared<Event>(device->shared_backend(), device->device());
+        mark->record(stream);
+        marks.push_back({device->device(), stream, std::move(mark)});
+      }
     }
   }
   {

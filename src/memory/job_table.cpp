@@ -1,5 +1,7 @@
 #include "memory/job_table.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace salus::memory {
@@ -100,14 +102,34 @@ bool JobTable::try_hold(JobId job) {
   return true;
 }
 
-std::shared_ptr<const Event> JobTable::quiet_mark(JobId job, StreamHandle stream) {
+std::shared_ptr<const Event> JobTable::quiet_mark(JobId job, int device, StreamHandle stream) {
   JobRecord* record = find(job);
   if (record == nullptr) return nullptr;
   std::lock_guard lock(record->activity_mu);
-  for (const auto& [s, mark] : record->quiet_marks) {
-    if (s == stream) return mark;
+  for (const auto& mark : record->quiet_marks) {
+    if (mark.device == device && mark.stream == stream) return mark.event;
   }
   return nullptr;
+}
+
+void JobTable::streams_of(JobId job, int device, std::vector<StreamHandle>& out) const {
+  const JobRecord* record = find(job);
+  if (record == nullptr || !record->has_streams.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(record->streams_mu);
+  for (const auto& [d, stream] : record->streams) {
+    if (d == device) out.push_back(stream);
+  }
+}
+
+void JobTable::add_stream(JobId job, int device, StreamHandle stream) {
+  JobRecord& record = live(job);
+  std::lock_guard lock(record.streams_mu);
+  const std::pair<int, StreamHandle> entry{device, stream};
+  if (std::find(record.streams.begin(), record.streams.end(), entry) != record.streams.end()) {
+    return;
+  }
+  record.streams.push_back(entry);
+  record.has_streams.store(true, std::memory_order_release);
 }
 
 bool JobTable::may_move(JobId job) {

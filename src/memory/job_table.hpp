@@ -37,8 +37,15 @@ struct JobRecord {
   bool activating = false;  // activate_job is waiting for moves to finish: no new ones start
   int moving = 0;           // rounds that hold its pages right now
   bool away = false;        // some of its pages moved down while it was quiescent
-  // Per stream it had blocks on: an event recorded when it turned quiescent.
-  std::vector<std::pair<StreamHandle, std::shared_ptr<const Event>>> quiet_marks;
+  // Per stream it had blocks on or works on: an event recorded when it turned quiescent.
+  std::vector<QuietMark> quiet_marks;
+
+  // Streams it enqueues work on besides those it allocates on (add_job_stream), by device. Guarded
+  // by streams_mu, a leaf lock (taken under stream heap locks, never the other way round);
+  // `has_streams` lets frees of jobs without any skip the lock.
+  mutable std::mutex streams_mu;
+  std::vector<std::pair<int, StreamHandle>> streams;
+  std::atomic<bool> has_streams{false};
   std::atomic<std::uint64_t> activations{0};
   std::atomic<std::uint64_t> activations_after_move{0};
   std::atomic<std::uint64_t> activations_waited{0};
@@ -67,10 +74,14 @@ class JobTable final : public JobGate {
   // Ids below this are fully registered.
   [[nodiscard]] std::size_t size() const { return registered_.load(std::memory_order_acquire); }
 
+  // Appends the streams `job` works on on `device` (add_job_stream); none for unknown ids.
+  void streams_of(JobId job, int device, std::vector<StreamHandle>& out) const;
+  void add_stream(JobId job, int device, StreamHandle stream);
+
   bool try_hold(JobId job) override;
   void release(JobId job) override;
   bool may_move(JobId job) override;
-  std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) override;
+  std::shared_ptr<const Event> quiet_mark(JobId job, int device, StreamHandle stream) override;
 
  private:
   // A slot exists before its record does (the id is the slot's index), so readers see the record

@@ -93,7 +93,8 @@ class MemoryManager::Impl {
         throw InvalidArgument(
             fmt::format("device {} would get no memory (limit below one page)", d));
       }
-      heaps_.push_back(std::make_unique<DeviceHeap>(backend_, tiers_, d, limit, options.va_factor));
+      heaps_.push_back(
+          std::make_unique<DeviceHeap>(backend_, tiers_, jobs_, d, limit, options.va_factor));
     }
     harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
   }
@@ -268,9 +269,18 @@ class MemoryManager::Impl {
   }
 
   std::size_t trim(DeviceHeap& device) {
+    settle_all();  // blocks set aside while their addresses retired are free again
     device.for_each_stream_heap(
         [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
+    settle_all();
     return device.pool().trim();
+  }
+
+  // Old addresses of handed-off pages go once their work has finished (waiting for it), so that
+  // a page released to the driver is mapped nowhere. A page of one device may be retiring in
+  // another device's range (it was lent), so every device settles.
+  void settle_all() {
+    for (const auto& device : heaps_) device->settle(true);
   }
 
   JobMemoryStats job_stats(const JobRecord& job) const {
@@ -316,8 +326,8 @@ class MemoryManager::Impl {
   // Declared in the order they must be built; torn down in reverse (see ~Impl).
   std::shared_ptr<DeviceBackend> backend_;
   memory::Tiers tiers_;
-  std::vector<std::unique_ptr<DeviceHeap>> heaps_;
   memory::JobTable jobs_;
+  std::vector<std::unique_ptr<DeviceHeap>> heaps_;
   std::unique_ptr<memory::Harvester> harvester_;
 };
 
@@ -360,6 +370,11 @@ void MemoryManager::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
 
 void MemoryManager::record_stream_use(DevicePtr ptr, StreamHandle stream) {
   impl_->owner_of(ptr, "record_stream_use").second->record_stream_use(ptr, stream);
+}
+
+void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
+  (void)impl_->heap(device);
+  impl_->jobs_.add_stream(job, device, stream);
 }
 
 std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {

@@ -45,9 +45,7 @@ double PageMover::run(std::span<PageMove> moves,
     if (!mark->query()) backend.stream_wait_event(stream_->handle(), mark->handle());
   }
   for (const PageMove& move : moves) {
-    if (move.to.fence && !move.to.fence->query()) {
-      backend.stream_wait_event(stream_->handle(), move.to.fence->handle());
-    }
+    if (move.to.fence) move.to.fence->order(backend, stream_->handle());
   }
   for (std::size_t first = 0; first < moves.size(); first += window_pages_) {
     const std::size_t n = std::min(window_pages_, moves.size() - first);
@@ -108,7 +106,8 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
         throw;
       }
       old.push_back({move.slot->chunk, nullptr, move.slot->where});
-      *move.slot = PageSlot{move.to.chunk, move.to.where, true};
+      // What the page waited for has finished: the copy came after it.
+      *move.slot = PageSlot{move.to.chunk, move.to.where, true, false, nullptr};
       move.done = true;
     }
   } catch (...) {

@@ -90,7 +90,7 @@ std::size_t PagePool::trim() {
   std::size_t released = 0;
   for (const Page& page : pages) {
     try {
-      if (page.fence) page.fence->synchronize();
+      if (page.fence) page.fence->wait();
       backend_.release_chunk(page.chunk);
       released += page_bytes_;
     } catch (const Error& e) {

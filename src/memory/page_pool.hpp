@@ -8,15 +8,18 @@
 #include <mutex>
 #include <vector>
 
+#include "memory/fence.hpp"
 #include "salus/device.hpp"
 
 namespace salus::memory {
 
-// A physical page outside any mapping. `fence`, when set, marks GPU work that may still touch
-// the page (work of the stream it was taken from): a new user must wait for it first.
+// A physical page handed from one user to the next. `fence`, when set, marks GPU work that may
+// still touch the page (work of the streams it was taken from): a new user orders its work after
+// it, and the page is released to the driver only once it has completed. The old user may still
+// map the page at its old address until then (see StreamHeap::hand_off).
 struct Page {
   ChunkHandle chunk{};
-  std::shared_ptr<const Event> fence;
+  FencePtr fence;
   Location where{};  // the pool it comes from and goes back to
 };
 

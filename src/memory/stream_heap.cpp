@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "memory/device_heap.hpp"
 
 namespace salus::memory {
@@ -31,15 +33,26 @@ StreamHeap::~StreamHeap() {
     spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown",
                  device_.device(), stream_.value, live_.size());
   }
+  // Nothing may still touch a page when its address goes: wait for this stream's work so far.
+  try {
+    OwnFence own(*this);
+    own.get()->wait();
+  } catch (const Error& e) {
+    // Its owner destroyed the stream first (a destroyed stream drains on its own, or the owner
+    // synchronized it): nothing is left to wait for through its handle.
+    spdlog::debug("salus: device {} stream {:#x}: not waiting for its work at shutdown: {}",
+                  device_.device(), stream_.value, e.what());
+  }
+  settle_retiring(true);
   std::vector<Page> pages;
   for (Arena* arena : {&small_, &large_}) {
     for (std::size_t i = 0; i < arena->page_count(); ++i) {
-      if (arena->page(i).mapped) {
-        try {
-          pages.push_back(unmap_page(*arena, i));
-        } catch (const Error& e) {
-          spdlog::error("salus: unmapping at shutdown failed: {}", e.what());
-        }
+      if (!arena->page(i).owned()) continue;
+      try {
+        if (arena->page(i).fence) arena->page(i).fence->wait();
+        pages.push_back(unmap_page(*arena, i));
+      } catch (const Error& e) {
+        spdlog::error("salus: unmapping at shutdown failed: {}", e.what());
       }
     }
   }
@@ -51,24 +64,36 @@ StreamHeap::~StreamHeap() {
   }
 }
 
+const FencePtr& StreamHeap::OwnFence::get() {
+  if (!fence_) {
+    const StreamHandle stream = heap_.stream_;
+    fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
+                          std::span(&stream, 1));
+  }
+  return fence_;
+}
+
 CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId job,
                                  Lifetime lifetime, std::vector<Page>& stash) {
   std::lock_guard lock(mu_);
-  if (!pending_.empty()) retire_pending();
+  if (!retiring_.empty()) settle_retiring(false);
   Arena& arena = arena_for(bytes);
-  Block* block = arena.carve(bytes);
+  Block* block = carve(arena, bytes);
   if (block == nullptr) return {.out_of_address_space = true};
 
   auto [first, last] = arena.pages_touched(*block);
   std::size_t missing = 0;
-  for (std::size_t i = first; i < last; ++i) missing += arena.page(i).mapped ? 0 : 1;
-  if (missing > 0) {
-    std::vector<Page> pages;
-    pages.reserve(missing);
-    try {
+  std::vector<Page> pages;
+  try {
+    missing = prepare_pages(arena, first, last);
+    if (missing > 0) {
+      pages.reserve(missing);
       std::size_t got = device_.pool().acquire(missing, pages);
       // The block is live now, so reclaiming cannot take pages from under it.
-      if (got < missing) got += reclaim_locked(missing - got, pages);
+      if (got < missing) {
+        OwnFence own(*this);
+        got += reclaim_locked(missing - got, pages, own, false);
+      }
       if (got < missing && stash.size() >= missing - got) {
         // Borrowed pages go in front: map_pages takes pages from the back, so the local ones
         // fill the block's first pages and the borrowed ones its last.
@@ -79,17 +104,18 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
         got = missing;
       }
       if (got < missing) {
+        // Pages taken keep their fences: whoever takes them next waits for the same work.
         device_.tiers().give_back(device_.device(), pages);
         arena.release(block);
         return {.pages_short = missing - got};
       }
       map_pages(arena, first, last, pages);
-    } catch (...) {
-      // A driver failure: whatever pages were gathered go back, the block returns to the free set.
-      device_.tiers().give_back(device_.device(), pages);
-      arena.release(block);
-      throw;
     }
+  } catch (...) {
+    // A driver failure: whatever pages were gathered go back, the block returns to the free set.
+    device_.tiers().give_back(device_.device(), pages);
+    arena.release(block);
+    throw;
   }
 
   block->requested = requested;
@@ -103,12 +129,77 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   return {.ptr = block->addr};
 }
 
+Block* StreamHeap::carve(Arena& arena, std::size_t bytes) {
+  // A block over addresses still retiring could be mapped only after waiting on the host; a few
+  // detours elsewhere in the (generous) address space usually find one that need not wait.
+  constexpr int kMaxDetours = 4;
+  for (int detour = 0;; ++detour) {
+    Block* block = arena.carve(bytes);
+    if (block == nullptr) {
+      if (std::none_of(detours_.begin(), detours_.end(),
+                       [&](const auto& d) { return d.first == &arena; })) {
+        return nullptr;
+      }
+      // Out of addresses: the set-aside blocks come back, and the wait is the way forward.
+      std::erase_if(detours_, [&](const auto& d) {
+        if (d.first == &arena) release_block(d.second);
+        return d.first == &arena;
+      });
+      return arena.carve(bytes);
+    }
+    if (retiring_.empty() || detour == kMaxDetours || !awaits_retiring(arena, *block)) {
+      return block;
+    }
+    detours_.emplace_back(&arena, block);
+  }
+}
+
+bool StreamHeap::awaits_retiring(Arena& arena, const Block& block) const {
+  auto [first, last] = arena.pages_touched(block);
+  for (std::size_t i = first; i < last; ++i) {
+    const PageSlot& slot = arena.page(i);
+    if (slot.retiring && !slot.fence->done()) return true;
+  }
+  return false;
+}
+
+std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size_t last) {
+  DeviceBackend& backend = device_.backend();
+  std::size_t missing = 0;
+  const Fence* ordered = nullptr;
+  for (std::size_t i = first; i < last; ++i) {
+    PageSlot& slot = arena.page(i);
+    if (slot.retiring) {
+      // The old address still maps a page that went to another user, behind work enqueued here
+      // that has not finished. A new page can be mapped here only once it has: the one place
+      // where an allocation waits on the host (see DeviceMemoryStats::allocation_waits).
+      if (!slot.fence->done()) {
+        device_.counters().allocation_waits.fetch_add(1, std::memory_order_relaxed);
+        slot.fence->wait();
+      }
+      std::erase(retiring_, std::pair<Arena*, std::size_t>{&arena, i});
+      unmap_retired(arena, i);
+    }
+    if (!slot.mapped) {
+      ++missing;
+      continue;
+    }
+    if (slot.fence) {
+      // Work of other streams on a block freed here: this stream waits for it on the GPU.
+      if (slot.fence.get() != ordered) slot.fence->order(backend, stream_);
+      ordered = slot.fence.get();
+      slot.fence.reset();
+    }
+  }
+  return missing;
+}
+
 void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
                            std::vector<Page>& pages) {
   DeviceBackend& backend = device_.backend();
   const std::size_t page = arena.page_bytes();
-  std::vector<std::size_t> mapped_now;
-  const Event* waited_on = nullptr;
+  std::vector<std::pair<std::size_t, Page>> mapped_now;
+  const Fence* ordered = nullptr;
   try {
     std::size_t i = first;
     while (i < last) {
@@ -119,21 +210,19 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
       // Map a run of unmapped pages, then grant access to the whole run at once.
       const std::size_t run_start = i;
       for (; i < last && !arena.page(i).mapped; ++i) {
-        const Page& next = pages.back();
-        // A page from another stream: our later work waits for that stream's, on the GPU.
-        if (next.fence && next.fence.get() != waited_on && !next.fence->query()) {
-          backend.stream_wait_event(stream_, next.fence->handle());
-          waited_on = next.fence.get();
+        // A page from another user: our later work waits for its old work, on the GPU.
+        if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
+          next.fence->order(backend, stream_);
+          ordered = next.fence.get();
         }
-        const ChunkHandle chunk = next.chunk;
-        const Location where = next.where;
-        backend.map(arena.page_addr(i), page, chunk, 0);
+        backend.map(arena.page_addr(i), page, pages.back().chunk, 0);
+        mapped_now.emplace_back(i, std::move(pages.back()));
         pages.pop_back();
-        arena.page(i) = {chunk, where, true};
-        mapped_now.push_back(i);
+        const Page& taken = mapped_now.back().second;
+        arena.page(i) = PageSlot{taken.chunk, taken.where, true, false, nullptr};
         device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
         device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
-        if (const Tier tier = tier_of(where, device_.device()); tier != Tier::local) {
+        if (const Tier tier = tier_of(taken.where, device_.device()); tier != Tier::local) {
           device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_add(
               page, std::memory_order_relaxed);
           ++remote_pages_;
@@ -142,30 +231,93 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
       backend.set_access(arena.page_addr(run_start), (i - run_start) * page, device_.grants());
     }
   } catch (...) {
-    for (std::size_t index : mapped_now) {
+    // Nothing has used the new mappings; the pages go back as they came, fences included.
+    for (auto& [index, taken] : mapped_now) {
       try {
-        pages.push_back(unmap_page(arena, index));
+        forget_page(arena, index);
+        backend.unmap(arena.page_addr(index), page);
+        device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
       } catch (const Error& e) {
         spdlog::error("salus: rolling back a page map failed: {}", e.what());
       }
+      pages.push_back(std::move(taken));
     }
     throw;
   }
 }
 
-Page StreamHeap::unmap_page(Arena& arena, std::size_t index) {
+void StreamHeap::forget_page(Arena& arena, std::size_t index) {
   PageSlot& slot = arena.page(index);
-  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-  const Page page{slot.chunk, nullptr, slot.where};
   if (const Tier tier = tier_of(slot.where, device_.device()); tier != Tier::local) {
     device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_sub(
         arena.page_bytes(), std::memory_order_relaxed);
     --remote_pages_;
   }
-  slot = PageSlot{};
-  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
   device_.counters().mapped.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
+  slot = PageSlot{};
+}
+
+Page StreamHeap::unmap_page(Arena& arena, std::size_t index) {
+  PageSlot& slot = arena.page(index);
+  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
+  Page page{slot.chunk, nullptr, slot.where};
+  forget_page(arena, index);
+  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
   return page;
+}
+
+Page StreamHeap::hand_off(Arena& arena, std::size_t index, OwnFence& own) {
+  PageSlot& slot = arena.page(index);
+  FencePtr fence = Fence::join(own.get(), slot.fence);
+  if (fence == nullptr) return unmap_page(arena, index);
+  // Work enqueued before may still touch the page at this address. The new user maps the same
+  // page at its own address at once and waits for the fence on the GPU; this address keeps the
+  // page until the fence is seen complete (settle_retiring), so that work never faults.
+  Page page{slot.chunk, fence, slot.where};
+  const PageSlot kept{slot.chunk, slot.where, true, true, std::move(fence)};
+  forget_page(arena, index);
+  slot = kept;
+  retiring_.emplace_back(&arena, index);
+  device_.counters().deferred_unmaps.fetch_add(1, std::memory_order_relaxed);
+  device_.counters().retiring.fetch_add(arena.page_bytes(), std::memory_order_relaxed);
+  return page;
+}
+
+void StreamHeap::settle_retiring(bool wait) {
+  std::erase_if(retiring_, [&](const std::pair<Arena*, std::size_t>& entry) {
+    auto [arena, index] = entry;
+    PageSlot& slot = arena->page(index);
+    try {
+      if (wait) {
+        slot.fence->wait();
+      } else if (!slot.fence->done()) {
+        return false;
+      }
+      unmap_retired(*arena, index);
+    } catch (const Error& e) {
+      spdlog::error("salus: unmapping a retired page at {:#x} failed: {}",
+                    arena->page_addr(index), e.what());
+      return false;
+    }
+    return true;
+  });
+  // Set-aside blocks whose addresses have settled go back to the free set.
+  std::erase_if(detours_, [&](const std::pair<Arena*, Block*>& d) {
+    auto [arena, block] = d;
+    auto [first, last] = arena->pages_touched(*block);
+    for (std::size_t i = first; i < last; ++i) {
+      if (arena->page(i).retiring) return false;
+    }
+    release_block(block);  // borrowed pages it shared with a block freed meanwhile go home
+    return true;
+  });
+}
+
+void StreamHeap::unmap_retired(Arena& arena, std::size_t index) {
+  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
+  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
+  device_.counters().retiring.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
+  arena.page(index) = PageSlot{};
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -211,18 +363,28 @@ FreedBlock StreamHeap::free_block(Block* block) {
   ++tally_.frees;
   --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
   device_.counters().on_free(block->lifetime, block->size);
-  if (block->other_streams.empty()) {
-    release_block(block);
-    return freed;
+  std::vector<StreamHandle> others;
+  streams_using(*block, others);
+  if (!others.empty()) {
+    // Other streams may still read or write it: whoever reuses, moves or takes its pages waits
+    // for their work so far (this stream's own work is ordered by the stream itself).
+    const FencePtr fence = Fence::after(device_.shared_backend(), device_.device(), others);
+    Arena& arena = arena_of(*block);
+    auto [first, last] = arena.pages_touched(*block);
+    for (std::size_t i = first; i < last; ++i) {
+      arena.page(i).fence = Fence::join(arena.page(i).fence, fence);
+    }
   }
-  // Other streams may still read or write it: reuse waits until their work so far has finished.
-  Pending pending{block, {}};
-  for (StreamHandle other : block->other_streams) {
-    Event& event = pending.events.emplace_back(device_.shared_backend(), device_.device());
-    event.record(other);
-  }
-  pending_.push_back(std::move(pending));
+  release_block(block);
   return freed;
+}
+
+void StreamHeap::streams_using(const Block& block, std::vector<StreamHandle>& out) const {
+  out = block.other_streams;
+  device_.jobs().streams_of(block.job, device_.device(), out);
+  std::erase(out, stream_);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
 }
 
 FreedBlock StreamHeap::deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes) {
@@ -246,16 +408,6 @@ void StreamHeap::record_stream_use(DevicePtr ptr, StreamHandle other) {
   block->other_streams.push_back(other);
 }
 
-void StreamHeap::retire_pending() {
-  std::erase_if(pending_, [this](Pending& p) {
-    for (Event& e : p.events) {
-      if (!e.query()) return false;
-    }
-    release_block(p.block);
-    return true;
-  });
-}
-
 void StreamHeap::release_block(Block* block) {
   Arena& arena = arena_of(*block);
   if (remote_pages_ == 0) {
@@ -271,17 +423,13 @@ void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_
                                      const Block& merged) {
   auto [inside_first, inside_last] = arena.pages_inside(merged);
   std::vector<Page> pages;
+  OwnFence own(*this);
   for (std::size_t i = std::max(first, inside_first); i < std::min(last, inside_last); ++i) {
     const PageSlot& slot = arena.page(i);
-    if (slot.mapped && tier_of(slot.where, device_.device()) != Tier::local) {
-      pages.push_back(unmap_page(arena, i));
+    if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
+      pages.push_back(hand_off(arena, i, own));
     }
   }
-  if (pages.empty()) return;
-  // Work enqueued before the free may still touch these pages: their next user waits for it.
-  auto fence = std::make_shared<Event>(device_.shared_backend(), device_.device());
-  fence->record(stream_);
-  for (Page& page : pages) page.fence = fence;
   device_.tiers().give_back(device_.device(), pages);
 }
 
@@ -342,7 +490,8 @@ StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   return it == jobs_.end() ? JobUsage{} : it->second.usage;
 }
 
-std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out) {
+std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out,
+                                       OwnFence& own, bool idle_only) {
   std::size_t taken = 0;
   for (Arena* arena : {&large_, &small_}) {
     arena->for_each_free_largest_first([&](const Block& free_block) {
@@ -350,8 +499,10 @@ std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& ou
       auto [first, last] = arena->pages_inside(free_block);
       for (std::size_t i = first; i < last && taken < wanted; ++i) {
         // Pages of other tiers in free space went home when they were freed.
-        if (!arena->page(i).mapped || arena->page(i).where != device_.pool().where()) continue;
-        out.push_back(unmap_page(*arena, i));
+        const PageSlot& slot = arena->page(i);
+        if (!slot.owned() || slot.where != device_.pool().where()) continue;
+        if (idle_only && !settled(slot.fence)) continue;
+        out.push_back(hand_off(*arena, i, own));
         ++taken;
       }
     });
@@ -360,17 +511,21 @@ std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& ou
   return taken;
 }
 
-std::size_t StreamHeap::reclaim_pages(std::size_t wanted) {
+std::size_t StreamHeap::reclaim_pages(std::size_t wanted, bool idle_only) {
   std::lock_guard lock(mu_);
-  std::vector<Page> pages;
-  const std::size_t taken = reclaim_locked(wanted, pages);
-  if (taken == 0) return 0;
+  if (!retiring_.empty()) settle_retiring(false);
+  OwnFence own(*this);
   // Work enqueued on this stream before its blocks were freed may still touch their pages.
-  auto fence = std::make_shared<Event>(device_.shared_backend(), device_.device());
-  fence->record(stream_);
-  for (Page& page : pages) page.fence = fence;
+  if (idle_only && !own.get()->done()) return 0;
+  std::vector<Page> pages;
+  const std::size_t taken = reclaim_locked(wanted, pages, own, idle_only);
   device_.pool().put(pages);
   return taken;
+}
+
+void StreamHeap::settle(bool wait) {
+  std::lock_guard lock(mu_);
+  settle_retiring(wait);
 }
 
 }  // namespace salus::memory

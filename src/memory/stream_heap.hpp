@@ -1,6 +1,8 @@
 // The blocks of one stream on one device. Blocks freed here are reused here at once (stream order
-// makes that safe); other streams get this heap's memory only page by page, after its pending
-// work is known to be finished (see DeviceHeap::reclaim_from_others).
+// makes that safe; blocks that other streams used wait for those on the GPU). Other streams get
+// this heap's memory page by page (DeviceHeap::reclaim_from_others), fenced by the work enqueued
+// here: they wait for it on the GPU, and the page stays mapped at its old address until that
+// work has finished, so nothing queued here ever touches an unmapped page (hand_off).
 #pragma once
 
 #include <cstddef>
@@ -65,10 +67,13 @@ class StreamHeap {
   // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}.
   std::pair<std::size_t, std::size_t> promote(JobId job);
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr);
-  // Unmaps up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
+  // Takes up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
   // by an event after this stream's work so far: whoever takes them waits on the GPU, not here.
-  // Returns how many.
-  std::size_t reclaim_pages(std::size_t wanted);
+  // With `idle_only`, takes pages only when nothing may still touch them. Returns how many.
+  std::size_t reclaim_pages(std::size_t wanted, bool idle_only = false);
+  // Unmaps the old addresses of pages handed off earlier whose work has finished; with `wait`,
+  // waits for that work first, so that none is left.
+  void settle(bool wait);
   void remap(DevicePtr ptr, Location where);
 
   // Which pages a move takes: those living where `from` says, under live blocks (of `job` only,
@@ -116,14 +121,41 @@ class StreamHeap {
   void link(Block* block);
   void unlink(Block* block);
   FreedBlock free_block(Block* block);
-  void retire_pending();
-  std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out);
+  // A free block of `bytes`, preferring addresses that need not wait for retiring pages.
+  Block* carve(Arena& arena, std::size_t bytes);
+  [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
+  // Makes the pages [first, last) of a block just carved ready for this stream: waits out old
+  // addresses still retiring there, orders this stream after work that other streams may still
+  // do on pages kept mapped. Returns how many pages need mapping.
+  std::size_t prepare_pages(Arena& arena, std::size_t first, std::size_t last);
+  // A fence after this stream's work so far, made once per call site that needs one.
+  class OwnFence {
+   public:
+    explicit OwnFence(StreamHeap& heap) : heap_(heap) {}
+    const FencePtr& get();
+
+   private:
+    StreamHeap& heap_;
+    FencePtr fence_;
+  };
+  std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
+                             bool idle_only);
+  void settle_retiring(bool wait);
+  void unmap_retired(Arena& arena, std::size_t index);
   void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
-  // Unmaps one page and returns it (fenced by nothing: the caller knows what may still use it).
+  // Hands page `index` over to a new user: unmapped at once when no work may still touch it,
+  // else fenced and left mapped at its old address (retiring) until that work has finished.
+  // Only pages wholly inside free space are handed off.
+  Page hand_off(Arena& arena, std::size_t index, OwnFence& own);
+  // Unmaps one owned page and returns it; work that may still touch it must have finished.
   Page unmap_page(Arena& arena, std::size_t index);
+  // The page is no longer this arena's: counters follow.
+  void forget_page(Arena& arena, std::size_t index);
   // Pages of `block` (just released into `merged`) that live on other tiers and lie wholly in
-  // free space go home, behind an event after this stream's work so far.
+  // free space go home, fenced by this stream's work so far.
   void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
+  // Other streams that may use `block`: those recorded on it and the streams its job works on.
+  void streams_using(const Block& block, std::vector<StreamHandle>& out) const;
   void release_block(Block* block);
   // Runs `moves` on the device's mover after `after`, then settles counters, reports the round
   // and sends the old pages home. Moves that failed give their new pages back; rethrows.
@@ -135,10 +167,15 @@ class StreamHeap {
   // shared by two blocks may be visited twice.
   template <class F>
   void for_each_live_page(std::optional<JobId> job, F&& visit);
-  // True when every block touching page `index` of `arena` is live and `gate` holds its owner.
+  // True when `gate` lets the owner of every live block touching page `index` of `arena` move.
   // With `hold`, holds each owner it lets through (listed in `held`); without, only asks.
+  // `touches_free`, when given, is set when free space shares the page.
   bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate, bool hold,
-                    std::vector<JobId>& held);
+                    std::vector<JobId>& held, bool* touches_free = nullptr);
+  // What a move of `moves` (pages of the `held` jobs) must wait for: see move_pages.
+  std::vector<std::shared_ptr<const Event>> move_marks(const std::vector<PageMove>& moves,
+                                                       const std::vector<JobId>& held,
+                                                       JobGate& gate, bool touches_free);
 
   DeviceHeap& device_;
   const StreamHandle stream_;
@@ -153,12 +190,11 @@ class StreamHeap {
   std::pmr::unsynchronized_pool_resource node_pool_;
   std::pmr::unordered_map<DevicePtr, Block*> live_{&node_pool_};
   std::unordered_map<std::uint32_t, JobBlocks> jobs_;
-  // Blocks freed while other streams may still use them, with an event per such stream.
-  struct Pending {
-    Block* block;
-    std::vector<Event> events;
-  };
-  std::vector<Pending> pending_;
+  // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
+  std::vector<std::pair<Arena*, std::size_t>> retiring_;
+  // Blocks set aside because their addresses were still retiring (see carve); neither free nor
+  // live until those pages settle.
+  std::vector<std::pair<Arena*, Block*>> detours_;
 };
 
 template <class F>

@@ -43,9 +43,17 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
     move.to = std::move(fresh.back());
     fresh.pop_back();
   }
-  std::vector<StreamHandle> streams{stream_};
-  streams.insert(streams.end(), block->other_streams.begin(), block->other_streams.end());
-  run_moves(MoveReason::remap, moves, marks_now(streams));
+  std::vector<StreamHandle> streams;
+  streams_using(*block, streams);
+  streams.push_back(stream_);
+  auto after = marks_now(streams);
+  for (const PageMove& move : moves) {
+    if (!settled(move.slot->fence)) {
+      const auto events = move.slot->fence->events();
+      after.insert(after.end(), events.begin(), events.end());
+    }
+  }
+  run_moves(MoveReason::remap, moves, after);
   // The caller asked for its bytes where they now are: ordered after all work so far, the host
   // included.
 }
@@ -138,12 +146,15 @@ void StreamHeap::for_each_live_page(std::optional<JobId> job, F&& visit) {
 }
 
 bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
-                              bool hold, std::vector<JobId>& held) {
+                              bool hold, std::vector<JobId>& held, bool* touches_free) {
   const DevicePtr lo = arena.page_addr(index);
   const DevicePtr hi = lo + arena.page_bytes();
   auto allowed = [&](const Block& b) {
-    if (b.free) return true;
-    if (!live_.contains(b.addr)) return false;  // freed, waiting for another stream's work
+    if (b.free) {
+      if (touches_free != nullptr) *touches_free = true;
+      return true;
+    }
+    if (!live_.contains(b.addr)) return false;  // set aside while its addresses retire
     if (std::find(held.begin(), held.end(), b.job) != held.end()) return true;
     if (!(hold ? gate.try_hold(b.job) : gate.may_move(b.job))) return false;
     held.push_back(b.job);
@@ -180,35 +191,14 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
   std::vector<JobId> held;
   std::vector<PageMove> moves;
   std::unordered_set<const PageSlot*> chosen;
+  bool touches_free = false;
   for_each_live_page(spec.job, [&](Arena& arena, std::size_t i, const Block& block) {
     if (moves.size() == destinations.size()) return;
     PageSlot& slot = arena.page(i);
     if (!slot.mapped || !spec.from(slot.where) || !chosen.insert(&slot).second) return;
-    if (!owners_allow(arena, i, block, gate, true, held)) return;
+    if (!owners_allow(arena, i, block, gate, true, held, &touches_free)) return;
     moves.push_back({arena.page_addr(i), &slot, {}});
   });
-  // The owners' work on this stream: up to their quiescence marks where every owner has one,
-  // else all work so far. Blocks also used on other streams wait for those streams too.
-  std::vector<std::shared_ptr<const Event>> marks;
-  std::vector<StreamHandle> streams;
-  for (JobId job : held) {
-    if (auto mark = gate.quiet_mark(job, stream_)) {
-      marks.push_back(std::move(mark));
-    } else if (streams.empty()) {
-      streams.push_back(stream_);
-    }
-  }
-  for (JobId job : held) {
-    auto it = jobs_.find(job.value);
-    if (it == jobs_.end()) continue;
-    for (Block* head : it->second.head) {
-      for (Block* b = head; b != nullptr; b = b->job_next) {
-        for (StreamHandle s : b->other_streams) {
-          if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
-        }
-      }
-    }
-  }
   // Best destinations first: callers list them in order of preference (lenders best first, then
   // the host; the borrower's own memory, then the host). When fewer pages can move than were
   // counted (some share a page with a running job), the worse ones are what is left over.
@@ -217,9 +207,7 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
                      destinations.begin() + static_cast<std::ptrdiff_t>(moves.size()));
   std::exception_ptr failure;
   try {
-    auto now = marks_now(streams);
-    marks.insert(marks.end(), now.begin(), now.end());
-    run_moves(spec.reason, moves, marks);
+    run_moves(spec.reason, moves, move_marks(moves, held, gate, touches_free));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -230,6 +218,53 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
   // Every held job owns at least one chosen page; all of them moved unless a round failed.
   if (owners != nullptr && moved > 0) owners->insert(owners->end(), held.begin(), held.end());
   return moved;
+}
+
+std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(
+    const std::vector<PageMove>& moves, const std::vector<JobId>& held, JobGate& gate,
+    bool touches_free) {
+  // The copies wait for (1) every owner's work on every stream it uses (the one its blocks live
+  // on, the streams of add_job_stream, those recorded on its blocks): up to the mark taken when
+  // it turned quiescent where there is one, else all work so far; (2) work that other streams
+  // may still do on blocks freed on these pages (the pages' fences); and (3) where free space
+  // shares a page, all work so far on this stream: a block freed there may be in use by work
+  // queued after the owners' marks, by a job that is running now.
+  const int device = device_.device();
+  std::vector<std::shared_ptr<const Event>> marks;
+  std::vector<StreamHandle> unmarked;
+  auto cover = [&](JobId job, StreamHandle stream) {
+    if (auto mark = gate.quiet_mark(job, device, stream)) {
+      marks.push_back(std::move(mark));
+    } else {
+      unmarked.push_back(stream);
+    }
+  };
+  std::vector<StreamHandle> streams;
+  for (JobId job : held) {
+    streams.assign(1, stream_);
+    device_.jobs().streams_of(job, device, streams);
+    if (auto it = jobs_.find(job.value); it != jobs_.end()) {
+      for (Block* head : it->second.head) {
+        for (Block* b = head; b != nullptr; b = b->job_next) {
+          streams.insert(streams.end(), b->other_streams.begin(), b->other_streams.end());
+        }
+      }
+    }
+    std::sort(streams.begin(), streams.end());
+    streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
+    for (StreamHandle stream : streams) cover(job, stream);
+  }
+  if (touches_free) unmarked.push_back(stream_);
+  std::sort(unmarked.begin(), unmarked.end());
+  unmarked.erase(std::unique(unmarked.begin(), unmarked.end()), unmarked.end());
+  auto now = marks_now(unmarked);
+  marks.insert(marks.end(), now.begin(), now.end());
+  for (const PageMove& move : moves) {
+    if (settled(move.slot->fence)) continue;
+    const auto events = move.slot->fence->events();
+    marks.insert(marks.end(), events.begin(), events.end());
+  }
+  return marks;
 }
 
 void StreamHeap::add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]) {

@@ -32,9 +32,16 @@ class JobGate {
   virtual void release(JobId job) = 0;
   // What try_hold would answer now, without holding (for counting candidates).
   virtual bool may_move(JobId job) = 0;
-  // An event recorded on `stream` when the job turned quiescent: its work there is all before
-  // it. Null when there is none (then the stream's work so far has to do).
-  virtual std::shared_ptr<const Event> quiet_mark(JobId job, StreamHandle stream) = 0;
+  // An event recorded on `stream` of `device` when the job turned quiescent: its work there is
+  // all before it. Null when there is none (then the stream's work so far has to do).
+  virtual std::shared_ptr<const Event> quiet_mark(JobId job, int device, StreamHandle stream) = 0;
+};
+
+// What JobGate::quiet_mark answers from.
+struct QuietMark {
+  int device = 0;
+  StreamHandle stream;
+  std::shared_ptr<const Event> event;
 };
 
 class Tiers {

@@ -2,6 +2,7 @@
 #include "support/fake_driver.hpp"
 
 #include <atomic>
+#include <bit>
 #include <stdexcept>
 #include <utility>
 
@@ -176,6 +177,31 @@ void FakeDriver::hold_events(bool hold) {
 }
 void FakeDriver::complete_events() {
   state_->complete_events();
+}
+std::uint64_t FakeDriver::enqueue_work(CUstream stream, DevicePtr va, std::size_t bytes) {
+  return state_->enqueue_work(stream, va, bytes);
+}
+std::uint64_t FakeDriver::enqueue_work(StreamHandle stream, DevicePtr va, std::size_t bytes) {
+  // A StreamHandle of the CUDA backend is the driver's CUstream as an integer (0: legacy).
+  return state_->enqueue_work(std::bit_cast<CUstream>(stream.value), va, bytes);
+}
+void FakeDriver::finish_work(std::uint64_t id) {
+  state_->finish_work(id);
+}
+void FakeDriver::finish_all_work() {
+  state_->finish_all_work();
+}
+bool FakeDriver::work_finished(std::uint64_t id) const {
+  return state_->work_finished(id);
+}
+std::size_t FakeDriver::pending_work() const {
+  return state_->pending_work();
+}
+std::vector<std::string> FakeDriver::violations() const {
+  return state_->violations();
+}
+void FakeDriver::clear_violations() {
+  state_->clear_violations();
 }
 
 std::vector<FakeCall> FakeDriver::calls() const {

@@ -11,6 +11,29 @@
 // time), destroying it uninstalls it, after which the table's functions return
 // CUDA_ERROR_DEINITIALIZED. It is thread-safe; host functions run synchronously in the thread that
 // calls cuLaunchHostFunc, outside the fake's lock.
+//
+// Streams are in-order queues, so that tests can catch memory reused under queued GPU work:
+//  - The test enqueues "kernels" touching a range (enqueue_work); a kernel stays unfinished until
+//    the test finishes it (finish_work, finish_all_work) or the host waits for it (below).
+//  - An item completes only after every earlier item on its stream. Copies (cuMemcpyAsync), stream
+//    waits (cuStreamWaitEvent, which wait for the event's captured work) and event records
+//    complete on their own as soon as what they follow has. Without kernels or held events,
+//    everything therefore completes as soon as it is enqueued.
+//  - cuEventRecord captures the stream's work so far: the event is complete once that is (never
+//    recorded, or recorded on an idle stream: complete). cuEventQuery says CUDA_ERROR_NOT_READY
+//    while it is pending.
+//  - cuEventSynchronize and cuStreamSynchronize model the host waiting until the GPU got there:
+//    what they wait for completes at once, with everything it depends on. Nothing in the fake
+//    ever blocks, so neither a wait nor tearing the fake down can hang on unfinished work.
+//  - The legacy stream (nullptr) is ordered against streams created without
+//    CU_STREAM_NON_BLOCKING, as with the driver; Salus creates only non-blocking streams.
+//  - Host functions (cuLaunchHostFunc) run at once, even while earlier work on their stream is
+//    unfinished, and do not enter the queue.
+//  - Kernels and copies reference the virtual range they were enqueued against and the physical
+//    chunks mapped under it at that moment. cuMemUnmap or cuMemAddressFree of a range, or
+//    cuMemRelease of a chunk, that unfinished work references is recorded as a violation (the call
+//    still succeeds: the driver does not check either). Mapping one chunk at a second address and
+//    unmapping the first once its work has finished is fine.
 #pragma once
 
 #include <cuda.h>
@@ -91,10 +114,33 @@ class FakeDriver {
   // doing anything. Several injections queue up; each fires once.
   void fail_next(std::string call, CUresult code, int skip = 0);
   void set_peer(int from, int to, FakePeerConfig peer);
-  // While held, recorded events stay pending (cuEventQuery: NOT_READY) until complete_events(),
-  // cuEventSynchronize on them, or cuStreamSynchronize on their stream.
+  // While held, each cuEventRecord also enqueues a marker that stays unfinished (and with it the
+  // event and later work on that stream) until complete_events(), cuEventSynchronize on the event,
+  // cuStreamSynchronize on its stream, or finish_all_work(): a busy GPU without explicit kernels.
   void hold_events(bool hold);
+  // Releases every held marker; each completes once the work before it has.
   void complete_events();
+
+  // --- queued work (see the top of this file) ---
+  // Enqueues a kernel on `stream` (nullptr or StreamHandle{0}: the legacy stream) that reads and
+  // writes [va, va + bytes), which must be mapped. Returns its id (ids start at 1 and grow).
+  // Throws std::invalid_argument for an unknown stream or an unmapped range. Not a driver call:
+  // it is not recorded among calls().
+  std::uint64_t enqueue_work(CUstream stream, DevicePtr va, std::size_t bytes);
+  std::uint64_t enqueue_work(StreamHandle stream, DevicePtr va, std::size_t bytes);
+  // The GPU got to kernel `id`: it finishes, and with it everything it had to wait for (earlier
+  // work on its stream, the work of events it waited on); then whatever that unblocks. Unknown or
+  // finished ids are ignored.
+  void finish_work(std::uint64_t id);
+  // The GPU drains: every queued item finishes, held markers included.
+  void finish_all_work();
+  [[nodiscard]] bool work_finished(std::uint64_t id) const;
+  // Unfinished kernels and copies.
+  [[nodiscard]] std::size_t pending_work() const;
+  // Each: the call, its range or chunk, and the unfinished work item (with its stream) that
+  // still referenced it, in the order they happened.
+  [[nodiscard]] std::vector<std::string> violations() const;
+  void clear_violations();
 
   // --- what happened ---
   [[nodiscard]] std::vector<FakeCall> calls() const;

@@ -65,6 +65,7 @@ CUresult FakeDriver::State::mem_release(CUmemGenericAllocationHandle handle) {
   return run("cuMemRelease", {handle}, [&] {
     const auto it = chunks_.find(handle);
     if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    check_chunk(handle);
     it->second.released = true;
     free_chunk_if_done(handle);
     return CUDA_SUCCESS;
@@ -95,6 +96,7 @@ CUresult FakeDriver::State::mem_address_free(CUdeviceptr ptr, std::size_t size) 
     const auto it = reservations_.find(ptr);
     if (it == reservations_.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
     if (!range_unmapped(ptr, size)) return CUDA_ERROR_INVALID_VALUE;  // still mapped
+    check_range("cuMemAddressFree", ptr, size);
     reservations_.erase(it);
     return CUDA_SUCCESS;
   });
@@ -140,6 +142,7 @@ CUresult FakeDriver::State::mem_unmap(CUdeviceptr ptr, std::size_t size) {
       ++it;
     }
     if (at != ptr + size) return CUDA_ERROR_INVALID_VALUE;
+    check_range("cuMemUnmap", ptr, size);
     for (const auto& mapping : covered) {
       const CUmemGenericAllocationHandle handle = mapping->second.handle;
       for (CUdeviceptr p = mapping->first; p < mapping->first + mapping->second.size; p += page_) {
@@ -205,7 +208,12 @@ CUresult FakeDriver::State::memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::
                    (!range_mapped(dst, bytes) || !range_mapped(src, bytes))) {
                  return CUDA_ERROR_INVALID_VALUE;
                }
-               return CUDA_SUCCESS;  // no bytes are modelled; the order is what counts
+               // No bytes are modelled; the order is what counts, and what the copy touches
+               // until it completes (after the stream's earlier work).
+               if (bytes > 0) {
+                 enqueue(ItemKind::copy, stream, {span_of(dst, bytes), span_of(src, bytes)});
+               }
+               return CUDA_SUCCESS;
              });
 }
 

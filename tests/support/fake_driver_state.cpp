@@ -283,9 +283,8 @@ void FakeDriver::State::hold_events(bool hold) {
 
 void FakeDriver::State::complete_events() {
   const std::scoped_lock lock(mutex_);
-  for (auto& [handle, event] : events_) {
-    if (event.state == EventState::pending) event.state = EventState::complete;
-  }
+  for (auto& [id, item] : items_) item.held = false;
+  settle();
 }
 
 std::vector<FakeCall> FakeDriver::State::calls() const {

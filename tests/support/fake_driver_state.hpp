@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,13 @@ class FakeDriver::State {
   void set_peer(int from, int to, FakePeerConfig peer);
   void hold_events(bool hold);
   void complete_events();
+  std::uint64_t enqueue_work(CUstream stream, CUdeviceptr va, std::size_t bytes);
+  void finish_work(std::uint64_t id);
+  void finish_all_work();
+  [[nodiscard]] bool work_finished(std::uint64_t id) const;
+  [[nodiscard]] std::size_t pending_work() const;
+  [[nodiscard]] std::vector<std::string> violations() const;
+  void clear_violations();
   [[nodiscard]] std::vector<FakeCall> calls() const;
   void clear_calls();
   [[nodiscard]] Access access_of(DevicePtr va, int device) const;
@@ -91,11 +99,24 @@ class FakeDriver::State {
     std::size_t size = 0;
     CUmemGenericAllocationHandle handle = 0;
   };
-  enum class EventState : std::uint8_t { never_recorded, pending, complete };
   struct Event {
     int device = 0;
-    EventState state = EventState::never_recorded;
+    std::uint64_t captured = 0;  // the item its last record captured; 0: none (complete)
+  };
+  // One entry of a stream's queue (fake_driver_work.cpp).
+  enum class ItemKind : std::uint8_t { kernel, copy, wait, record };
+  struct Span {  // memory an item touches, as it was mapped when the item was enqueued
+    CUdeviceptr va = 0;
+    std::size_t bytes = 0;
+    std::vector<CUmemGenericAllocationHandle> chunks;
+  };
+  struct Item {
+    ItemKind kind = ItemKind::kernel;
     CUstream stream = nullptr;
+    // Items it completes after; all of them were enqueued before it (so have smaller ids).
+    std::vector<std::uint64_t> after;
+    std::vector<Span> spans;
+    bool held = false;  // a hold_events marker not yet released
   };
   struct Failure {
     std::string call;
@@ -122,6 +143,26 @@ class FakeDriver::State {
   [[nodiscard]] const Chunk* chunk_at(CUdeviceptr page) const;
   void free_chunk_if_done(CUmemGenericAllocationHandle handle);
 
+  // The queue model (fake_driver_work.cpp); all with the lock held.
+  [[nodiscard]] bool finished(std::uint64_t id) const { return !items_.contains(id); }
+  // Appends an item to `stream`'s queue (after its last item, and for the legacy stream after
+  // every blocking stream's, and the other way round), also after `also` when non-zero; returns
+  // its id. Auto-completing items whose predecessors are done finish at once.
+  std::uint64_t enqueue(ItemKind kind, CUstream stream, std::vector<Span> spans,
+                        std::uint64_t also = 0, bool held = false);
+  // Finishes every auto-completing item (not a kernel, not held) whose predecessors are done.
+  void settle();
+  // The host waited for `id`: it finishes with everything it follows, transitively.
+  void complete(std::uint64_t id);
+  // The host waited for `stream`'s work so far (the legacy stream's includes blocking streams').
+  void complete_stream(CUstream stream);
+  [[nodiscard]] Span span_of(CUdeviceptr va, std::size_t bytes) const;
+  [[nodiscard]] std::string describe(std::uint64_t id) const;
+  // Records a violation for every unfinished item referencing [ptr, ptr + size) (`call` names
+  // the call), or chunk `handle`.
+  void check_range(std::string_view call, CUdeviceptr ptr, std::size_t size);
+  void check_chunk(CUmemGenericAllocationHandle handle);
+
   FakeDriverConfig config_;
   std::uint64_t generation_;  // tells this driver's contexts from those of an earlier fake
   std::size_t page_;          // smallest granularity: the unit of the page tables below
@@ -141,9 +182,14 @@ class FakeDriver::State {
   std::map<CUdeviceptr, Mapping> mappings_;                      // start -> mapping
   std::map<CUdeviceptr, std::vector<CUmemAccess_flags>> pages_;  // mapped page -> per device
   std::map<std::uintptr_t, int> streams_;                        // stream -> device
+  std::set<std::uintptr_t> blocking_streams_;  // created without CU_STREAM_NON_BLOCKING
   std::map<std::uintptr_t, Event> events_;
   std::uintptr_t next_object_ = 0x10000;
   bool hold_events_ = false;
+  std::map<std::uint64_t, Item> items_;            // unfinished items, in enqueue order
+  std::uint64_t next_item_ = 1;                    // ids are never reused
+  std::map<std::uintptr_t, std::uint64_t> tails_;  // stream (0: legacy) -> its last item
+  std::vector<std::string> violations_;
 };
 
 }  // namespace salus::test

@@ -1,5 +1,6 @@
-// The fake driver's streams, events and host functions. Work "finishes" as soon as it is enqueued,
-// except events held pending by the test (hold_events), which model a busy GPU.
+// The fake driver's streams, events and host functions, on the queue model of
+// fake_driver_work.cpp: records and waits are items of their stream's queue, and a host wait
+// completes what it waits for.
 #include <bit>
 
 #include "support/fake_driver_state.hpp"
@@ -22,6 +23,7 @@ CUresult FakeDriver::State::stream_create_with_priority(CUstream* stream, unsign
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
     next_object_ += 0x10;
     streams_.emplace(next_object_, device);
+    if ((flags & CU_STREAM_NON_BLOCKING) == 0) blocking_streams_.insert(next_object_);
     *stream = std::bit_cast<CUstream>(next_object_);
     return CUDA_SUCCESS;
   });
@@ -29,31 +31,32 @@ CUresult FakeDriver::State::stream_create_with_priority(CUstream* stream, unsign
 
 CUresult FakeDriver::State::stream_destroy(CUstream stream) {
   return run("cuStreamDestroy", {as_int(stream)}, [&] {
-    return streams_.erase(std::bit_cast<std::uintptr_t>(stream)) == 1 ? CUDA_SUCCESS
-                                                                      : CUDA_ERROR_INVALID_HANDLE;
+    const auto key = std::bit_cast<std::uintptr_t>(stream);
+    if (streams_.erase(key) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    // As with the driver, work already queued still runs (and may still be finished or waited
+    // for through events); nothing new can join the queue.
+    blocking_streams_.erase(key);
+    tails_.erase(key);
+    return CUDA_SUCCESS;
   });
 }
 
 CUresult FakeDriver::State::stream_synchronize(CUstream stream) {
   return run("cuStreamSynchronize", {as_int(stream)}, [&] {
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
-    // Waiting for the stream is waiting for whatever was recorded on it (on the legacy stream,
-    // for everything).
-    for (auto& [handle, event] : events_) {
-      if (event.state == EventState::pending && (stream == nullptr || event.stream == stream)) {
-        event.state = EventState::complete;
-      }
-    }
+    complete_stream(stream);  // the host waited: the GPU got through the stream's work so far
     return CUDA_SUCCESS;
   });
 }
 
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
   return run("cuStreamWaitEvent", {as_int(stream), as_int(event), flags}, [&] {
-    if (!valid_stream(stream) || !events_.contains(std::bit_cast<std::uintptr_t>(event))) {
-      return CUDA_ERROR_INVALID_HANDLE;
-    }
-    return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    if (!valid_stream(stream) || it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    // Later work on the stream waits for the work the event captured when this call was made.
+    enqueue(ItemKind::wait, stream, {}, it->second.captured);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -63,7 +66,7 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
     const int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
     next_object_ += 0x10;
-    events_.emplace(next_object_, Event{device, EventState::never_recorded, nullptr});
+    events_.emplace(next_object_, Event{device, 0});
     *event = std::bit_cast<CUevent>(next_object_);
     return CUDA_SUCCESS;
   });
@@ -80,8 +83,9 @@ CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
   return run("cuEventRecord", {as_int(event), as_int(stream)}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end() || !valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
-    it->second.state = hold_events_ ? EventState::pending : EventState::complete;
-    it->second.stream = stream;
+    // The record is an item of its own: it completes after the stream's work so far (at once on
+    // an idle stream), or when released, while events are held.
+    it->second.captured = enqueue(ItemKind::record, stream, {}, 0, hold_events_);
     return CUDA_SUCCESS;
   });
 }
@@ -90,7 +94,7 @@ CUresult FakeDriver::State::event_query(CUevent event) {
   return run("cuEventQuery", {as_int(event)}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
-    return it->second.state == EventState::pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    return finished(it->second.captured) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }
 
@@ -98,7 +102,7 @@ CUresult FakeDriver::State::event_synchronize(CUevent event) {
   return run("cuEventSynchronize", {as_int(event)}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
-    it->second.state = EventState::complete;  // the wait is over: the GPU got there
+    complete(it->second.captured);  // the wait is over: the GPU got there
     return CUDA_SUCCESS;
   });
 }
@@ -108,7 +112,9 @@ CUresult FakeDriver::State::launch_host_func(CUstream stream, CUhostFn fn, void*
     if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
     return valid_stream(stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
   });
-  // Outside the lock: the function may call back into the backend (and so into this fake).
+  // At once, even ahead of unfinished work on the stream (a simplification: nothing here runs
+  // later), and outside the lock: the function may call back into the backend (and so into this
+  // fake).
   if (rc == CUDA_SUCCESS) fn(user_data);
   return rc;
 }
