@@ -88,6 +88,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { e.backend.destroy_stream(e.backend.create_stream(1, -1)); }},
       {"cuStreamDestroy", CUDA_ERROR_INVALID_HANDLE,
        [](Env& e) { e.backend.destroy_stream(e.backend.create_stream(1, 0)); }},
+      {"cuStreamQuery", CUDA_ERROR_ILLEGAL_ADDRESS,
+       [](Env& e) { static_cast<void>(e.backend.query_stream(e.stream)); }},
       {"cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED,
        [](Env& e) { e.backend.synchronize_stream(e.stream); }},
       {"cuStreamWaitEvent", CUDA_ERROR_INVALID_HANDLE,

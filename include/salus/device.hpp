@@ -110,6 +110,8 @@ class SALUS_API DeviceBackend {
   virtual StreamHandle create_stream(int device, int priority) = 0;
   virtual void destroy_stream(StreamHandle stream) = 0;
   virtual void synchronize_stream(StreamHandle stream) = 0;
+  // True when all work enqueued on `stream` so far has finished.
+  [[nodiscard]] virtual bool query_stream(StreamHandle stream) = 0;
   virtual EventHandle create_event(int device) = 0;
   virtual void destroy_event(EventHandle event) = 0;
   virtual void record_event(EventHandle event, StreamHandle stream) = 0;

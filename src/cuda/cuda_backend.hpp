@@ -58,6 +58,7 @@ class CudaBackend final : public DeviceBackend {
   StreamHandle create_stream(int device, int priority) override;
   void destroy_stream(StreamHandle stream) override;
   void synchronize_stream(StreamHandle stream) override;
+  [[nodiscard]] bool query_stream(StreamHandle stream) override;
   EventHandle create_event(int device) override;
   void destroy_event(EventHandle event) override;
   void record_event(EventHandle event, StreamHandle stream) override;

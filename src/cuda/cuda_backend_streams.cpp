@@ -88,6 +88,14 @@ void CudaBackend::synchronize_stream(StreamHandle stream) {
   SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
 }
 
+bool CudaBackend::query_stream(StreamHandle stream) {
+  const auto scope = bind(device_of(stream));
+  const CUresult rc = api_.cuStreamQuery(to_cu(stream));
+  if (rc == CUDA_SUCCESS) return true;
+  if (rc == CUDA_ERROR_NOT_READY) return false;
+  throw driver_error(api_, "cuStreamQuery", rc);
+}
+
 EventHandle CudaBackend::create_event(int device) {
   check_device(device, "create_event");
   const auto scope = bind(device);

@@ -42,6 +42,7 @@
   X(cuStreamCreateWithPriority)      \
   X(cuStreamDestroy)                 \
   X(cuStreamSynchronize)             \
+  X(cuStreamQuery)                   \
   X(cuStreamWaitEvent)               \
   X(cuEventCreate)                   \
   X(cuEventDestroy)                  \

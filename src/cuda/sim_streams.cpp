@@ -36,6 +36,11 @@ struct SimBackend::Stream {
     work_cv.notify_one();
   }
 
+  [[nodiscard]] bool idle() {
+    std::lock_guard lock(mutex);
+    return completed >= enqueued;
+  }
+
   void synchronize() {
     std::unique_lock lock(mutex);
     const std::uint64_t target = enqueued;
@@ -167,6 +172,10 @@ void SimBackend::destroy_stream(StreamHandle stream) {
 
 void SimBackend::synchronize_stream(StreamHandle stream) {
   stream_for(stream, 0)->synchronize();
+}
+
+bool SimBackend::query_stream(StreamHandle stream) {
+  return stream_for(stream, 0)->idle();
 }
 
 EventHandle SimBackend::create_event(int device) {

@@ -1,8 +1,8 @@
 #include "memory/job_table.hpp"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace salus::memory {
 

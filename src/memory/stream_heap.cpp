@@ -36,7 +36,7 @@ StreamHeap::~StreamHeap() {
   // Nothing may still touch a page when its address goes: wait for this stream's work so far.
   try {
     OwnFence own(*this);
-    own.get()->wait();
+    if (const FencePtr& fence = own.get()) fence->wait();
   } catch (const Error& e) {
     // Its owner destroyed the stream first (a destroyed stream drains on its own, or the owner
     // synchronized it): nothing is left to wait for through its handle.
@@ -65,10 +65,15 @@ StreamHeap::~StreamHeap() {
 }
 
 const FencePtr& StreamHeap::OwnFence::get() {
-  if (!fence_) {
+  if (!asked_) {
+    // An idle stream has nothing queued that could touch the page: no fence, and the page is
+    // unmapped at once. (Work enqueued from now on only touches live blocks.)
     const StreamHandle stream = heap_.stream_;
-    fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
-                          std::span(&stream, 1));
+    if (!heap_.device_.backend().query_stream(stream)) {
+      fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
+                            std::span(&stream, 1));
+    }
+    asked_ = true;
   }
   return fence_;
 }
@@ -295,8 +300,8 @@ void StreamHeap::settle_retiring(bool wait) {
       }
       unmap_retired(*arena, index);
     } catch (const Error& e) {
-      spdlog::error("salus: unmapping a retired page at {:#x} failed: {}",
-                    arena->page_addr(index), e.what());
+      spdlog::error("salus: unmapping a retired page at {:#x} failed: {}", arena->page_addr(index),
+                    e.what());
       return false;
     }
     return true;
@@ -490,8 +495,8 @@ StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   return it == jobs_.end() ? JobUsage{} : it->second.usage;
 }
 
-std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out,
-                                       OwnFence& own, bool idle_only) {
+std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
+                                       bool idle_only) {
   std::size_t taken = 0;
   for (Arena* arena : {&large_, &small_}) {
     arena->for_each_free_largest_first([&](const Block& free_block) {
@@ -516,7 +521,7 @@ std::size_t StreamHeap::reclaim_pages(std::size_t wanted, bool idle_only) {
   if (!retiring_.empty()) settle_retiring(false);
   OwnFence own(*this);
   // Work enqueued on this stream before its blocks were freed may still touch their pages.
-  if (idle_only && !own.get()->done()) return 0;
+  if (idle_only && own.get() != nullptr) return 0;
   std::vector<Page> pages;
   const std::size_t taken = reclaim_locked(wanted, pages, own, idle_only);
   device_.pool().put(pages);

@@ -128,7 +128,8 @@ class StreamHeap {
   // addresses still retiring there, orders this stream after work that other streams may still
   // do on pages kept mapped. Returns how many pages need mapping.
   std::size_t prepare_pages(Arena& arena, std::size_t first, std::size_t last);
-  // A fence after this stream's work so far, made once per call site that needs one.
+  // A fence after this stream's work so far (null when it has none), made once per call site
+  // that needs one.
   class OwnFence {
    public:
     explicit OwnFence(StreamHeap& heap) : heap_(heap) {}
@@ -136,7 +137,8 @@ class StreamHeap {
 
    private:
     StreamHeap& heap_;
-    FencePtr fence_;
+    FencePtr fence_;  // null when the stream was idle
+    bool asked_ = false;
   };
   std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
                              bool idle_only);

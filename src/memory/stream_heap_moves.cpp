@@ -220,9 +220,9 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
   return moved;
 }
 
-std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(
-    const std::vector<PageMove>& moves, const std::vector<JobId>& held, JobGate& gate,
-    bool touches_free) {
+std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vector<PageMove>& moves,
+                                                                 const std::vector<JobId>& held,
+                                                                 JobGate& gate, bool touches_free) {
   // The copies wait for (1) every owner's work on every stream it uses (the one its blocks live
   // on, the streams of add_job_stream, those recorded on its blocks): up to the mark taken when
   // it turned quiescent where there is one, else all work so far; (2) work that other streams

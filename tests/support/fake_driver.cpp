@@ -104,6 +104,9 @@ CUresult fake_cuStreamDestroy(CUstream stream) {
 CUresult fake_cuStreamSynchronize(CUstream stream) {
   return forward([&](auto& s) { return s.stream_synchronize(stream); });
 }
+CUresult fake_cuStreamQuery(CUstream stream) {
+  return forward([&](auto& s) { return s.stream_query(stream); });
+}
 CUresult fake_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
   return forward([&](auto& s) { return s.stream_wait_event(stream, event, flags); });
 }

@@ -53,6 +53,7 @@ class FakeDriver::State {
   CUresult stream_create_with_priority(CUstream* stream, unsigned flags, int priority);
   CUresult stream_destroy(CUstream stream);
   CUresult stream_synchronize(CUstream stream);
+  CUresult stream_query(CUstream stream);
   CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags);
   CUresult event_create(CUevent* event, unsigned flags);
   CUresult event_destroy(CUevent event);

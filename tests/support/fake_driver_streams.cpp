@@ -49,6 +49,14 @@ CUresult FakeDriver::State::stream_synchronize(CUstream stream) {
   });
 }
 
+CUresult FakeDriver::State::stream_query(CUstream stream) {
+  return run("cuStreamQuery", {as_int(stream)}, [&] {
+    if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    const auto tail = tails_.find(std::bit_cast<std::uintptr_t>(stream));
+    return tail == tails_.end() || finished(tail->second) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  });
+}
+
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
   return run("cuStreamWaitEvent", {as_int(stream), as_int(event), flags}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
