@@ -355,8 +355,13 @@ TEST_F(CudaBackendFake, EventsQueryNotReadyAsFalse) {
   backend_.record_event(event, stream);
   EXPECT_FALSE(backend_.query_event(event));
   const StreamHandle other = backend_.create_stream(0, 0);
-  backend_.stream_wait_event(other, event);
+  backend_.stream_wait_event(other, event, 0);
   EXPECT_EQ(fake_.calls("cuStreamWaitEvent")[0].context_device, 0);  // the waiting stream's
+  // The default stream (handle 0) of the named device waits, not the event's device's.
+  backend_.stream_wait_event(StreamHandle{0}, event, 0);
+  EXPECT_EQ(fake_.calls("cuStreamWaitEvent")[1].context_device, 0);
+  EXPECT_FALSE(backend_.query_stream(StreamHandle{0}, 0));
+  EXPECT_EQ(fake_.calls("cuStreamQuery").back().context_device, 0);
   backend_.synchronize_event(event);
   EXPECT_TRUE(backend_.query_event(event));
   backend_.record_event(event, StreamHandle{0});

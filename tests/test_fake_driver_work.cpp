@@ -115,9 +115,9 @@ TEST_F(FakeDriverWork, WaitEventChainsAcrossStreams) {
   const EventHandle e3 = backend_.create_event(0);
   const std::uint64_t work = fake_.enqueue_work(s1, m.va, kPage);
   backend_.record_event(e1, s1);
-  backend_.stream_wait_event(s2, e1);
+  backend_.stream_wait_event(s2, e1, 0);
   backend_.record_event(e2, s2);
-  backend_.stream_wait_event(s3, e2);
+  backend_.stream_wait_event(s3, e2, 0);
   backend_.record_event(e3, s3);
   EXPECT_FALSE(backend_.query_event(e2)) << "s2 waits for s1's kernel";
   EXPECT_FALSE(backend_.query_event(e3)) << "s3 waits for s2, which waits for s1";
@@ -156,7 +156,7 @@ TEST_F(FakeDriverWork, HostWaitsCompleteWhatTheyWaitForOnly) {
   // cuStreamSynchronize of a stream that waits on another completes that stream's work too.
   const std::uint64_t b = fake_.enqueue_work(s1, m.va, kPage);
   backend_.record_event(e, s1);
-  backend_.stream_wait_event(s2, e);
+  backend_.stream_wait_event(s2, e, 0);
   const std::uint64_t c = fake_.enqueue_work(s2, m.va, kPage);
   backend_.synchronize_stream(s2);
   EXPECT_TRUE(fake_.work_finished(b));
@@ -242,7 +242,7 @@ TEST_F(FakeDriverWork, AliasingAChunkIsNotAViolation) {
   backend_.map(alias, kPage, m.chunk, 0);  // the same chunk twice
   const AccessGrant grant{0, Access::read_write};
   backend_.set_access(alias, kPage, std::span(&grant, 1));
-  backend_.stream_wait_event(s2, e);
+  backend_.stream_wait_event(s2, e, 0);
   const std::uint64_t new_work = fake_.enqueue_work(s2, alias, kPage);
   EXPECT_EQ(fake_.chunk_at(alias)->handle, fake_.chunk_at(m.va)->handle);
   EXPECT_TRUE(fake_.violations().empty());
@@ -290,7 +290,7 @@ TEST_F(FakeDriverWork, HeldEventsBlockTheirStreamUntilCompleted) {
   backend_.record_event(e, s1);
   fake_.hold_events(false);
   EXPECT_FALSE(backend_.query_event(e));
-  backend_.stream_wait_event(s2, e);
+  backend_.stream_wait_event(s2, e, 0);
   backend_.copy_async(m.va, m.va, 4096, s2);
   EXPECT_EQ(fake_.pending_work(), 1u) << "the copy waits for the held event";
   fake_.complete_events();

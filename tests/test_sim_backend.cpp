@@ -333,6 +333,33 @@ TEST(SimStream, RunsTasksInFifoOrder) {
   b->destroy_stream(s);
 }
 
+// The default stream is a handle of 0 on every device: a wait names the device whose default
+// stream waits, whatever device the event belongs to.
+TEST(SimStream, DefaultStreamOfTheNamedDeviceWaitsForAnotherDevicesEvent) {
+  auto b = make(small_config());
+  ASSERT_GE(b->device_count(), 2);
+  const StreamHandle a = b->create_stream(0, 0);
+  std::latch gate(1);
+  b->launch_host_func(a, [&] { gate.wait(); });
+  const EventHandle e = b->create_event(0);
+  b->record_event(e, a);
+  b->stream_wait_event(StreamHandle{}, e, 1);
+  const EventHandle f = b->create_event(1);
+  b->record_event(f, StreamHandle{});  // device 1's default stream, behind the wait
+  std::this_thread::sleep_for(30ms);
+  EXPECT_FALSE(b->query_event(f)) << "device 1's default stream ran ahead of the event";
+  EXPECT_FALSE(b->query_stream(StreamHandle{}, 1));
+  EXPECT_TRUE(b->query_stream(StreamHandle{}, 0)) << "device 0's default stream was made to wait";
+  EXPECT_FALSE(b->query_stream(a, 0));
+  gate.count_down();
+  b->synchronize_event(f);
+  EXPECT_TRUE(b->query_event(e));
+  EXPECT_TRUE(b->query_stream(a, 0));
+  b->destroy_event(e);
+  b->destroy_event(f);
+  b->destroy_stream(a);
+}
+
 TEST(SimStream, WaitOnEventOrdersWorkAcrossStreams) {
   auto b = make(small_config());
   const StreamHandle a = b->create_stream(0, 0);
@@ -348,7 +375,7 @@ TEST(SimStream, WaitOnEventOrdersWorkAcrossStreams) {
     a_step = order++;
   });
   b->record_event(e, a);
-  b->stream_wait_event(c, e);
+  b->stream_wait_event(c, e, 0);
   b->launch_host_func(c, [&] { c_step = order++; });
   std::this_thread::sleep_for(30ms);
   EXPECT_FALSE(b->query_event(e));
@@ -375,7 +402,7 @@ TEST(SimStream, LaterRecordDoesNotMoveAnEarlierWait) {
   std::latch hold_second(1);
   b->launch_host_func(first, [&] { hold_first.wait(); });
   b->record_event(e, first);
-  b->stream_wait_event(waiter, e);
+  b->stream_wait_event(waiter, e, 0);
   std::promise<void> ran;
   b->launch_host_func(waiter, [&] { ran.set_value(); });
   b->launch_host_func(second, [&] { hold_second.wait(); });
@@ -530,7 +557,7 @@ TEST(SimShutdown, DestroyingWithPendingWaitsDoesNotHang) {
       std::this_thread::sleep_for(1ms);
   });
   b->record_event(e, a);
-  b->stream_wait_event(c, e);
+  b->stream_wait_event(c, e, 0);
   b->launch_host_func(c, [&] { released = true; });
   std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(released);
@@ -588,7 +615,7 @@ TEST(SimConcurrency, ManyThreadsEnqueueAndRecord) {
       for (int i = 0; i < 50; ++i) {
         b->launch_host_func(mine, [&] { ++ran; });
         b->record_event(e, mine);
-        b->stream_wait_event(s, e);
+        b->stream_wait_event(s, e, 0);
         b->launch_host_func(s, [&] { ++ran; });
       }
       b->synchronize_event(e);

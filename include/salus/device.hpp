@@ -110,16 +110,18 @@ class SALUS_API DeviceBackend {
   virtual StreamHandle create_stream(int device, int priority) = 0;
   virtual void destroy_stream(StreamHandle stream) = 0;
   virtual void synchronize_stream(StreamHandle stream) = 0;
-  // True when all work enqueued on `stream` so far has finished.
-  [[nodiscard]] virtual bool query_stream(StreamHandle stream) = 0;
+  // True when all work enqueued on `stream` so far has finished. `device` says whose default
+  // stream a handle of 0 is (other streams know their device).
+  [[nodiscard]] virtual bool query_stream(StreamHandle stream, int device) = 0;
   virtual EventHandle create_event(int device) = 0;
   virtual void destroy_event(EventHandle event) = 0;
   virtual void record_event(EventHandle event, StreamHandle stream) = 0;
   // True once all work captured by the last record has finished (or the event was never recorded).
   [[nodiscard]] virtual bool query_event(EventHandle event) = 0;
   virtual void synchronize_event(EventHandle event) = 0;
-  // Work enqueued on `stream` after this call waits for the event's captured work.
-  virtual void stream_wait_event(StreamHandle stream, EventHandle event) = 0;
+  // Work enqueued on `stream` after this call waits for the event's captured work. `device` says
+  // whose default stream a handle of 0 is; the event may belong to any device.
+  virtual void stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;
   // Runs `fn` on a host thread once prior work on `stream` has finished; later work waits for it.
   virtual void launch_host_func(StreamHandle stream, std::function<void()> fn) = 0;
   // Copies between any two mapped ranges (device, peer or host), ordered on `stream`.

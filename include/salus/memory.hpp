@@ -234,12 +234,18 @@ class SALUS_API MemoryManager {
   void deallocate(DevicePtr ptr);
   // As above, checking the caller's view of the block (C ABI / PyTorch hook shape).
   void deallocate(DevicePtr ptr, std::size_t bytes, int device);
+  // As above, only when the block is `job`'s (checked under the lock that frees it): a thread of
+  // one job cannot free another's block, even one that reused an address the job had.
+  void deallocate(DevicePtr ptr, JobId job);
 
   // Marks that `stream` also uses the block: on free, its reuse waits for that stream's work too.
   void record_stream_use(DevicePtr ptr, StreamHandle stream);
-  // The job enqueues work on `stream` of `device` besides the streams it allocates on: its memory
-  // there is ordered against that stream too (frees, moves and reuse wait for its work so far).
-  // The runtime calls it for every lane stream a job runs on.
+  // The job enqueues work on `stream` of `device`, besides the streams it allocates on. Two
+  // effects: its memory there is ordered against that stream from now on (frees, moves and
+  // reuse wait for the work enqueued on it so far); and the stream waits, on the GPU, for the
+  // work so far on every other stream where the job has blocks (a block is ready in the order of
+  // the stream it was allocated on, and it may have been another job's just before). Call it each
+  // time the job starts enqueuing on `stream`; the Runtime does at every iteration start.
   void add_job_stream(JobId job, int device, StreamHandle stream);
 
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr) const;

@@ -149,7 +149,9 @@ class SALUS_API Runtime {
 
   // Allocation for code that does not hold a Job handle (framework hooks): charged to the job
   // running on `stream` when it is one of Salus's lane streams, else to the calling thread's
-  // current job (the one inside an iteration on this thread), else unattributed.
+  // current job (the one inside an iteration on this thread), else unattributed. The block lives
+  // on `stream` (its reuse waits for the work enqueued there); a job's block with no stream (0)
+  // lives on the job's lane stream.
   [[nodiscard]] DevicePtr allocate(std::size_t bytes, int device, StreamHandle stream);
   void deallocate(DevicePtr ptr);
 

@@ -88,8 +88,8 @@ void CudaBackend::synchronize_stream(StreamHandle stream) {
   SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
 }
 
-bool CudaBackend::query_stream(StreamHandle stream) {
-  const auto scope = bind(device_of(stream));
+bool CudaBackend::query_stream(StreamHandle stream, int device) {
+  const auto scope = bind(device_of(stream, device));
   const CUresult rc = api_.cuStreamQuery(to_cu(stream));
   if (rc == CUDA_SUCCESS) return true;
   if (rc == CUDA_ERROR_NOT_READY) return false;
@@ -139,11 +139,11 @@ void CudaBackend::synchronize_event(EventHandle event) {
   SALUS_CU(api_, cuEventSynchronize, to_cu(event));
 }
 
-void CudaBackend::stream_wait_event(StreamHandle stream, EventHandle event) {
-  const int event_device = device_of(event);
+void CudaBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+  (void)device_of(event);  // refuses unknown events before any driver call
   // The wait is enqueued on the stream, so the stream's context is the one that matters; the
   // event may belong to another device (cross-device dependencies are allowed).
-  const auto scope = bind(device_of(stream, event_device));
+  const auto scope = bind(device_of(stream, device));
   SALUS_CU(api_, cuStreamWaitEvent, to_cu(stream), to_cu(event), CU_EVENT_WAIT_DEFAULT);
 }
 

@@ -99,13 +99,13 @@ class SimBackend final : public DeviceBackend {
   StreamHandle create_stream(int device, int priority) override;
   void destroy_stream(StreamHandle stream) override;
   void synchronize_stream(StreamHandle stream) override;
-  [[nodiscard]] bool query_stream(StreamHandle stream) override;
+  [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
   EventHandle create_event(int device) override;
   void destroy_event(EventHandle event) override;
   void record_event(EventHandle event, StreamHandle stream) override;
   [[nodiscard]] bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
-  void stream_wait_event(StreamHandle stream, EventHandle event) override;
+  void stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
   void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
   void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
 

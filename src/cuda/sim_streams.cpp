@@ -174,8 +174,8 @@ void SimBackend::synchronize_stream(StreamHandle stream) {
   stream_for(stream, 0)->synchronize();
 }
 
-bool SimBackend::query_stream(StreamHandle stream) {
-  return stream_for(stream, 0)->idle();
+bool SimBackend::query_stream(StreamHandle stream, int device) {
+  return stream_for(stream, device)->idle();
 }
 
 EventHandle SimBackend::create_event(int device) {
@@ -224,9 +224,9 @@ void SimBackend::synchronize_event(EventHandle event) {
   ev->cv.wait(lock, [&] { return ev->completed >= target; });
 }
 
-void SimBackend::stream_wait_event(StreamHandle stream, EventHandle event) {
+void SimBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   auto ev = event_for(event);
-  auto waiter = stream_for(stream, ev->device);
+  auto waiter = stream_for(stream, device);
   std::lock_guard lock(ev->mutex);
   // The wait is for the record captured now; later records must not move it (as in CUDA).
   const std::uint64_t target = ev->recorded;

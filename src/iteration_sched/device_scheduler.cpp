@@ -349,13 +349,16 @@ void DeviceScheduler::note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_
 }
 
 DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
-                                    std::optional<Lifetime> lifetime) {
+                                    std::optional<Lifetime> lifetime,
+                                    std::optional<StreamHandle> on_stream) {
   std::unique_lock lock(mu_);
   check_usable(job, "allocate");
   const bool inside = job.state == JobState::running;
   const Lifetime life = lifetime.value_or(inside ? Lifetime::ephemeral : Lifetime::persistent);
-  // Outside an iteration the job's last lane stream (or the device default) orders its memory.
-  const StreamHandle stream = job.stream;
+  // A block lives on the stream that uses it first: the one named (the block is then ordered
+  // against the job's lanes too, see add_job_stream), else the job's last lane stream (or the
+  // device default), which also orders its memory outside an iteration.
+  const StreamHandle stream = on_stream.value_or(job.stream);
   lock.unlock();
   DevicePtr ptr = 0;
   try {
@@ -388,7 +391,9 @@ void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
         fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr, job.spec.name));
   }
   try {
-    memory_->deallocate(ptr);
+    // The owner is checked again where the block is freed: between find and here a cancel may
+    // have freed it, and another job reused the address.
+    memory_->deallocate(ptr, job.id);
   } catch (const InvalidArgument&) {
     // A cancel from another thread may have freed the job's blocks in the meantime.
     rethrow_if_finished(job);

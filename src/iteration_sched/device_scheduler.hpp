@@ -73,7 +73,10 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed.
   void finish(JobRecordState& job, bool cancelled);
 
-  DevicePtr allocate(JobRecordState& job, std::size_t bytes, std::optional<Lifetime> lifetime);
+  // On `stream` when given (a framework's own stream), else on the job's last lane stream (or the
+  // device's default stream before its first iteration).
+  DevicePtr allocate(JobRecordState& job, std::size_t bytes, std::optional<Lifetime> lifetime,
+                     std::optional<StreamHandle> stream = std::nullopt);
   void deallocate(JobRecordState& job, DevicePtr ptr);
   // The job whose iteration runs on `stream` now, if it is one of this device's lane streams.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);

@@ -91,7 +91,10 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream) 
   DeviceScheduler& scheduler = impl_->scheduler(device);
   if (auto job = scheduler.job_on(stream)) return scheduler.allocate(*job, bytes, std::nullopt);
   if (JobRecordState* job = current_thread_job(); job && job->spec.device == device) {
-    return scheduler.allocate(*job, bytes, std::nullopt);
+    // A framework's own stream is where the block is used: it lives there, so that its reuse
+    // and moves wait for the work enqueued on it. No stream (0) means the job's lane.
+    return scheduler.allocate(*job, bytes, std::nullopt,
+                              stream.value != 0 ? std::optional(stream) : std::nullopt);
   }
   return impl_->memory->allocate({bytes, device, stream, kUnattributedJob, Lifetime::persistent});
 }

@@ -38,10 +38,10 @@ bool Fence::done() const {
   return true;
 }
 
-void Fence::order(DeviceBackend& backend, StreamHandle stream) const {
+void Fence::order(DeviceBackend& backend, StreamHandle stream, int device) const {
   if (done_.load(std::memory_order_acquire)) return;
   for (const auto& event : events_) {
-    if (!event->query()) backend.stream_wait_event(stream, event->handle());
+    if (!event->query()) backend.stream_wait_event(stream, event->handle(), device);
   }
 }
 

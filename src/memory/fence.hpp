@@ -27,8 +27,9 @@ class Fence {
 
   // True once every event has completed. Sticky: events in a fence are never recorded again.
   [[nodiscard]] bool done() const;
-  // Work enqueued on `stream` after this call waits for the fence's work, on the GPU.
-  void order(DeviceBackend& backend, StreamHandle stream) const;
+  // Work enqueued on `stream` (of `device`) after this call waits for the fence's work, on the
+  // GPU. The fence's events may belong to other devices.
+  void order(DeviceBackend& backend, StreamHandle stream, int device) const;
   // Blocks the calling thread until the fence's work has finished.
   void wait() const;
   [[nodiscard]] std::span<const std::shared_ptr<const Event>> events() const { return events_; }

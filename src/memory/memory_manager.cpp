@@ -159,9 +159,14 @@ class MemoryManager::Impl {
       job.uncharge(request.lifetime, bytes);
       throw OutOfMemory(oom_info(job, device, request, why_not, false));
     }
-    // A release_job that raced with this allocation may have walked past the new block.
+    // A release_job that raced with this allocation may have walked past the new block, or
+    // freed it already: either way the job is gone, and the caller hears that.
     if (!job.alive.load(std::memory_order_acquire)) {
-      deallocate(ptr, std::nullopt, std::nullopt);
+      try {
+        deallocate(ptr, std::nullopt, std::nullopt, request.job);
+      } catch (const InvalidArgument&) {
+        // release_job got there first.
+      }
       throw UnknownJob(request.job.value);
     }
     return ptr;
@@ -211,13 +216,14 @@ class MemoryManager::Impl {
     return 0;
   }
 
-  void deallocate(DevicePtr ptr, std::optional<std::size_t> bytes, std::optional<int> device) {
+  void deallocate(DevicePtr ptr, std::optional<std::size_t> bytes, std::optional<int> device,
+                  std::optional<JobId> job = std::nullopt) {
     auto [owner, heap] = owner_of(ptr, "free");
     if (device && *device != owner->device()) {
       throw InvalidArgument(fmt::format("free: {:#x} lives on device {}, not device {}", ptr,
                                         owner->device(), *device));
     }
-    const FreedBlock freed = heap->deallocate(ptr, bytes);
+    const FreedBlock freed = heap->deallocate(ptr, bytes, job);
     jobs_.any(freed.job).uncharge(freed.lifetime, freed.bytes);
     harvester_->on_free();
   }
@@ -368,13 +374,30 @@ void MemoryManager::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
   impl_->deallocate(ptr, bytes, device);
 }
 
+void MemoryManager::deallocate(DevicePtr ptr, JobId job) {
+  impl_->deallocate(ptr, std::nullopt, std::nullopt, job);
+}
+
 void MemoryManager::record_stream_use(DevicePtr ptr, StreamHandle stream) {
   impl_->owner_of(ptr, "record_stream_use").second->record_stream_use(ptr, stream);
 }
 
 void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
-  (void)impl_->heap(device);
+  DeviceHeap& heap = impl_->heap(device);
   impl_->jobs_.add_stream(job, device, stream);
+  // What a framework does when it uses a block on a stream other than the one it was allocated
+  // on: that stream waits for the allocation stream. Idle streams have nothing to wait for.
+  std::vector<StreamHandle> busy;
+  heap.for_each_stream_heap([&](StreamHeap& other) {
+    if (other.stream() != stream && other.has_job(job) &&
+        !heap.backend().query_stream(other.stream(), device)) {
+      busy.push_back(other.stream());
+    }
+  });
+  if (!busy.empty()) {
+    memory::Fence::after(heap.shared_backend(), device, busy)
+        ->order(heap.backend(), stream, device);
+  }
 }
 
 std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {

@@ -42,10 +42,10 @@ double PageMover::run(std::span<PageMove> moves,
   // Ordered after every use so far of the pages (the owners are quiescent: nothing new comes),
   // and after whatever last used the destination pages.
   for (const auto& mark : after) {
-    if (!mark->query()) backend.stream_wait_event(stream_->handle(), mark->handle());
+    if (!mark->query()) backend.stream_wait_event(stream_->handle(), mark->handle(), device_);
   }
   for (const PageMove& move : moves) {
-    if (move.to.fence) move.to.fence->order(backend, stream_->handle());
+    if (move.to.fence) move.to.fence->order(backend, stream_->handle(), device_);
   }
   for (std::size_t first = 0; first < moves.size(); first += window_pages_) {
     const std::size_t n = std::min(window_pages_, moves.size() - first);

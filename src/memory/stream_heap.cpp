@@ -69,7 +69,7 @@ const FencePtr& StreamHeap::OwnFence::get() {
     // An idle stream has nothing queued that could touch the page: no fence, and the page is
     // unmapped at once. (Work enqueued from now on only touches live blocks.)
     const StreamHandle stream = heap_.stream_;
-    if (!heap_.device_.backend().query_stream(stream)) {
+    if (!heap_.device_.backend().query_stream(stream, heap_.device_.device())) {
       fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
                             std::span(&stream, 1));
     }
@@ -191,7 +191,7 @@ std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size
     }
     if (slot.fence) {
       // Work of other streams on a block freed here: this stream waits for it on the GPU.
-      if (slot.fence.get() != ordered) slot.fence->order(backend, stream_);
+      if (slot.fence.get() != ordered) slot.fence->order(backend, stream_, device_.device());
       ordered = slot.fence.get();
       slot.fence.reset();
     }
@@ -217,7 +217,7 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
       for (; i < last && !arena.page(i).mapped; ++i) {
         // A page from another user: our later work waits for its old work, on the GPU.
         if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
-          next.fence->order(backend, stream_);
+          next.fence->order(backend, stream_, device_.device());
           ordered = next.fence.get();
         }
         backend.map(arena.page_addr(i), page, pages.back().chunk, 0);
@@ -392,9 +392,14 @@ void StreamHeap::streams_using(const Block& block, std::vector<StreamHandle>& ou
   out.erase(std::unique(out.begin(), out.end()), out.end());
 }
 
-FreedBlock StreamHeap::deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes) {
+FreedBlock StreamHeap::deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes,
+                                  std::optional<JobId> job) {
   std::lock_guard lock(mu_);
   Block* block = live_block(ptr, "free");
+  if (job && block->job != *job) {
+    throw InvalidArgument(fmt::format("free: {:#x} belongs to job {}, not job {}", ptr,
+                                      block->job.value, job->value));
+  }
   if (caller_bytes && *caller_bytes != block->requested && *caller_bytes != block->size) {
     throw InvalidArgument(fmt::format(
         "free: size {} does not match the block at {:#x}, which was allocated with {} bytes",
@@ -426,16 +431,29 @@ void StreamHeap::release_block(Block* block) {
 
 void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_t last,
                                      const Block& merged) {
-  auto [inside_first, inside_last] = arena.pages_inside(merged);
   std::vector<Page> pages;
   OwnFence own(*this);
-  for (std::size_t i = std::max(first, inside_first); i < std::min(last, inside_last); ++i) {
+  for (std::size_t i = first; i < last; ++i) {
     const PageSlot& slot = arena.page(i);
-    if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
+    if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
+        !live_touches(arena, i, merged)) {
       pages.push_back(hand_off(arena, i, own));
     }
   }
   device_.tiers().give_back(device_.device(), pages);
+}
+
+bool StreamHeap::live_touches(Arena& arena, std::size_t index, const Block& from) const {
+  // Blocks set aside by carve hold addresses, not data: only live blocks keep a page.
+  const DevicePtr lo = arena.page_addr(index);
+  const DevicePtr hi = lo + arena.page_bytes();
+  for (const Block* b = &from; b != nullptr && b->end() > lo; b = b->prev) {
+    if (b->addr < hi && live_.contains(b->addr)) return true;
+  }
+  for (const Block* b = from.next; b != nullptr && b->addr < hi; b = b->next) {
+    if (b->end() > lo && live_.contains(b->addr)) return true;
+  }
+  return false;
 }
 
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {

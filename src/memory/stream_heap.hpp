@@ -59,7 +59,9 @@ class StreamHeap {
   CarveResult allocate(std::size_t bytes, std::size_t requested, JobId job, Lifetime lifetime,
                        std::vector<Page>& stash);
   // Throws InvalidArgument when `ptr` is not a live block start, or its size disagrees.
-  FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes);
+  // With `job`, also throws when the block is not that job's.
+  FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes,
+                        std::optional<JobId> job = std::nullopt);
   void record_stream_use(DevicePtr ptr, StreamHandle other);
   // Frees every live block of `job`; reports each through `on_free`.
   template <class F>
@@ -153,9 +155,11 @@ class StreamHeap {
   Page unmap_page(Arena& arena, std::size_t index);
   // The page is no longer this arena's: counters follow.
   void forget_page(Arena& arena, std::size_t index);
-  // Pages of `block` (just released into `merged`) that live on other tiers and lie wholly in
-  // free space go home, fenced by this stream's work so far.
+  // Pages [first, last) of a block just released into `merged` that live on other tiers and that
+  // no live block touches go home, fenced by this stream's work so far.
   void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
+  // Whether a live block touches page `index`; `from` is a block touching it.
+  [[nodiscard]] bool live_touches(Arena& arena, std::size_t index, const Block& from) const;
   // Other streams that may use `block`: those recorded on it and the streams its job works on.
   void streams_using(const Block& block, std::vector<StreamHandle>& out) const;
   void release_block(Block* block);
