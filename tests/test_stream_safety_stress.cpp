@@ -344,6 +344,17 @@ TEST_P(StreamSafetyStress, QueuedWorkNeverSeesItsMemoryReusedOrMoved) {
       static_cast<unsigned long long>(tally.ooms.load()),
       static_cast<unsigned long long>(mismatches), static_cast<unsigned long long>(stale), elapsed);
 
+  // How often memory changed hands behind queued work, and how often an allocation waited.
+  std::uint64_t allocations = 0, deferred = 0, waits = 0;
+  for (const DeviceMemoryStats& d : runtime.memory().stats().devices) {
+    allocations += d.allocations;
+    deferred += d.deferred_unmaps;
+    waits += d.allocation_waits;
+  }
+  std::printf("    %llu allocations, %llu pages handed over behind queued work, %llu allocations "
+              "waited on the host\n",
+              static_cast<unsigned long long>(allocations),
+              static_cast<unsigned long long>(deferred), static_cast<unsigned long long>(waits));
   if (!first_race.empty()) std::printf("    first racing error: %s\n", first_race.c_str());
   for (const std::string& e : errors) ADD_FAILURE() << e;
   EXPECT_EQ(finished, kernels) << "kernels never ran";

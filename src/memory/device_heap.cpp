@@ -73,7 +73,8 @@ StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
   const std::size_t page = granularity();
   const std::size_t limit_pages = (limit() + page - 1) / page;
   const std::size_t large = std::max<std::size_t>(limit_pages * va_factor_, 1) * page;
-  const std::size_t small = std::max<std::size_t>(limit_pages / 4, 1) * page;
+  // At least a few pages, so that an allocation can step around addresses still retiring.
+  const std::size_t small = std::max<std::size_t>(limit_pages / 4, 16) * page;
   auto& heap = heaps_.emplace_back(std::make_unique<StreamHeap>(*this, stream, small, large));
   published_[heaps_.size() - 1].store(heap.get(), std::memory_order_release);
   published_count_.store(heaps_.size(), std::memory_order_release);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "memory/device_heap.hpp"
 
@@ -172,6 +173,7 @@ std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size
   DeviceBackend& backend = device_.backend();
   std::size_t missing = 0;
   const Fence* ordered = nullptr;
+  bool waited = false;
   for (std::size_t i = first; i < last; ++i) {
     PageSlot& slot = arena.page(i);
     if (slot.retiring) {
@@ -179,7 +181,9 @@ std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size
       // that has not finished. A new page can be mapped here only once it has: the one place
       // where an allocation waits on the host (see DeviceMemoryStats::allocation_waits).
       if (!slot.fence->done()) {
-        device_.counters().allocation_waits.fetch_add(1, std::memory_order_relaxed);
+        if (!std::exchange(waited, true)) {
+          device_.counters().allocation_waits.fetch_add(1, std::memory_order_relaxed);
+        }
         slot.fence->wait();
       }
       std::erase(retiring_, std::pair<Arena*, std::size_t>{&arena, i});
