@@ -48,7 +48,12 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
-  // Lane streams drain here (Stream's destructor); their host callbacks find the scheduler gone.
+  {
+    // A marker running now finishes first; later ones find the scheduler gone.
+    std::lock_guard sink_lock(marker_sink_->mu);
+    marker_sink_->scheduler = nullptr;
+  }
+  // Lane streams drain here (Stream's destructor).
   std::lock_guard lock(mu_);
   lanes_.clear();
 }
@@ -251,10 +256,10 @@ void DeviceScheduler::end(JobRecordState& job) {
   if (!to_wake.empty()) std::this_thread::yield();
 
   // GPU time: the stream reaches this marker when the iteration's work is done.
-  auto weak = weak_from_this();
   const JobId id = job.id;
-  backend_->launch_host_func(stream, [weak, id, stream, began] {
-    if (auto self = weak.lock()) self->record_gpu_end(id, stream, began, SteadyClock::now());
+  backend_->launch_host_func(stream, [sink = marker_sink_, id, stream, began] {
+    std::lock_guard sink_lock(sink->mu);
+    if (sink->scheduler) sink->scheduler->record_gpu_end(id, stream, began, SteadyClock::now());
   });
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   memory_->promote_ephemeral(job.id);

@@ -59,7 +59,7 @@ struct JobRecordState {
 // The job inside an iteration on the calling thread, if any.
 JobRecordState* current_thread_job();
 
-class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
+class DeviceScheduler {
  public:
   DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
                   std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy);
@@ -118,6 +118,15 @@ class DeviceScheduler : public std::enable_shared_from_this<DeviceScheduler> {
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
 
+  // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.
+  // Markers hold the sink, not the scheduler, so the last reference to a scheduler is never
+  // dropped on one of its own lane streams (whose destruction would join the thread it runs on).
+  struct MarkerSink {
+    explicit MarkerSink(DeviceScheduler* owner) : scheduler(owner) {}
+    std::mutex mu;
+    DeviceScheduler* scheduler;  // guarded by mu; null once the scheduler is going
+  };
+  const std::shared_ptr<MarkerSink> marker_sink_ = std::make_shared<MarkerSink>(this);
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
   std::unordered_map<std::uint32_t, std::shared_ptr<JobRecordState>> jobs_;  // present ones
