@@ -389,8 +389,11 @@ FreedBlock StreamHeap::free_block(Block* block) {
 }
 
 void StreamHeap::streams_using(const Block& block, std::vector<StreamHandle>& out) const {
+  // The common case, a block used on its own stream only by a job that named no other, costs a
+  // check of two empty lists.
   out = block.other_streams;
   device_.jobs().streams_of(block.job, device_.device(), out);
+  if (out.empty()) return;
   std::erase(out, stream_);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
