@@ -10,6 +10,20 @@
 
 namespace salus::memory {
 
+namespace {
+
+// Appends the events of the moved pages' fences: other streams' work on blocks freed there.
+void add_page_fences(std::span<const PageMove> moves,
+                     std::vector<std::shared_ptr<const Event>>& marks) {
+  for (const PageMove& move : moves) {
+    if (settled(move.slot->fence)) continue;
+    const auto events = move.slot->fence->events();
+    marks.insert(marks.end(), events.begin(), events.end());
+  }
+}
+
+}  // namespace
+
 void StreamHeap::remap(DevicePtr ptr, Location where) {
   std::lock_guard lock(mu_);
   Block* block = live_block(ptr, "remap");
@@ -47,12 +61,7 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   streams_using(*block, streams);
   streams.push_back(stream_);
   auto after = marks_now(streams);
-  for (const PageMove& move : moves) {
-    if (!settled(move.slot->fence)) {
-      const auto events = move.slot->fence->events();
-      after.insert(after.end(), events.begin(), events.end());
-    }
-  }
+  add_page_fences(moves, after);
   run_moves(MoveReason::remap, moves, after);
   // The caller asked for its bytes where they now are: ordered after all work so far, the host
   // included.
@@ -259,11 +268,7 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vect
   unmarked.erase(std::unique(unmarked.begin(), unmarked.end()), unmarked.end());
   auto now = marks_now(unmarked);
   marks.insert(marks.end(), now.begin(), now.end());
-  for (const PageMove& move : moves) {
-    if (settled(move.slot->fence)) continue;
-    const auto events = move.slot->fence->events();
-    marks.insert(marks.end(), events.begin(), events.end());
-  }
+  add_page_fences(moves, marks);
   return marks;
 }
 
