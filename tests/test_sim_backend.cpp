@@ -354,6 +354,7 @@ TEST(SimStream, DefaultStreamOfTheNamedDeviceWaitsForAnotherDevicesEvent) {
   gate.count_down();
   b->synchronize_event(f);
   EXPECT_TRUE(b->query_event(e));
+  b->synchronize_stream(a);  // e's marker has run; the stream counts it done just after
   EXPECT_TRUE(b->query_stream(a, 0));
   b->destroy_event(e);
   b->destroy_event(f);
