@@ -87,6 +87,15 @@ if [[ -f build/src/libsalus.so ]] && cmake --install build --prefix "$TMP/prefix
   else
     fail "install consumer (pkg-config)"
   fi
+  # The C ABI from C: compiled as C11 against the installed header only.
+  # shellcheck disable=SC2046
+  if gcc -std=c11 -Wall -Wextra -Wpedantic -Werror tests/c_program/two_jobs.c -o "$TMP/c_program" \
+       $(PKG_CONFIG_PATH=$pc_dir pkg-config --cflags --libs salus) -pthread &&
+     LD_LIBRARY_PATH=$libdir "$TMP/c_program"; then
+    pass "C program against the installed header (pkg-config)"
+  else
+    fail "C program against the installed header (pkg-config)"
+  fi
 else
   fail "cmake --install"
 fi
@@ -127,7 +136,7 @@ if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
     mkdir -p build-tsan
     if configure_and_build build-tsan "${SANITIZER_ARGS[@]}" -DSALUS_SANITIZE=thread; then
       TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime'
+        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime|CApi|CProgram|FrameworkStream'
     else
       fail "build-tsan/ did not build"
     fi

@@ -1,11 +1,25 @@
-/* The C ABI of Salus: create/destroy a runtime, register jobs, allocate and free.
+/* The C ABI of Salus: the one stable door for frameworks and other languages.
  *
- * Every call returns a salus_status (or NULL for the malloc-shaped helpers); the message of the
- * calling thread's last failure is salus_last_error(). No call aborts the process.
+ * A runtime owns the GPUs' memory and streams; jobs register with it and bracket each iteration
+ * with salus_job_begin_iteration / salus_job_end_iteration, and their memory is attributed to
+ * them (per job and per lifetime class) however it is allocated.
  *
- * salus_malloc / salus_free have the shape of PyTorch's pluggable-allocator hook and act on the
- * process's default runtime, created on first use (CUDA when a GPU is present, otherwise one
- * simulated GPU) unless salus_default_runtime_init_* chose one first. */
+ * Conventions
+ *  - Every call returns a salus_status; on failure the calling thread's salus_last_error() names
+ *    what was wrong (and a successful call clears it). No call aborts the process, and a failed
+ *    call changes nothing.
+ *  - Structs that cross the ABI start with `struct_size`: set it to sizeof the struct (the
+ *    *_init functions do), so the struct can grow in later versions without breaking callers.
+ *  - Jobs are named by id (uint32_t). Ids are never reused; 0 names no job.
+ *  - Streams are native handles: a CUstream on the CUDA backend (the same value the driver and
+ *    PyTorch use); on the simulated backend an opaque handle from salus_stream_create or
+ *    salus_job_begin_iteration. NULL is the device's default stream. A handle that is no stream
+ *    of the runtime's backend is refused with SALUS_ERROR_INVALID_ARGUMENT (on CUDA the driver is
+ *    asked; a dangling CUstream is the caller's bug, as it is for the driver itself).
+ *
+ * Thread safety: every call may be made from any thread. salus_job_begin_iteration blocks until
+ * the device's policy admits the job; salus_job_cancel may be called from another thread to wake
+ * it. */
 #ifndef SALUS_C_API_H
 #define SALUS_C_API_H
 
@@ -19,70 +33,248 @@
 extern "C" {
 #endif
 
-typedef struct salus_runtime salus_runtime;
+/* ---- Version, status and errors ------------------------------------------------------------- */
+
+#define SALUS_C_API_VERSION_MAJOR 1
+#define SALUS_C_API_VERSION_MINOR 0
 
 typedef enum salus_status {
   SALUS_OK = 0,
-  SALUS_ERROR_INVALID_ARGUMENT = 1,
-  SALUS_ERROR_OUT_OF_MEMORY = 2,
-  SALUS_ERROR_DEVICE = 3,
-  SALUS_ERROR_NOT_SUPPORTED = 4,
-  SALUS_ERROR_UNKNOWN_JOB = 5,
+  SALUS_ERROR_INVALID_ARGUMENT = 1, /* NULL, bad size, unknown device or stream, wrong state... */
+  SALUS_ERROR_OUT_OF_MEMORY = 2,    /* a budget or the device cannot meet the request now */
+  SALUS_ERROR_DEVICE = 3,           /* a driver (or simulator) call failed */
+  SALUS_ERROR_NOT_SUPPORTED = 4,    /* not in this build or on this backend (e.g. no GPU) */
+  SALUS_ERROR_UNKNOWN_JOB = 5,      /* never added, or it left */
   SALUS_ERROR_INTERNAL = 6,
-  SALUS_ERROR_CANCELLED = 7
+  SALUS_ERROR_CANCELLED = 7 /* the job was cancelled */
 } salus_status;
 
-/* The last value widens the enum to int, so any int a C caller passes is a valid value to check. */
-typedef enum salus_lifetime {
-  SALUS_PERSISTENT = 0,
-  SALUS_EPHEMERAL = 1,
-  SALUS_LIFETIME_FORCE_INT = 0x7fffffff
-} salus_lifetime;
-
-/* Memory that no registered job claimed is charged to job 0. */
-#define SALUS_UNATTRIBUTED_JOB 0u
-
-typedef struct salus_device_stats {
-  size_t limit, allocated, peak_allocated, reserved, peak_reserved;
-  size_t persistent_in_use, ephemeral_in_use;
-  uint64_t allocations, frees, out_of_memory;
-} salus_device_stats;
-
+/* (major << 16) | minor of the C ABI the library implements. */
+SALUS_API uint32_t salus_c_api_version(void);
+/* The library's version, e.g. "0.1.0". */
+SALUS_API const char* salus_version_string(void);
+/* The message of the calling thread's last failed call ("" after a successful one). */
 SALUS_API const char* salus_last_error(void);
+/* "SALUS_OK", "SALUS_ERROR_OUT_OF_MEMORY", ... */
 SALUS_API const char* salus_status_name(salus_status status);
 
-/* `device_count` simulated GPUs of `device_memory_bytes` each, no peer links. */
+/* ---- Runtimes --------------------------------------------------------------------------------- */
+
+typedef struct salus_runtime salus_runtime;
+
+typedef enum salus_backend_kind {
+  SALUS_BACKEND_AUTO = 0, /* CUDA where a GPU is present, else the simulated backend */
+  SALUS_BACKEND_CUDA = 1,
+  SALUS_BACKEND_SIM = 2
+} salus_backend_kind;
+
+/* Peer links between simulated GPUs. */
+typedef enum salus_sim_topology {
+  SALUS_SIM_NO_LINKS = 0,    /* no peer access */
+  SALUS_SIM_NVLINK_MESH = 1, /* every pair linked by NVLink */
+  SALUS_SIM_TWO_ISLANDS = 2, /* two NVLink meshes of half the devices each, joined over PCIe */
+  SALUS_SIM_PCIE_ONLY = 3    /* every pair reaches the other over PCIe */
+} salus_sim_topology;
+
+/* What a device does when its own memory runs out. */
+typedef enum salus_spill_policy {
+  SALUS_SPILL_NONE = 0,          /* the allocation fails with SALUS_ERROR_OUT_OF_MEMORY */
+  SALUS_SPILL_HOST_ONLY = 1,     /* idle jobs' pages, then new pages, go to host memory */
+  SALUS_SPILL_PEER_THEN_HOST = 2 /* ... to idle memory of peers first, best link first */
+} salus_spill_policy;
+
+/* "Not set": the library's default applies. */
+#define SALUS_DEFAULT_SIZE ((size_t)-1)
+#define SALUS_MAX_DEVICE_LIMITS 16
+
+typedef struct salus_runtime_options {
+  size_t struct_size;
+  salus_backend_kind backend;
+  /* Simulated backend (and AUTO without a GPU). */
+  int sim_device_count;           /* default 1; SALUS_SIM_TWO_ISLANDS needs an even count */
+  size_t sim_device_memory_bytes; /* default 1 GiB */
+  salus_sim_topology sim_topology;
+  /* Scheduling: "fifo", "srtf", "fair" (default), "pack", "priority", "memory_aware". */
+  const char* policy;
+  /* Memory. device_limits[d]: bytes Salus may hold on device d, 0 = all of it. */
+  size_t device_limits[SALUS_MAX_DEVICE_LIMITS];
+  salus_spill_policy spill;
+  size_t lend_reserve_bytes; /* each device keeps this for itself; default 1/8 of its limit */
+  size_t host_limit_bytes;   /* host memory for spilled pages; default unlimited */
+} salus_runtime_options;
+
+/* Defaults: AUTO backend, one 1 GiB simulated GPU without links, policy "fair", no spilling. */
+SALUS_API void salus_runtime_options_init(salus_runtime_options* options);
+/* options may be NULL (the defaults). */
+SALUS_API salus_status salus_runtime_create(const salus_runtime_options* options,
+                                            salus_runtime** out);
+/* Shorthands: `device_count` simulated GPUs of `device_memory_bytes` each, no links; the CUDA
+ * backend (SALUS_ERROR_NOT_SUPPORTED without a GPU). */
 SALUS_API salus_status salus_runtime_create_sim(int device_count, size_t device_memory_bytes,
                                                 salus_runtime** out);
 SALUS_API salus_status salus_runtime_create_cuda(salus_runtime** out);
-/* NULL is accepted and ignored. */
+/* Leaves every job still present and frees everything. NULL is ignored. The default runtime is
+ * not destroyed this way (see salus_default_runtime_shutdown). */
 SALUS_API void salus_runtime_destroy(salus_runtime* runtime);
 SALUS_API salus_status salus_runtime_device_count(const salus_runtime* runtime, int* out);
+/* The backend's name ("cuda" or "sim"). */
+SALUS_API const char* salus_runtime_backend_name(const salus_runtime* runtime);
+/* Chrome trace-event JSON of iterations and page moves (Perfetto opens it). */
+SALUS_API salus_status salus_runtime_write_trace(const salus_runtime* runtime, const char* path);
 
-SALUS_API salus_status salus_job_register(salus_runtime* runtime, const char* name,
-                                          size_t limit_bytes /* 0 = unlimited */, uint32_t* job);
-SALUS_API salus_status salus_job_release(salus_runtime* runtime, uint32_t job);
-SALUS_API salus_status salus_job_promote_ephemeral(salus_runtime* runtime, uint32_t job,
-                                                   size_t* promoted_bytes);
-
-/* `stream` is the framework's stream (a CUstream on CUDA); NULL is the default stream. */
-SALUS_API salus_status salus_allocate(salus_runtime* runtime, size_t size, int device,
-                                      void* stream, uint32_t job, salus_lifetime lifetime,
-                                      void** out);
-/* `size` is the size asked for at allocation, or 0 when unknown (then it is not checked). */
-SALUS_API salus_status salus_deallocate(salus_runtime* runtime, void* ptr, size_t size,
-                                        int device);
-SALUS_API salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes);
-SALUS_API salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
-                                              salus_device_stats* out);
-
-/* The default runtime. init fails with INVALID_ARGUMENT if one already exists. */
-SALUS_API salus_status salus_default_runtime_init_sim(int device_count, size_t device_memory_bytes);
-SALUS_API salus_status salus_default_runtime_init_auto(void);
+/* The process's one default runtime, shared with the C++ salus::Runtime::default_runtime().
+ * init makes it with `options` (NULL = defaults); it fails with SALUS_ERROR_INVALID_ARGUMENT if
+ * it exists already. salus_default_runtime() makes it with the defaults on first use and returns
+ * NULL only if that fails (see salus_last_error). shutdown destroys it: pointers to it, jobs in it
+ * and its memory are gone; the next use makes a new one. */
+SALUS_API salus_status salus_default_runtime_init(const salus_runtime_options* options);
 SALUS_API salus_runtime* salus_default_runtime(void);
 SALUS_API void salus_default_runtime_shutdown(void);
 
-/* PyTorch CUDAPluggableAllocator shape; unattributed, persistent. NULL on failure. */
+/* ---- Jobs ------------------------------------------------------------------------------------ */
+
+typedef enum salus_job_kind { SALUS_JOB_TRAINING = 0, SALUS_JOB_INFERENCE = 1 } salus_job_kind;
+
+typedef struct salus_job_spec {
+  size_t struct_size;
+  const char* name; /* required, copied */
+  salus_job_kind kind;
+  int priority; /* larger is more urgent */
+  int device;
+  uint64_t expected_iterations; /* 0 = unknown */
+  /* Starting points for the profiler (0 = unknown). */
+  size_t hint_persistent_bytes;
+  size_t hint_ephemeral_peak_bytes;
+  double hint_iteration_seconds;
+  /* Memory budgets, 0 = unlimited. */
+  size_t limit_total_bytes;
+  size_t limit_persistent_bytes;
+  size_t limit_ephemeral_bytes;
+} salus_job_spec;
+
+typedef enum salus_job_state {
+  SALUS_JOB_IDLE = 0,
+  SALUS_JOB_WAITING = 1,
+  SALUS_JOB_RUNNING = 2,
+  SALUS_JOB_LEFT = 3,
+  SALUS_JOB_CANCELLED = 4
+} salus_job_state;
+
+typedef struct salus_job_stats {
+  size_t struct_size;
+  uint32_t job;
+  int device;
+  int lane; /* -1 until admitted */
+  salus_job_state state;
+  uint64_t iterations;
+  double attained_seconds; /* GPU time received */
+  double waiting_seconds;  /* time blocked in begin_iteration */
+  double max_wait_seconds;
+  double iteration_seconds; /* profiled GPU time of one iteration */
+  /* Live memory (all devices) by class, and peaks. */
+  size_t persistent_in_use, ephemeral_in_use;
+  size_t persistent_peak, ephemeral_peak;
+  size_t persistent_blocks, ephemeral_blocks;
+  size_t in_use, peak;
+  uint64_t promoted_bytes; /* ephemeral bytes that outlived an iteration */
+  /* The profiler's view: resident bytes between iterations, and one iteration's peak. */
+  size_t profile_persistent_bytes, profile_ephemeral_peak_bytes;
+} salus_job_stats;
+
+/* name, kind TRAINING, priority 0, device 0, everything else 0. */
+SALUS_API void salus_job_spec_init(salus_job_spec* spec);
+SALUS_API salus_status salus_job_add(salus_runtime* runtime, const salus_job_spec* spec,
+                                     uint32_t* job);
+/* Blocks until the policy admits the job; *stream (may be NULL) receives the native stream its
+ * work must go on. SALUS_ERROR_CANCELLED if the job is cancelled while waiting. */
+SALUS_API salus_status salus_job_begin_iteration(salus_runtime* runtime, uint32_t job,
+                                                 void** stream);
+/* Lets the next job in at once; ephemeral blocks that survive are promoted to persistent. */
+SALUS_API salus_status salus_job_end_iteration(salus_runtime* runtime, uint32_t job);
+/* From any thread: frees everything the job holds and wakes it if it waits; its later calls
+ * return SALUS_ERROR_CANCELLED (its statistics stay readable until it leaves). */
+SALUS_API salus_status salus_job_cancel(salus_runtime* runtime, uint32_t job);
+/* The job is done: frees everything it holds; its id is retired (later use: UNKNOWN_JOB). */
+SALUS_API salus_status salus_job_leave(salus_runtime* runtime, uint32_t job);
+/* out->struct_size must be set. */
+SALUS_API salus_status salus_job_get_stats(salus_runtime* runtime, uint32_t job,
+                                           salus_job_stats* out);
+
+/* ---- Memory ---------------------------------------------------------------------------------- */
+
+/* Persistent: lives across iterations. Ephemeral: one iteration. AUTO: ephemeral inside the
+ * job's iteration, persistent outside (and for unattributed memory). */
+typedef enum salus_lifetime {
+  SALUS_PERSISTENT = 0,
+  SALUS_EPHEMERAL = 1,
+  SALUS_LIFETIME_AUTO = 2,
+  SALUS_LIFETIME_FORCE_INT = 0x7fffffff /* widens the enum: any int a C caller passes is checked */
+} salus_lifetime;
+
+/* As `job`: attribute the memory automatically (see salus_allocate). */
+#define SALUS_JOB_AUTO 0u
+
+/* Allocates `size` bytes on `device`, used first on `stream`. Charged to `job` when it is not
+ * SALUS_JOB_AUTO; else to the job `stream` is bound to (a job's iteration stream while its
+ * iteration runs, or a stream bound with salus_stream_bind); else to the calling thread's
+ * current job (salus_set_current_job, or else the job inside an iteration on this thread); else
+ * unattributed. The block's frees and reuse are ordered on `stream`. */
+SALUS_API salus_status salus_allocate(salus_runtime* runtime, size_t size, int device,
+                                      void* stream, uint32_t job, salus_lifetime lifetime,
+                                      void** out);
+/* Frees a block. Its memory is reused only after the work enqueued on its stream (and on the
+ * streams named by salus_record_stream) before this call has finished. `size` is the size asked
+ * for at allocation or 0 when unknown; `device` must be the block's device. */
+SALUS_API salus_status salus_deallocate(salus_runtime* runtime, void* ptr, size_t size,
+                                        int device);
+/* The block at `ptr` is also used on `stream` (PyTorch's record_stream): its free waits for
+ * that stream's work too. */
+SALUS_API salus_status salus_record_stream(salus_runtime* runtime, void* ptr, void* stream);
+/* The calling thread's current job in this runtime (SALUS_JOB_AUTO clears it). */
+SALUS_API salus_status salus_set_current_job(salus_runtime* runtime, uint32_t job);
+SALUS_API salus_status salus_get_current_job(salus_runtime* runtime, uint32_t* job);
+/* Allocations on a framework's `stream` of `device` are charged to `job` (until unbound or the
+ * job leaves), and the job's memory is ordered against the work enqueued on it. */
+SALUS_API salus_status salus_stream_bind(salus_runtime* runtime, int device, void* stream,
+                                         uint32_t job);
+SALUS_API salus_status salus_stream_unbind(salus_runtime* runtime, int device, void* stream);
+/* Streams made outside the scheduler, as a framework makes its own: a native stream of `device`
+ * that the caller owns. destroy retires the stream's memory first (its cached pages go back to
+ * the device behind its queued work; blocks still live on it stay valid). */
+SALUS_API salus_status salus_stream_create(salus_runtime* runtime, int device, int priority,
+                                           void** stream);
+SALUS_API salus_status salus_stream_destroy(salus_runtime* runtime, int device, void* stream);
+/* For a stream the framework made itself and is about to destroy: retire its memory as above. */
+SALUS_API salus_status salus_stream_retire(salus_runtime* runtime, int device, void* stream);
+/* Returns cached, unused pages to the devices; *released_bytes (may be NULL) says how many. */
+SALUS_API salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes);
+
+typedef struct salus_device_stats {
+  size_t struct_size;
+  size_t limit, granularity;
+  size_t allocated, peak_allocated;
+  size_t reserved, peak_reserved;
+  size_t mapped, cached;
+  size_t persistent_in_use, ephemeral_in_use;
+  uint64_t allocations, frees, out_of_memory;
+  uint64_t cross_stream_reuses;
+  /* Harvesting: this device's pages lent to peers, and peers' and host pages it borrows. */
+  size_t lent, borrowed_peer, borrowed_host;
+  uint64_t pages_moved, bytes_moved;
+  /* Stream-ordered safety: pages handed on behind queued work, bytes still retiring now. */
+  uint64_t deferred_unmaps;
+  size_t retiring;
+  uint64_t allocation_waits;
+} salus_device_stats;
+
+/* out->struct_size must be set. */
+SALUS_API salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
+                                              salus_device_stats* out);
+
+/* ---- PyTorch's CUDAPluggableAllocator shape -------------------------------------------------- */
+
+/* On the default runtime, attributed as salus_allocate with SALUS_JOB_AUTO and
+ * SALUS_LIFETIME_AUTO. malloc returns NULL on failure (the reason is in salus_last_error). */
 SALUS_API void* salus_malloc(ssize_t size, int device, void* stream);
 SALUS_API void salus_free(void* ptr, ssize_t size, int device, void* stream);
 

@@ -141,20 +141,44 @@ class SALUS_API Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // The process's default runtime, made on first use: the CUDA backend where a GPU is present,
-  // else one simulated GPU; policy "fair".
+  // The process's one default runtime, shared with the C ABI (salus_default_runtime): made on
+  // first use (the CUDA backend where a GPU is present, else one simulated GPU; policy "fair"),
+  // or by init_default_runtime with a backend and options of the caller's choice. init throws
+  // InvalidArgument when the default exists already.
   static Runtime& default_runtime();
+  static Runtime& init_default_runtime(std::shared_ptr<DeviceBackend> backend,
+                                       RuntimeOptions options = {});
 
   [[nodiscard]] Job add_job(JobSpec spec);
 
-  // Allocation for code that does not hold a Job handle (framework hooks): charged to the job
-  // running on `stream` when it is one of Salus's lane streams, else to the calling thread's
-  // current job (the one inside an iteration on this thread), else unattributed. The block lives
-  // on `stream` (its reuse waits for the work enqueued there); a job's block with no stream (0)
-  // lives on the job's lane stream.
-  [[nodiscard]] DevicePtr allocate(std::size_t bytes, int device, StreamHandle stream);
+  // Allocation for code that does not hold a Job handle (framework hooks, the C ABI). Charged to
+  // `job` when it is not kUnattributedJob (it must run on `device`); else to the job `stream` is
+  // bound to (a lane stream while a job's iteration runs on it, or bind_stream); else to the
+  // calling thread's current job (set_current_job, or else the job inside an iteration on this
+  // thread); else unattributed. A job's block is ephemeral inside its iteration and persistent
+  // outside unless `lifetime` says otherwise. The block lives on `stream` (its reuse waits for
+  // the work enqueued there); a job's block with no stream (0) lives on the job's lane stream.
+  [[nodiscard]] DevicePtr allocate(std::size_t bytes, int device, StreamHandle stream,
+                                   JobId job = kUnattributedJob,
+                                   std::optional<Lifetime> lifetime = {});
   void deallocate(DevicePtr ptr);
+  // As above, checking the caller's view of the block: its device, and its size when `bytes` is
+  // not 0 (the size asked for, or the block's rounded size).
+  void deallocate(DevicePtr ptr, std::size_t bytes, int device);
+  // The block at `ptr` is also used on `stream` (PyTorch's record_stream).
+  void record_stream(DevicePtr ptr, StreamHandle stream);
 
+  // Allocations on a framework's `stream` of `device` are charged to `job` until unbound or the
+  // job leaves; the job's memory is ordered against the work enqueued on the stream.
+  void bind_stream(int device, StreamHandle stream, JobId job);
+  // Throws InvalidArgument when the stream is not bound.
+  void unbind_stream(int device, StreamHandle stream);
+  // The calling thread's current job in this runtime (kUnattributedJob clears it). Throws
+  // UnknownJob for a job that is not present.
+  void set_current_job(JobId job);
+  [[nodiscard]] JobId current_job() const;
+
+  [[nodiscard]] int device_count() const;
   [[nodiscard]] MemoryManager& memory();
   [[nodiscard]] DeviceBackend& backend();
   [[nodiscard]] std::string_view policy() const;

@@ -390,23 +390,36 @@ void DeviceScheduler::rethrow_if_finished(const JobRecordState& job) const {
 void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
   rethrow_if_finished(job);
   const std::optional<BlockInfo> block = memory_->find(ptr);
-  if (block && block->job != job.id) {
+  if (!block) {
+    try {
+      memory_->deallocate(ptr, job.id);  // throws, naming the pointer
+    } catch (const InvalidArgument&) {
+      rethrow_if_finished(job);  // a cancel freed it: say so
+      throw;
+    }
+    return;
+  }
+  deallocate(job, *block);
+}
+
+void DeviceScheduler::deallocate(JobRecordState& job, const BlockInfo& block) {
+  if (block.job != job.id) {
     rethrow_if_finished(job);  // its block was freed by a cancel and the address reused
-    throw InvalidArgument(
-        fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr, job.spec.name));
+    throw InvalidArgument(fmt::format("deallocate: {:#x} belongs to another job, not '{}'",
+                                      block.ptr, job.spec.name));
   }
   try {
-    // The owner is checked again where the block is freed: between find and here a cancel may
-    // have freed it, and another job reused the address.
-    memory_->deallocate(ptr, job.id);
+    // The owner is checked again where the block is freed: between the lookup and here a cancel
+    // may have freed it, and another job reused the address.
+    memory_->deallocate(block.ptr, job.id);
   } catch (const InvalidArgument&) {
     // A cancel from another thread may have freed the job's blocks in the meantime.
     rethrow_if_finished(job);
     throw;
   }
-  if (block && block->lifetime == Lifetime::ephemeral) {
+  if (block.lifetime == Lifetime::ephemeral) {
     std::lock_guard lock(mu_);
-    note_memory(job, -static_cast<std::ptrdiff_t>(block->bytes));
+    note_memory(job, -static_cast<std::ptrdiff_t>(block.bytes));
   }
 }
 
@@ -419,9 +432,30 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
 std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
   std::lock_guard lock(mu_);
   auto it = running_on_stream_.find(stream.value);
-  if (it == running_on_stream_.end()) return nullptr;
+  if (it == running_on_stream_.end()) {
+    it = bound_streams_.find(stream.value);
+    if (it == bound_streams_.end()) return nullptr;
+  }
   auto job = jobs_.find(it->second);
   return job == jobs_.end() ? nullptr : job->second;
+}
+
+void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job) {
+  // The memory manager first: it refuses a handle that is no stream of this device, and from now
+  // on the job's memory is ordered against the work enqueued on the stream.
+  memory_->add_job_stream(job->id, device_, stream);
+  std::lock_guard lock(mu_);
+  check_usable(*job, "bind_stream");
+  bound_streams_[stream.value] = job->id.value;
+}
+
+void DeviceScheduler::unbind_stream(StreamHandle stream) {
+  std::lock_guard lock(mu_);
+  if (bound_streams_.erase(stream.value) == 0) {
+    throw InvalidArgument(
+        fmt::format("unbind_stream: stream {:#x} of device {} is bound to no job", stream.value,
+                    device_));
+  }
 }
 
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
@@ -437,6 +471,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     if (current_job == &job) current_job = nullptr;
     core_.remove(job.id.value);
     jobs_.erase(job.id.value);
+    std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id.value; });
     job.wakeup.notify_all();
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }

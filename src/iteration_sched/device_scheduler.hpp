@@ -78,8 +78,14 @@ class DeviceScheduler {
   DevicePtr allocate(JobRecordState& job, std::size_t bytes, std::optional<Lifetime> lifetime,
                      std::optional<StreamHandle> stream = std::nullopt);
   void deallocate(JobRecordState& job, DevicePtr ptr);
-  // The job whose iteration runs on `stream` now, if it is one of this device's lane streams.
+  // As above, for a block the caller has just looked up (saves a second lookup).
+  void deallocate(JobRecordState& job, const BlockInfo& block);
+  // The job whose iteration runs on `stream` now (one of this device's lane streams), else the
+  // job `stream` is bound to, if any.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);
+  // A framework's stream: its allocations are the job's until unbound or the job finishes.
+  void bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job);
+  void unbind_stream(StreamHandle stream);
   // A job present on this device, by id; nullptr once it left or for other ids.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id);
 
@@ -134,6 +140,7 @@ class DeviceScheduler {
   std::vector<std::optional<Stream>> lanes_;
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::unordered_map<std::uint64_t, std::uint32_t> running_on_stream_;  // stream -> job
+  std::unordered_map<std::uint64_t, std::uint32_t> bound_streams_;      // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
   // When each lane stream last finished an iteration's work (its end marker ran).
   std::unordered_map<std::uint64_t, SteadyClock::time_point> stream_reached_;

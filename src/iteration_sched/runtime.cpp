@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <fstream>
 #include <mutex>
+#include <utility>
 
+#include "iteration_sched/default_runtime.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/trace.hpp"
 #include "salus/cuda.hpp"
@@ -55,6 +58,38 @@ struct Runtime::Impl {
     }
   }
 
+  // The present job `id`; throws UnknownJob, or InvalidArgument when it runs on another device
+  // than `device` (-1: any).
+  std::shared_ptr<JobRecordState> job(JobId id, int device = -1) const {
+    // The device named first: that is where the job is, unless the caller is wrong.
+    if (device >= 0 && device < static_cast<int>(schedulers.size())) {
+      if (auto found = schedulers[static_cast<std::size_t>(device)]->job_by_id(id)) return found;
+    }
+    for (const auto& s : schedulers) {
+      auto found = s->job_by_id(id);
+      if (!found) continue;
+      if (device >= 0 && s->device() != device) {
+        throw InvalidArgument(fmt::format("job '{}' (id {}) runs on device {}, not device {}",
+                                          found->spec.name, id.value, s->device(), device));
+      }
+      return found;
+    }
+    throw UnknownJob(id.value);
+  }
+
+  // The job the calling thread works for on `device`, if any (see Runtime::allocate).
+  std::shared_ptr<JobRecordState> thread_job(DeviceScheduler& s, int device) const;
+
+  // A job's block goes back through its scheduler, so the job's memory curve sees the free.
+  void deallocate(const BlockInfo& block) const {
+    DeviceScheduler& s = scheduler(block.device);
+    if (auto owner = s.job_by_id(block.job)) {
+      s.deallocate(*owner, block);
+      return;
+    }
+    memory->deallocate(block.ptr);
+  }
+
   DeviceScheduler& scheduler(int device) const {
     if (device < 0 || device >= static_cast<int>(schedulers.size())) {
       throw InvalidArgument(fmt::format("device {} does not exist (the runtime has {} devices)",
@@ -68,7 +103,63 @@ struct Runtime::Impl {
   std::shared_ptr<TraceRecorder> trace;
   std::string policy;
   std::vector<std::shared_ptr<DeviceScheduler>> schedulers;
+  // Tells this runtime's thread-local current job from another's (an address could be reused).
+  const std::uint64_t serial = next_serial.fetch_add(1, std::memory_order_relaxed);
+  static inline std::atomic<std::uint64_t> next_serial{1};
 };
+
+namespace {
+
+// The calling thread's set_current_job: which runtime it was set for, and the job.
+struct ThreadJob {
+  std::uint64_t runtime = 0;
+  JobId job;
+};
+thread_local ThreadJob thread_job_choice;
+
+struct DefaultRuntime {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;  // guarded by mu
+};
+DefaultRuntime& default_holder() {
+  static DefaultRuntime holder;
+  return holder;
+}
+
+}  // namespace
+
+std::shared_ptr<Runtime> default_runtime_shared() {
+  DefaultRuntime& d = default_holder();
+  std::lock_guard lock(d.mu);
+  if (!d.runtime) d.runtime = std::make_shared<Runtime>(make_default_backend(SimConfig::uniform(1)));
+  return d.runtime;
+}
+
+std::shared_ptr<Runtime> make_default_runtime(std::shared_ptr<DeviceBackend> backend,
+                                              RuntimeOptions options) {
+  DefaultRuntime& d = default_holder();
+  std::lock_guard lock(d.mu);
+  if (d.runtime) throw InvalidArgument("the default runtime exists already");
+  d.runtime = std::make_shared<Runtime>(std::move(backend), std::move(options));
+  return d.runtime;
+}
+
+std::shared_ptr<Runtime> take_default_runtime() {
+  DefaultRuntime& d = default_holder();
+  std::lock_guard lock(d.mu);
+  return std::exchange(d.runtime, nullptr);
+}
+
+std::shared_ptr<JobRecordState> Runtime::Impl::thread_job(DeviceScheduler& s, int device) const {
+  if (thread_job_choice.runtime == serial && thread_job_choice.job != kUnattributedJob) {
+    return job(thread_job_choice.job, device);
+  }
+  // The job inside an iteration on this thread, when it is one of this runtime's on `device`.
+  if (JobRecordState* inside = current_thread_job(); inside && inside->spec.device == device) {
+    if (auto found = s.job_by_id(inside->id); found.get() == inside) return found;
+  }
+  return nullptr;
+}
 
 Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
     : impl_(std::make_unique<Impl>(std::move(backend), std::move(options))) {}
@@ -76,9 +167,12 @@ Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
 Runtime::~Runtime() = default;
 
 Runtime& Runtime::default_runtime() {
-  // The one explicit default runtime of the process.
-  static Runtime runtime(make_default_backend(SimConfig::uniform(1)));
-  return runtime;
+  return *default_runtime_shared();
+}
+
+Runtime& Runtime::init_default_runtime(std::shared_ptr<DeviceBackend> backend,
+                                       RuntimeOptions options) {
+  return *make_default_runtime(std::move(backend), std::move(options));
 }
 
 Job Runtime::add_job(JobSpec spec) {
@@ -87,28 +181,75 @@ Job Runtime::add_job(JobSpec spec) {
   return Job(impl_->schedulers[static_cast<std::size_t>(scheduler.device())], std::move(state));
 }
 
-DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream) {
+DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, JobId job,
+                            std::optional<Lifetime> lifetime) {
   DeviceScheduler& scheduler = impl_->scheduler(device);
-  if (auto job = scheduler.job_on(stream)) return scheduler.allocate(*job, bytes, std::nullopt);
-  if (JobRecordState* job = current_thread_job(); job && job->spec.device == device) {
+  std::shared_ptr<JobRecordState> owner;
+  if (job != kUnattributedJob) {
+    owner = impl_->job(job, device);
+  } else if (!(owner = scheduler.job_on(stream))) {
+    owner = impl_->thread_job(scheduler, device);
+  }
+  if (owner) {
     // A framework's own stream is where the block is used: it lives there, so that its reuse
     // and moves wait for the work enqueued on it. No stream (0) means the job's lane.
-    return scheduler.allocate(*job, bytes, std::nullopt,
+    return scheduler.allocate(*owner, bytes, lifetime,
                               stream.value != 0 ? std::optional(stream) : std::nullopt);
   }
-  return impl_->memory->allocate({bytes, device, stream, kUnattributedJob, Lifetime::persistent});
+  return impl_->memory->allocate(
+      {bytes, device, stream, kUnattributedJob, lifetime.value_or(Lifetime::persistent)});
 }
 
 void Runtime::deallocate(DevicePtr ptr) {
-  // A job's block goes back through its scheduler, so the job's memory curve sees the free.
-  if (const auto block = impl_->memory->find(ptr)) {
-    DeviceScheduler& scheduler = impl_->scheduler(block->device);
-    if (auto job = scheduler.job_by_id(block->job)) {
-      scheduler.deallocate(*job, ptr);
-      return;
-    }
+  if (auto block = impl_->memory->find(ptr)) {
+    impl_->deallocate(*block);
+    return;
   }
-  impl_->memory->deallocate(ptr);
+  impl_->memory->deallocate(ptr);  // throws, naming the pointer
+}
+
+void Runtime::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
+  const auto block = impl_->memory->find(ptr);
+  if (!block) {
+    throw InvalidArgument(
+        fmt::format("deallocate: {:#x} is not a live block (never allocated, or freed already)",
+                    ptr));
+  }
+  if (block->device != device) {
+    throw InvalidArgument(fmt::format("deallocate: {:#x} lives on device {}, not device {}", ptr,
+                                      block->device, device));
+  }
+  if (bytes != 0 && bytes != block->requested && bytes != block->bytes) {
+    throw InvalidArgument(fmt::format("deallocate: {:#x} was allocated with {} bytes, not {}", ptr,
+                                      block->requested, bytes));
+  }
+  impl_->deallocate(*block);
+}
+
+void Runtime::record_stream(DevicePtr ptr, StreamHandle stream) {
+  impl_->memory->record_stream_use(ptr, stream);
+}
+
+void Runtime::bind_stream(int device, StreamHandle stream, JobId job) {
+  DeviceScheduler& scheduler = impl_->scheduler(device);
+  scheduler.bind_stream(stream, impl_->job(job, device));
+}
+
+void Runtime::unbind_stream(int device, StreamHandle stream) {
+  impl_->scheduler(device).unbind_stream(stream);
+}
+
+void Runtime::set_current_job(JobId job) {
+  if (job != kUnattributedJob) (void)impl_->job(job);  // refuse an id that is no job here
+  thread_job_choice = {impl_->serial, job};
+}
+
+JobId Runtime::current_job() const {
+  return thread_job_choice.runtime == impl_->serial ? thread_job_choice.job : kUnattributedJob;
+}
+
+int Runtime::device_count() const {
+  return static_cast<int>(impl_->schedulers.size());
 }
 
 MemoryManager& Runtime::memory() {

@@ -1,83 +1,104 @@
 // The C ABI, linked against the shared libsalus as a user would. Only salus/c_api.h is used.
+// Runtimes, options, jobs and the process default; memory attribution and the framework's
+// streams are in test_c_api_memory.cpp, bad input in test_c_api_errors.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
-#include "salus/c_api.h"
+#include "abi/c_api_fixture.hpp"
 
 namespace {
-
-constexpr size_t kMiB = size_t{1} << 20;
-
-class CApi : public ::testing::Test {
- protected:
-  void SetUp() override { ASSERT_EQ(salus_runtime_create_sim(2, 64 * kMiB, &runtime), SALUS_OK); }
-  void TearDown() override { salus_runtime_destroy(runtime); }
-  salus_runtime* runtime = nullptr;
-};
 
 TEST_F(CApi, AllocateWriteFreeAndStats) {
   int devices = 0;
   ASSERT_EQ(salus_runtime_device_count(runtime, &devices), SALUS_OK);
   EXPECT_EQ(devices, 2);
-  uint32_t job = 0;
-  ASSERT_EQ(salus_job_register(runtime, "c-job", 0, &job), SALUS_OK);
+  EXPECT_STREQ(salus_runtime_backend_name(runtime), "sim");
+  const uint32_t job = add_job("c-job", 1);
   void* p = nullptr;
   ASSERT_EQ(salus_allocate(runtime, 3 * kMiB, 1, nullptr, job, SALUS_EPHEMERAL, &p), SALUS_OK);
   ASSERT_NE(p, nullptr);
   std::memset(p, 0xAB, 3 * kMiB);  // simulated GPU memory is host memory
   EXPECT_EQ(static_cast<unsigned char*>(p)[3 * kMiB - 1], 0xAB);
 
-  salus_device_stats stats{};
-  ASSERT_EQ(salus_get_device_stats(runtime, 1, &stats), SALUS_OK);
+  salus_device_stats stats = device_stats(1);
   EXPECT_EQ(stats.allocated, 3 * kMiB);
   EXPECT_EQ(stats.ephemeral_in_use, 3 * kMiB);
   EXPECT_EQ(stats.limit, 64 * kMiB);
+  EXPECT_EQ(job_stats(job).ephemeral_in_use, 3 * kMiB);
 
-  size_t promoted = 0;
-  ASSERT_EQ(salus_job_promote_ephemeral(runtime, job, &promoted), SALUS_OK);
-  EXPECT_EQ(promoted, 3 * kMiB);
   ASSERT_EQ(salus_deallocate(runtime, p, 3 * kMiB, 1), SALUS_OK);
-  ASSERT_EQ(salus_get_device_stats(runtime, 1, &stats), SALUS_OK);
-  EXPECT_EQ(stats.allocated, 0u);
+  EXPECT_EQ(device_stats(1).allocated, 0u);
   size_t released = 0;
   ASSERT_EQ(salus_trim(runtime, &released), SALUS_OK);
   EXPECT_GE(released, 4 * kMiB);
-  EXPECT_EQ(salus_job_release(runtime, job), SALUS_OK);
+  EXPECT_EQ(salus_job_leave(runtime, job), SALUS_OK);
 }
 
-TEST_F(CApi, ErrorsAreStatusesWithMessages) {
-  void* p = nullptr;
-  EXPECT_EQ(salus_allocate(runtime, 0, 0, nullptr, 0, SALUS_PERSISTENT, &p),
-            SALUS_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(salus_last_error()).find("size 0"), std::string::npos);
-  EXPECT_EQ(salus_allocate(runtime, 64, 7, nullptr, 0, SALUS_PERSISTENT, &p),
-            SALUS_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(salus_last_error()).find("device 7"), std::string::npos);
-  EXPECT_EQ(salus_allocate(runtime, 64, 0, nullptr, 12345, SALUS_PERSISTENT, &p),
-            SALUS_ERROR_UNKNOWN_JOB);
-  EXPECT_EQ(salus_allocate(runtime, 64, 0, nullptr, 0, static_cast<salus_lifetime>(9), &p),
-            SALUS_ERROR_INVALID_ARGUMENT);
+TEST(CApiRuntime, OptionsChooseTopologyPolicyAndLimits) {
+  salus_runtime_options o;
+  salus_runtime_options_init(&o);
+  o.backend = SALUS_BACKEND_SIM;
+  o.sim_device_count = 4;
+  o.sim_device_memory_bytes = 64 * kMiB;
+  o.sim_topology = SALUS_SIM_NVLINK_MESH;
+  o.policy = "priority";
+  o.device_limits[1] = 32 * kMiB;
+  o.spill = SALUS_SPILL_PEER_THEN_HOST;
+  o.lend_reserve_bytes = 8 * kMiB;
+  o.host_limit_bytes = 64 * kMiB;
+  salus_runtime* runtime = nullptr;
+  ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
+  int n = 0;
+  ASSERT_EQ(salus_runtime_device_count(runtime, &n), SALUS_OK);
+  EXPECT_EQ(n, 4);
+  salus_device_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(salus_get_device_stats(runtime, 1, &s), SALUS_OK);
+  EXPECT_EQ(s.limit, 32 * kMiB);
+  ASSERT_EQ(salus_get_device_stats(runtime, 0, &s), SALUS_OK);
+  EXPECT_EQ(s.limit, 64 * kMiB);
+  // With spilling, device 0 holds more than its own memory: peers lend beyond their reserves.
+  void* big = nullptr;
+  ASSERT_EQ(salus_allocate(runtime, 96 * kMiB, 0, nullptr, SALUS_JOB_AUTO, SALUS_PERSISTENT, &big),
+            SALUS_OK)
+      << salus_last_error();
+  std::memset(big, 0x5A, 96 * kMiB);
+  ASSERT_EQ(salus_get_device_stats(runtime, 0, &s), SALUS_OK);
+  EXPECT_GT(s.borrowed_peer, 0u);
+  EXPECT_EQ(salus_deallocate(runtime, big, 96 * kMiB, 0), SALUS_OK);
+  salus_runtime_destroy(runtime);
 
-  uint32_t job = 0;
-  ASSERT_EQ(salus_job_register(runtime, "small", kMiB, &job), SALUS_OK);
-  EXPECT_EQ(salus_allocate(runtime, 2 * kMiB, 0, nullptr, job, SALUS_PERSISTENT, &p),
-            SALUS_ERROR_OUT_OF_MEMORY);
-  EXPECT_NE(std::string(salus_last_error()).find("small"), std::string::npos);
+  for (salus_sim_topology topology : {SALUS_SIM_TWO_ISLANDS, SALUS_SIM_PCIE_ONLY}) {
+    o.sim_topology = topology;
+    ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
+    salus_runtime_destroy(runtime);
+  }
+  o.sim_device_count = 3;
+  o.sim_topology = SALUS_SIM_TWO_ISLANDS;
+  EXPECT_EQ(salus_runtime_create(&o, &runtime), SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("even"), std::string::npos);
+  EXPECT_EQ(runtime, nullptr);
+  salus_runtime_options_init(&o);
+  o.backend = SALUS_BACKEND_SIM;
+  o.policy = "lottery";
+  EXPECT_EQ(salus_runtime_create(&o, &runtime), SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("lottery"), std::string::npos);
+}
 
-  ASSERT_EQ(salus_allocate(runtime, 4096, 0, nullptr, job, SALUS_PERSISTENT, &p), SALUS_OK);
-  EXPECT_EQ(salus_deallocate(runtime, p, 4096, 1), SALUS_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(salus_deallocate(runtime, p, 0, 0), SALUS_OK);
-  EXPECT_EQ(salus_deallocate(runtime, p, 0, 0), SALUS_ERROR_INVALID_ARGUMENT) << "double free";
-  EXPECT_EQ(salus_deallocate(runtime, nullptr, 0, 0), SALUS_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(salus_allocate(nullptr, 64, 0, nullptr, 0, SALUS_PERSISTENT, &p),
-            SALUS_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(salus_runtime_create_sim(0, kMiB, &runtime), SALUS_ERROR_INVALID_ARGUMENT);
+TEST(CApiRuntime, VersionAndStatusNames) {
+  EXPECT_EQ(salus_c_api_version() >> 16, uint32_t{SALUS_C_API_VERSION_MAJOR});
+  EXPECT_STRNE(salus_version_string(), "");
   EXPECT_STREQ(salus_status_name(SALUS_ERROR_OUT_OF_MEMORY), "SALUS_ERROR_OUT_OF_MEMORY");
+  EXPECT_STREQ(salus_status_name(SALUS_ERROR_CANCELLED), "SALUS_ERROR_CANCELLED");
+  EXPECT_STREQ(salus_status_name(static_cast<salus_status>(99)), "SALUS_ERROR_UNKNOWN_STATUS");
 }
 
-TEST(CApiCuda, CreatingACudaRuntimeWithoutAGpuSaysNotSupported) {
+TEST(CApiRuntime, CreatingACudaRuntimeWithoutAGpuSaysNotSupported) {
   salus_runtime* runtime = nullptr;
   const salus_status status = salus_runtime_create_cuda(&runtime);
   if (status == SALUS_OK) {
@@ -88,20 +109,117 @@ TEST(CApiCuda, CreatingACudaRuntimeWithoutAGpuSaysNotSupported) {
   EXPECT_NE(std::string(salus_last_error()).find("not supported"), std::string::npos);
 }
 
-TEST(CApiDefault, PluggableAllocatorHooksUseTheDefaultRuntime) {
-  ASSERT_EQ(salus_default_runtime_init_sim(1, 32 * kMiB), SALUS_OK);
-  EXPECT_EQ(salus_default_runtime_init_sim(1, 32 * kMiB), SALUS_ERROR_INVALID_ARGUMENT);
+TEST_F(CApi, JobsTakeTurnsThroughBeginAndEnd) {
+  const uint32_t a = add_job("a");
+  const uint32_t b = add_job("b");
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  auto loop = [&](uint32_t job) {
+    for (int i = 0; i < 5; ++i) {
+      void* stream = nullptr;
+      ASSERT_EQ(salus_job_begin_iteration(runtime, job, &stream), SALUS_OK) << salus_last_error();
+      if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+      void* p = nullptr;
+      ASSERT_EQ(salus_allocate(runtime, 2 * kMiB, 0, stream, job, SALUS_LIFETIME_AUTO, &p),
+                SALUS_OK);
+      std::memset(p, static_cast<int>(job), 2 * kMiB);
+      ASSERT_EQ(salus_deallocate(runtime, p, 2 * kMiB, 0), SALUS_OK);
+      inside.fetch_sub(1);
+      ASSERT_EQ(salus_job_end_iteration(runtime, job), SALUS_OK);
+    }
+  };
+  std::thread ta(loop, a);
+  std::thread tb(loop, b);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(overlaps.load(), 0) << "fair keeps one lane: jobs take turns";
+  for (uint32_t job : {a, b}) {
+    const salus_job_stats s = job_stats(job);
+    EXPECT_EQ(s.iterations, 5u);
+    EXPECT_EQ(s.state, SALUS_JOB_IDLE);
+    EXPECT_EQ(s.in_use, 0u);
+    EXPECT_EQ(s.ephemeral_peak, 2 * kMiB);
+    EXPECT_EQ(s.persistent_peak, 0u);
+  }
+}
+
+TEST_F(CApi, CancelWakesAWaiterAndLaterCallsSayCancelled) {
+  const uint32_t holder = add_job("holder");
+  const uint32_t waiter = add_job("waiter");
+  void* stream = nullptr;
+  ASSERT_EQ(salus_job_begin_iteration(runtime, holder, &stream), SALUS_OK);
+  void* kept = nullptr;
+  ASSERT_EQ(salus_allocate(runtime, kMiB, 0, nullptr, waiter, SALUS_PERSISTENT, &kept), SALUS_OK);
+  std::atomic<salus_status> waited{SALUS_OK};
+  std::thread t([&] { waited = salus_job_begin_iteration(runtime, waiter, nullptr); });
+  while (job_stats(waiter).state != SALUS_JOB_WAITING) std::this_thread::yield();
+  ASSERT_EQ(salus_job_cancel(runtime, waiter), SALUS_OK);
+  t.join();
+  EXPECT_EQ(waited.load(), SALUS_ERROR_CANCELLED);
+  EXPECT_EQ(job_stats(waiter).state, SALUS_JOB_CANCELLED);
+  EXPECT_EQ(job_stats(waiter).in_use, 0u) << "cancel frees what the job held";
+  EXPECT_EQ(device_stats(0).allocated, 0u);
+  void* p = nullptr;
+  EXPECT_EQ(salus_allocate(runtime, kMiB, 0, nullptr, waiter, SALUS_PERSISTENT, &p),
+            SALUS_ERROR_CANCELLED);
+  EXPECT_NE(std::string(salus_last_error()).find("waiter"), std::string::npos);
+  EXPECT_EQ(salus_job_begin_iteration(runtime, waiter, nullptr), SALUS_ERROR_CANCELLED);
+  EXPECT_EQ(salus_job_leave(runtime, waiter), SALUS_OK);
+  EXPECT_EQ(salus_job_get_stats(runtime, waiter, &stats_out), SALUS_ERROR_UNKNOWN_JOB);
+  EXPECT_EQ(salus_job_end_iteration(runtime, holder), SALUS_OK);
+}
+
+TEST_F(CApi, TraceIsWritten) {
+  const uint32_t job = add_job("traced");
+  ASSERT_EQ(salus_job_begin_iteration(runtime, job, nullptr), SALUS_OK);
+  ASSERT_EQ(salus_job_end_iteration(runtime, job), SALUS_OK);
+  const std::string path = ::testing::TempDir() + "salus_c_trace.json";
+  ASSERT_EQ(salus_runtime_write_trace(runtime, path.c_str()), SALUS_OK) << salus_last_error();
+  FILE* f = std::fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char head[64] = {};
+  EXPECT_GT(std::fread(head, 1, sizeof head - 1, f), 0u);
+  std::fclose(f);
+  EXPECT_NE(std::string(head).find('{'), std::string::npos);
+  EXPECT_EQ(salus_runtime_write_trace(runtime, "/nonexistent-dir/x.json"),
+            SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("nonexistent-dir"), std::string::npos);
+}
+
+TEST(CApiDefault, PluggableAllocatorHooksUseTheOneDefaultRuntime) {
+  salus_runtime_options o;
+  salus_runtime_options_init(&o);
+  o.backend = SALUS_BACKEND_SIM;
+  o.sim_device_memory_bytes = 32 * kMiB;
+  ASSERT_EQ(salus_default_runtime_init(&o), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(salus_default_runtime_init(&o), SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("exists already"), std::string::npos);
+  salus_runtime* runtime = salus_default_runtime();
+  ASSERT_NE(runtime, nullptr);
+  EXPECT_EQ(salus_default_runtime(), runtime) << "one default";
+  salus_runtime_destroy(runtime);  // refused: the default is shut down, not destroyed
+  EXPECT_NE(std::string(salus_last_error()).find("salus_default_runtime_shutdown"),
+            std::string::npos);
+
   void* p = salus_malloc(1 << 16, 0, nullptr);
   ASSERT_NE(p, nullptr);
   std::memset(p, 1, 1 << 16);
   EXPECT_EQ(salus_malloc(-5, 0, nullptr), nullptr);
+  EXPECT_NE(std::string(salus_last_error()).find("negative"), std::string::npos);
   EXPECT_EQ(salus_malloc(64 * kMiB, 0, nullptr), nullptr);
   EXPECT_NE(std::string(salus_last_error()).find("can never fit"), std::string::npos);
   salus_free(p, 1 << 16, 0, nullptr);
   salus_device_stats stats{};
+  stats.struct_size = sizeof stats;
   ASSERT_EQ(salus_get_device_stats(salus_default_runtime(), 0, &stats), SALUS_OK);
   EXPECT_EQ(stats.allocated, 0u);
   EXPECT_EQ(stats.allocations, 1u);
+  EXPECT_EQ(stats.limit, 32 * kMiB);
+  salus_default_runtime_shutdown();
+  // The next use makes a new default with the defaults (one 1 GiB simulated GPU here).
+  ASSERT_NE(salus_default_runtime(), nullptr);
+  ASSERT_EQ(salus_get_device_stats(salus_default_runtime(), 0, &stats), SALUS_OK);
+  EXPECT_EQ(stats.allocations, 0u);
   salus_default_runtime_shutdown();
 }
 

@@ -23,7 +23,7 @@ int main() {
   salus_runtime* runtime = nullptr;
   void* block = nullptr;
   if (salus_runtime_create_sim(1, 1u << 30, &runtime) != SALUS_OK ||
-      salus_allocate(runtime, 4096, 0, nullptr, SALUS_UNATTRIBUTED_JOB, SALUS_EPHEMERAL, &block) !=
+      salus_allocate(runtime, 4096, 0, nullptr, SALUS_JOB_AUTO, SALUS_EPHEMERAL, &block) !=
           SALUS_OK ||
       salus_deallocate(runtime, block, 4096, 0) != SALUS_OK) {
     std::fprintf(stderr, "C ABI: %s\n", salus_last_error());

@@ -1,0 +1,147 @@
+// Jobs through the C ABI: add with a spec, begin/end iteration, cancel, leave, statistics.
+#include <fmt/format.h>
+
+#include "capi/capi.hpp"
+
+using salus::capi::guarded;
+using salus::capi::require;
+
+namespace {
+
+salus::JobSpec job_spec(const salus_job_spec& s) {
+  salus::capi::require_struct_size(s.struct_size, sizeof(salus_job_spec), "salus_job_spec",
+                                   "salus_job_add");
+  require(s.name, "salus_job_add: spec->name");
+  if (s.kind != SALUS_JOB_TRAINING && s.kind != SALUS_JOB_INFERENCE) {
+    throw salus::InvalidArgument(
+        fmt::format("salus_job_add: kind {} is not a salus_job_kind", static_cast<int>(s.kind)));
+  }
+  if (s.hint_iteration_seconds < 0.0 || !(s.hint_iteration_seconds == s.hint_iteration_seconds)) {
+    throw salus::InvalidArgument("salus_job_add: hint_iteration_seconds must be >= 0");
+  }
+  const auto limit = [](std::size_t bytes) { return bytes == 0 ? salus::kUnlimited : bytes; };
+  salus::JobSpec spec;
+  spec.name = s.name;
+  spec.kind = s.kind == SALUS_JOB_INFERENCE ? salus::JobKind::inference : salus::JobKind::training;
+  spec.priority = s.priority;
+  spec.device = s.device;
+  spec.expected_iterations = s.expected_iterations;
+  spec.hints = {s.hint_persistent_bytes, s.hint_ephemeral_peak_bytes, s.hint_iteration_seconds};
+  spec.limits = {limit(s.limit_total_bytes), limit(s.limit_persistent_bytes),
+                 limit(s.limit_ephemeral_bytes)};
+  return spec;
+}
+
+salus_job_state state_of(salus::JobState state) {
+  switch (state) {
+    case salus::JobState::idle: return SALUS_JOB_IDLE;
+    case salus::JobState::waiting: return SALUS_JOB_WAITING;
+    case salus::JobState::running: return SALUS_JOB_RUNNING;
+    case salus::JobState::left: return SALUS_JOB_LEFT;
+    case salus::JobState::cancelled: return SALUS_JOB_CANCELLED;
+  }
+  return SALUS_JOB_LEFT;
+}
+
+void fill(const salus::JobStats& s, salus_job_stats& out) {
+  const auto& per = s.memory.by_class[static_cast<std::size_t>(salus::Lifetime::persistent)];
+  const auto& eph = s.memory.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)];
+  out.job = s.id.value;
+  out.device = s.device;
+  out.lane = s.lane;
+  out.state = state_of(s.state);
+  out.iterations = s.iterations;
+  out.attained_seconds = s.attained_seconds;
+  out.waiting_seconds = s.waiting_seconds;
+  out.max_wait_seconds = s.max_wait_seconds;
+  out.iteration_seconds = s.iteration_seconds;
+  out.persistent_in_use = per.in_use;
+  out.ephemeral_in_use = eph.in_use;
+  out.persistent_peak = per.peak;
+  out.ephemeral_peak = eph.peak;
+  out.persistent_blocks = per.blocks;
+  out.ephemeral_blocks = eph.blocks;
+  out.in_use = s.memory.in_use;
+  out.peak = s.memory.peak;
+  out.promoted_bytes = s.memory.promoted_bytes;
+  out.profile_persistent_bytes = s.persistent_bytes;
+  out.profile_ephemeral_peak_bytes = s.ephemeral_peak_bytes;
+}
+
+}  // namespace
+
+extern "C" {
+
+void salus_job_spec_init(salus_job_spec* spec) {
+  if (spec == nullptr) return;
+  *spec = salus_job_spec{};
+  spec->struct_size = sizeof(salus_job_spec);
+  spec->kind = SALUS_JOB_TRAINING;
+}
+
+salus_status salus_job_add(salus_runtime* runtime, const salus_job_spec* spec, uint32_t* job) {
+  return guarded([&] {
+    require(runtime, "salus_job_add: runtime");
+    require(spec, "salus_job_add: spec");
+    require(job, "salus_job_add: job");
+    auto handle = std::make_shared<salus::Job>(runtime->runtime->add_job(job_spec(*spec)));
+    const std::uint32_t id = handle->id().value;
+    std::lock_guard lock(runtime->jobs_mu);
+    runtime->jobs.emplace(id, std::move(handle));
+    *job = id;
+  });
+}
+
+salus_status salus_job_begin_iteration(salus_runtime* runtime, uint32_t job, void** stream) {
+  return guarded([&] {
+    require(runtime, "salus_job_begin_iteration: runtime");
+    // The handle is held, not the table's lock, while this blocks.
+    const salus::StreamHandle s = runtime->job(job)->begin_iteration();
+    if (stream != nullptr) *stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(s.value));
+  });
+}
+
+salus_status salus_job_end_iteration(salus_runtime* runtime, uint32_t job) {
+  return guarded([&] {
+    require(runtime, "salus_job_end_iteration: runtime");
+    runtime->job(job)->end_iteration();
+  });
+}
+
+salus_status salus_job_cancel(salus_runtime* runtime, uint32_t job) {
+  return guarded([&] {
+    require(runtime, "salus_job_cancel: runtime");
+    runtime->job(job)->cancel();
+  });
+}
+
+salus_status salus_job_leave(salus_runtime* runtime, uint32_t job) {
+  return guarded([&] {
+    require(runtime, "salus_job_leave: runtime");
+    std::shared_ptr<salus::Job> handle;
+    {
+      std::lock_guard lock(runtime->jobs_mu);
+      auto it = runtime->jobs.find(job);
+      if (it == runtime->jobs.end()) throw salus::UnknownJob(job);
+      handle = std::move(it->second);
+      runtime->jobs.erase(it);
+    }
+    handle->leave();  // outside the lock: it frees the job's memory
+  });
+}
+
+salus_status salus_job_get_stats(salus_runtime* runtime, uint32_t job, salus_job_stats* out) {
+  return guarded([&] {
+    require(runtime, "salus_job_get_stats: runtime");
+    require(out, "salus_job_get_stats: out");
+    salus::capi::require_struct_size(out->struct_size, sizeof(salus_job_stats),
+                                     "salus_job_stats", "salus_job_get_stats");
+    const salus::JobStats stats = runtime->job(job)->stats();
+    salus_job_stats filled{};
+    filled.struct_size = sizeof(salus_job_stats);
+    fill(stats, filled);
+    *out = filled;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,51 @@
+// A simulated runtime (two 64 MiB GPUs) for the C ABI tests, with helpers that fill the
+// size-carrying structs. Only salus/c_api.h is used.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "salus/c_api.h"
+
+inline constexpr size_t kMiB = size_t{1} << 20;
+
+class CApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(salus_runtime_create_sim(2, 64 * kMiB, &runtime), SALUS_OK) << salus_last_error();
+  }
+  void TearDown() override { salus_runtime_destroy(runtime); }
+
+  uint32_t add_job(const char* name, int device = 0, salus_job_kind kind = SALUS_JOB_TRAINING,
+                   int priority = 0) {
+    salus_job_spec spec;
+    salus_job_spec_init(&spec);
+    spec.name = name;
+    spec.device = device;
+    spec.kind = kind;
+    spec.priority = priority;
+    uint32_t job = 0;
+    EXPECT_EQ(salus_job_add(runtime, &spec, &job), SALUS_OK) << salus_last_error();
+    return job;
+  }
+
+  salus_job_stats job_stats(uint32_t job) {
+    salus_job_stats s{};
+    s.struct_size = sizeof s;
+    EXPECT_EQ(salus_job_get_stats(runtime, job, &s), SALUS_OK) << salus_last_error();
+    return s;
+  }
+
+  salus_device_stats device_stats(int device) {
+    salus_device_stats s{};
+    s.struct_size = sizeof s;
+    EXPECT_EQ(salus_get_device_stats(runtime, device, &s), SALUS_OK) << salus_last_error();
+    return s;
+  }
+
+  salus_runtime* runtime = nullptr;
+  salus_job_stats stats_out{sizeof(salus_job_stats)};
+  salus_device_stats stats_device_{sizeof(salus_device_stats)};
+};
