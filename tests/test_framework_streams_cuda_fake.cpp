@@ -106,9 +106,11 @@ TEST_F(FrameworkStreamsCudaFake, TheDriverSaysWhichDeviceAStreamBelongsTo) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("0x1234"), std::string::npos) << e.what();
   }
-  // A driver failure refuses the stream too.
-  fake_->fail_next("cuStreamGetCtx", CUDA_ERROR_INVALID_CONTEXT);
+  // The driver refusing the handle refuses the stream; another failure is the driver's.
+  fake_->fail_next("cuStreamGetCtx", CUDA_ERROR_INVALID_HANDLE);
   EXPECT_THROW(backend_->validate_stream(on0, 0), InvalidArgument);
+  fake_->fail_next("cuStreamGetCtx", CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_THROW(backend_->validate_stream(on0, 0), DeviceError);
   EXPECT_NO_THROW(backend_->validate_stream(on0, 0));
   destroy(on0);
   EXPECT_THROW(backend_->validate_stream(on0, 0), InvalidArgument) << "destroyed";

@@ -54,6 +54,11 @@ int CudaBackend::device_of(StreamHandle stream, int fallback) const {
   // destroyed stream's handle may come back as another stream of another device.
   CUcontext context = nullptr;
   const CUresult rc = api_.cuStreamGetCtx(to_cu(stream), &context);
+  // A handle the driver does not know is the caller's mistake; anything else is the driver's.
+  if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_INVALID_HANDLE && rc != CUDA_ERROR_INVALID_VALUE &&
+      rc != CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+    throw driver_error(api_, "cuStreamGetCtx", rc);
+  }
   if (rc != CUDA_SUCCESS) {
     throw InvalidArgument(fmt::format(
         "stream {:#x} is no stream the CUDA driver knows (never created, or destroyed): "
