@@ -5,7 +5,9 @@
 // next stream, so that streams coming and going forever use bounded memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "salus/memory.hpp"
@@ -300,6 +302,51 @@ TEST_F(FrameworkStreams, RetiredJobAndRecordedStreamsAreNotUsedAfterRetirement) 
   EXPECT_NO_THROW(memory->deallocate(b));
   EXPECT_NO_THROW(memory->trim());
   EXPECT_EQ(memory->device_stats(0).allocated, 0u);
+}
+
+// Threads make, use, retire and destroy streams while another allocates on a long-lived stream:
+// lookups stay lock-free while heaps are added, retired and re-bound under them.
+TEST_F(FrameworkStreams, StreamsComeAndGoWhileOthersAllocate) {
+  build(SimConfig::uniform(1, 256 * MiB));
+  constexpr int kThreads = 4;
+  constexpr int kCycles = 100;
+  std::atomic<int> bad{0};
+  std::atomic<bool> stop{false};
+  std::thread steady([&] {
+    std::uint64_t seed = 1;
+    while (!stop.load()) {
+      const DevicePtr p = alloc(kBlock);
+      fill_pattern(p, kBlock, seed);
+      if (!check_pattern(p, kBlock, seed)) ++bad;
+      memory->deallocate(p);
+      ++seed;
+    }
+  });
+  std::vector<std::thread> churn;
+  for (int t = 0; t < kThreads; ++t) {
+    churn.emplace_back([&, t] {
+      for (int i = 0; i < kCycles; ++i) {
+        const StreamHandle s = outside_stream();
+        const std::uint64_t seed = 1000 * (t + 1) + i;
+        const DevicePtr p = alloc(kBlock, 0, kUnattributedJob, Lifetime::persistent, s);
+        fill_pattern(p, kBlock, seed);
+        if (!check_pattern(p, kBlock, seed)) ++bad;
+        if (memory->find(p)->stream != s) ++bad;
+        memory->deallocate(p);
+        retire_and_destroy(0, s);
+      }
+    });
+  }
+  for (auto& th : churn) th.join();
+  stop = true;
+  steady.join();
+  EXPECT_EQ(bad.load(), 0);
+  const DeviceMemoryStats d = memory->device_stats(0);
+  EXPECT_EQ(d.allocated, 0u);
+  EXPECT_LE(d.stream_heaps, static_cast<std::size_t>(kThreads) * 4 + 1)
+      << "retired heaps are re-bound, not piled up";
+  memory->trim();
+  EXPECT_EQ(memory->device_stats(0).reserved, 0u);
 }
 
 }  // namespace
