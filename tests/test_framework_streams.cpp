@@ -10,7 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "iteration_sched/device_scheduler.hpp"
 #include "salus/memory.hpp"
+#include "salus/scheduler.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -347,6 +349,35 @@ TEST_F(FrameworkStreams, StreamsComeAndGoWhileOthersAllocate) {
       << "retired heaps are re-bound, not piled up";
   memory->trim();
   EXPECT_EQ(memory->device_stats(0).reserved, 0u);
+}
+
+// A device scheduler retires its lane streams' heaps before it destroys the streams: afterwards
+// nothing asks the destroyed streams anything (trim works), and a new stream takes their ranges.
+TEST(FrameworkStreamsScheduler, LaneStreamsRetireWithTheScheduler) {
+  auto backend = make_sim(SimConfig::uniform(1, 64 * MiB));
+  auto memory = std::make_shared<MemoryManager>(backend);
+  {
+    DeviceScheduler scheduler(backend, memory, std::make_shared<TraceRecorder>(), 0,
+                              PolicyRegistry::with_builtins().make("fifo"));
+    const auto job = scheduler.add(JobSpec{.name = "j"});
+    const StreamHandle lane = scheduler.begin(*job);
+    EXPECT_NE(lane.value, 0u);
+    const DevicePtr p = scheduler.allocate(*job, 8 * MiB, Lifetime::ephemeral);
+    EXPECT_EQ(memory->find(p)->stream, lane);
+    scheduler.deallocate(*job, p);
+    scheduler.end(*job);
+    scheduler.finish(*job, false);
+  }
+  const std::size_t heaps = memory->device_stats(0).stream_heaps;
+  EXPECT_GE(heaps, 1u);
+  EXPECT_NO_THROW(memory->trim());
+  EXPECT_EQ(memory->device_stats(0).reserved, 0u);
+  const StreamHandle s = backend->create_stream(0, 0);
+  const DevicePtr q = memory->allocate({kBlock, 0, s, kUnattributedJob, Lifetime::persistent});
+  EXPECT_EQ(memory->device_stats(0).stream_heaps, heaps) << "the lane's heap was re-bound";
+  memory->deallocate(q);
+  memory->retire_stream(0, s);
+  backend->destroy_stream(s);
 }
 
 }  // namespace
