@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +51,27 @@ void map_fresh_page(Env& env, bool grant) {
   env.backend.unmap(va, kPage);
   env.backend.free_address(va, kPage);
   env.backend.release_chunk(chunk);
+}
+
+// Checks a stream made straight through the driver (as a framework makes it), so that the
+// backend must ask the driver which device it belongs to.
+void validate_framework_stream(Env& env) {
+  const cuda::DriverApi api = env.fake.api();
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+  struct Destroy {
+    const cuda::DriverApi& api;
+    CUstream stream;
+    ~Destroy() { api.cuStreamDestroy(stream); }
+  } destroy{api, stream};
+  env.backend.validate_stream(StreamHandle{std::bit_cast<std::uint64_t>(stream)}, 0);
 }
 
 void construct(Env& env) {
@@ -106,6 +128,7 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { e.backend.synchronize_event(e.event); }},
       {"cuLaunchHostFunc", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { e.backend.launch_host_func(e.stream, [] {}); }},
+      {"cuStreamGetCtx", CUDA_ERROR_LAUNCH_FAILED, validate_framework_stream},
       {"cuMemcpyAsync", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { e.backend.copy_async(e.va + kPage, e.va, kPage, e.stream); }},
   };

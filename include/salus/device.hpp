@@ -7,6 +7,8 @@
 //    granularity(); addresses handed to map/unmap/set_access are granularity-aligned. Violations
 //    raise InvalidArgument; driver failures raise DeviceError naming the call.
 //  - A StreamHandle with value 0 names the default stream of the device the call is about.
+//  - A StreamHandle's value is the backend's native handle: a CUstream on CUDA (so a framework's
+//    own streams can be passed in as they are), an opaque id on the sim backend.
 //  - Handles are plain values: the owner (usually an RAII wrapper below) releases them.
 #pragma once
 
@@ -110,6 +112,12 @@ class SALUS_API DeviceBackend {
   virtual StreamHandle create_stream(int device, int priority) = 0;
   virtual void destroy_stream(StreamHandle stream) = 0;
   virtual void synchronize_stream(StreamHandle stream) = 0;
+  // Checks that `stream` is a live stream of `device`, including streams the backend did not
+  // create (a framework's own): on CUDA the driver says which context it belongs to. Handle 0
+  // (the device's default stream) is always valid. Throws InvalidArgument, naming the handle in
+  // hex, when it is no stream of this backend (never created, or destroyed) or belongs to another
+  // device. Not for hot paths: callers check a stream once, when they first meet it.
+  virtual void validate_stream(StreamHandle stream, int device) = 0;
   // True when all work enqueued on `stream` so far has finished. `device` says whose default
   // stream a handle of 0 is (other streams know their device).
   [[nodiscard]] virtual bool query_stream(StreamHandle stream, int device) = 0;

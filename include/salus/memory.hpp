@@ -161,6 +161,8 @@ struct DeviceMemoryStats {
   std::size_t retiring = 0;  // bytes still mapped at such old addresses right now
   // Allocations that had to wait on the host for such work (their address was still retiring).
   std::uint64_t allocation_waits = 0;
+  // Streams with a heap (address ranges) on this device, retired ones awaiting reuse included.
+  std::size_t stream_heaps = 0;
 };
 
 struct MemoryStats {
@@ -247,6 +249,14 @@ class SALUS_API MemoryManager {
   // the stream it was allocated on, and it may have been another job's just before). Call it each
   // time the job starts enqueuing on `stream`; the Runtime does at every iteration start.
   void add_job_stream(JobId job, int device, StreamHandle stream);
+  // Call before destroying `stream` of `device` (any stream allocated on, a framework's own
+  // included). The work enqueued on it so far is fenced; its cached free pages go back to the
+  // device behind that fence; its live blocks stay valid and may be freed later (their reuse then
+  // waits for the fence). Nothing is recorded on the stream afterwards. Once its last block is
+  // freed, its address ranges serve the next new stream on the device, so streams may come and
+  // go forever. A stream with no heap here is a no-op; stream 0 (the default stream) throws
+  // InvalidArgument.
+  void retire_stream(int device, StreamHandle stream);
 
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr) const;
 

@@ -58,6 +58,7 @@ class CudaBackend final : public DeviceBackend {
   StreamHandle create_stream(int device, int priority) override;
   void destroy_stream(StreamHandle stream) override;
   void synchronize_stream(StreamHandle stream) override;
+  void validate_stream(StreamHandle stream, int device) override;
   [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
   EventHandle create_event(int device) override;
   void destroy_event(EventHandle event) override;
@@ -110,8 +111,12 @@ class CudaBackend final : public DeviceBackend {
 
   [[nodiscard]] ScopedContext bind(int device) const;
   void check_device(int device, std::string_view what) const;
-  // The device a stream (or, for handle 0, `fallback`) belongs to; InvalidArgument if unknown.
+  // The device a stream (or, for handle 0 and the legacy and per-thread default streams,
+  // `fallback`) belongs to. Streams this backend did not create (a framework's) are looked up
+  // through the driver (cuStreamGetCtx). InvalidArgument if the driver does not know it.
   [[nodiscard]] int device_of(StreamHandle stream, int fallback = 0) const;
+  // The device whose primary context is `context`, or -1 (a context the application made).
+  [[nodiscard]] int device_of(CUcontext context) const noexcept;
   [[nodiscard]] int device_of(EventHandle event) const;
   [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
   // The smallest granularity of any location: every address and size the driver can accept for

@@ -35,16 +35,58 @@ void host_func_trampoline(void* user_data) noexcept {
   }
 }
 
+// The driver's stand-ins for the default stream: valid on every device, never created.
+bool is_default_stream(StreamHandle stream) {
+  return stream.value == 0 || stream.value == std::bit_cast<std::uint64_t>(CU_STREAM_LEGACY) ||
+         stream.value == std::bit_cast<std::uint64_t>(CU_STREAM_PER_THREAD);
+}
+
 }  // namespace
 
 int CudaBackend::device_of(StreamHandle stream, int fallback) const {
-  if (stream.value == 0) return fallback;
-  const std::scoped_lock lock(mutex_);
-  const auto it = streams_.find(stream.value);
-  if (it == streams_.end()) {
-    throw InvalidArgument(fmt::format("unknown stream handle {:#x}", stream.value));
+  if (is_default_stream(stream)) return fallback;
+  {
+    const std::scoped_lock lock(mutex_);
+    const auto it = streams_.find(stream.value);
+    if (it != streams_.end()) return it->second;
   }
-  return it->second;
+  // Not ours: a framework's stream. The driver knows its context; nothing is cached, since a
+  // destroyed stream's handle may come back as another stream of another device.
+  CUcontext context = nullptr;
+  const CUresult rc = api_.cuStreamGetCtx(to_cu(stream), &context);
+  // A handle the driver does not know is the caller's mistake; anything else is the driver's.
+  if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_INVALID_HANDLE && rc != CUDA_ERROR_INVALID_VALUE &&
+      rc != CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+    throw driver_error(api_, "cuStreamGetCtx", rc);
+  }
+  if (rc != CUDA_SUCCESS) {
+    throw InvalidArgument(fmt::format(
+        "stream {:#x} is no stream the CUDA driver knows (never created, or destroyed): "
+        "cuStreamGetCtx returned {}",
+        stream.value, error_name(api_, rc)));
+  }
+  const int device = device_of(context);
+  if (device < 0) {
+    throw InvalidArgument(fmt::format(
+        "stream {:#x} belongs to a CUDA context that is no device's primary context", stream.value));
+  }
+  return device;
+}
+
+int CudaBackend::device_of(CUcontext context) const noexcept {
+  for (std::size_t d = 0; d < contexts_.size(); ++d) {
+    if (contexts_[d].context() == context) return static_cast<int>(d);
+  }
+  return -1;
+}
+
+void CudaBackend::validate_stream(StreamHandle stream, int device) {
+  check_device(device, "validate_stream");
+  const int owner = device_of(stream, device);
+  if (owner != device) {
+    throw InvalidArgument(fmt::format("stream {:#x} belongs to device {}, not device {}",
+                                      stream.value, owner, device));
+  }
 }
 
 int CudaBackend::device_of(EventHandle event) const {

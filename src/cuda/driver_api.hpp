@@ -43,6 +43,7 @@
   X(cuStreamDestroy)                 \
   X(cuStreamSynchronize)             \
   X(cuStreamQuery)                   \
+  X(cuStreamGetCtx)                  \
   X(cuStreamWaitEvent)               \
   X(cuEventCreate)                   \
   X(cuEventDestroy)                  \

@@ -99,6 +99,7 @@ class SimBackend final : public DeviceBackend {
   StreamHandle create_stream(int device, int priority) override;
   void destroy_stream(StreamHandle stream) override;
   void synchronize_stream(StreamHandle stream) override;
+  void validate_stream(StreamHandle stream, int device) override;
   [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
   EventHandle create_event(int device) override;
   void destroy_event(EventHandle event) override;

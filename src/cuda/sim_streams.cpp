@@ -174,6 +174,25 @@ void SimBackend::synchronize_stream(StreamHandle stream) {
   stream_for(stream, 0)->synchronize();
 }
 
+void SimBackend::validate_stream(StreamHandle stream, int device) {
+  check_device(device, "validate_stream");
+  if (stream.value == 0) return;
+  int owner = -1;
+  {
+    std::lock_guard lock(stream_mutex_);
+    auto it = streams_.find(stream.value);
+    if (it != streams_.end()) owner = it->second->device;
+  }
+  if (owner < 0) {
+    throw InvalidArgument(fmt::format(
+        "stream {:#x} is no stream of the sim backend (never created, or destroyed)", stream.value));
+  }
+  if (owner != device) {
+    throw InvalidArgument(
+        fmt::format("stream {:#x} belongs to device {}, not device {}", stream.value, owner, device));
+  }
+}
+
 bool SimBackend::query_stream(StreamHandle stream, int device) {
   return stream_for(stream, device)->idle();
 }

@@ -53,8 +53,18 @@ DeviceScheduler::~DeviceScheduler() {
     std::lock_guard sink_lock(marker_sink_->mu);
     marker_sink_->scheduler = nullptr;
   }
-  // Lane streams drain here (Stream's destructor).
+  // Lane streams drain here (Stream's destructor). Their heaps retire first: nothing may record
+  // on a destroyed stream, and their address ranges serve the next stream instead.
   std::lock_guard lock(mu_);
+  for (const auto& lane : lanes_) {
+    if (!lane) continue;
+    try {
+      memory_->retire_stream(device_, lane->handle());
+    } catch (const Error& e) {
+      spdlog::error("salus: retiring lane stream {:#x} of device {} failed: {}",
+                    lane->handle().value, device_, e.what());
+    }
+  }
   lanes_.clear();
 }
 

@@ -54,6 +54,7 @@ Block* Arena::release(Block* block) {
   assert(!block->free);
   block->free = true;
   block->other_streams.clear();
+  block->fence.reset();
   block->job_prev = block->job_next = nullptr;
   if (Block* next = block->next; next && next->free) {
     free_.erase(next);

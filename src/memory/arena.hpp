@@ -30,6 +30,9 @@ struct Block {
   Block* job_prev = nullptr;  // the owner's intrusive list of its live blocks of one class
   Block* job_next = nullptr;
   std::vector<StreamHandle> other_streams;  // record_stream_use
+  // Work of streams retired while the block was live (streams recorded on it, or its job's): on
+  // free, its reuse waits for this instead of recording on a destroyed stream.
+  FencePtr fence;
 
   [[nodiscard]] DevicePtr end() const { return addr + size; }
 };

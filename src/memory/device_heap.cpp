@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+
 #include "memory/job_table.hpp"
 
 namespace salus::memory {
@@ -55,28 +57,73 @@ void DeviceHeap::close() {
   heaps_.clear();  // unmaps their pages; each goes back to its own pool
 }
 
-StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
+namespace {
+
+// Segment and offset of published slot `i`: segment k holds kFirst << k slots.
+std::pair<std::size_t, std::size_t> locate(std::size_t i, std::size_t first) {
+  const std::size_t segment = static_cast<std::size_t>(std::bit_width(i / first + 1)) - 1;
+  return {segment, i - first * ((std::size_t{1} << segment) - 1)};
+}
+
+}  // namespace
+
+StreamHeap* DeviceHeap::published(std::size_t i) const {
+  const auto [segment, offset] = locate(i, kFirstSegment);
+  return segments_[segment].load(std::memory_order_acquire)[offset].load(std::memory_order_acquire);
+}
+
+StreamHeap* DeviceHeap::find_heap(StreamHandle stream) const {
+  if (stream.value == StreamHeap::kRetiredStream) return nullptr;  // retired heaps answer to none
   const std::size_t n = published_count_.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) {
-    StreamHeap* heap = published_[i].load(std::memory_order_acquire);
-    if (heap->stream() == stream) return *heap;
+    StreamHeap* heap = published(i);
+    if (heap->stream() == stream) return heap;
   }
+  return nullptr;
+}
+
+void DeviceHeap::validate(StreamHandle stream) const {
+  try {
+    backend_->validate_stream(stream, device_);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("stream {:#x} refused on device {}: {}", stream.value,
+                                      device_, e.what()));
+  }
+}
+
+StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
+  if (StreamHeap* heap = find_heap(stream)) return *heap;
+  // Checked once, when first met, outside the lock: a refused stream changes nothing.
+  validate(stream);
   std::lock_guard lock(create_mu_);
   for (const auto& heap : heaps_) {
     if (heap->stream() == stream) return *heap;
   }
-  if (heaps_.size() == kMaxStreams) {
-    throw InvalidArgument(
-        fmt::format("device {}: more than {} streams allocate memory", device_, kMaxStreams));
+  // A retired heap whose blocks are all gone serves the new stream with the same ranges, so that
+  // streams coming and going forever use bounded memory and address space.
+  for (const auto& heap : heaps_) {
+    if (heap->stream().value == StreamHeap::kRetiredStream && heap->rebind(stream)) return *heap;
   }
+  return make_heap(stream);
+}
+
+StreamHeap& DeviceHeap::make_heap(StreamHandle stream) {
   // Address space is cheap; a generous range means fragmentation never needs a second one.
   const std::size_t page = granularity();
   const std::size_t limit_pages = (limit() + page - 1) / page;
   const std::size_t large = std::max<std::size_t>(limit_pages * va_factor_, 1) * page;
   // At least a few pages, so that an allocation can step around addresses still retiring.
   const std::size_t small = std::max<std::size_t>(limit_pages / 4, 16) * page;
+  const std::size_t index = heaps_.size();
+  const auto [segment, offset] = locate(index, kFirstSegment);
+  if (segment >= kSegments) throw InvalidArgument("too many streams");  // unreachable in practice
+  if (!segment_owner_[segment]) {
+    segment_owner_[segment] =
+        std::make_unique<std::atomic<StreamHeap*>[]>(kFirstSegment << segment);
+    segments_[segment].store(segment_owner_[segment].get(), std::memory_order_release);
+  }
   auto& heap = heaps_.emplace_back(std::make_unique<StreamHeap>(*this, stream, small, large));
-  published_[heaps_.size() - 1].store(heap.get(), std::memory_order_release);
+  segment_owner_[segment][offset].store(heap.get(), std::memory_order_release);
   published_count_.store(heaps_.size(), std::memory_order_release);
   return *heap;
 }
@@ -84,7 +131,7 @@ StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
 StreamHeap* DeviceHeap::heap_of(DevicePtr ptr) const {
   const std::size_t n = published_count_.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) {
-    StreamHeap* heap = published_[i].load(std::memory_order_acquire);
+    StreamHeap* heap = published(i);
     if (heap->contains(ptr)) return heap;
   }
   return nullptr;
@@ -153,6 +200,7 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.deferred_unmaps = counters_.deferred_unmaps.load(std::memory_order_relaxed);
   s.retiring = counters_.retiring.load(std::memory_order_relaxed);
   s.allocation_waits = counters_.allocation_waits.load(std::memory_order_relaxed);
+  s.stream_heaps = heap_count();
   return s;
 }
 

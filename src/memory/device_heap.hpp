@@ -49,8 +49,6 @@ struct DeviceCounters {
 
 class DeviceHeap {
  public:
-  // At most this many streams may allocate on one device (each gets its own address range).
-  static constexpr std::size_t kMaxStreams = 64;
 
   DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, JobTable& jobs, int device,
              std::size_t limit_bytes, std::size_t va_factor);
@@ -77,8 +75,19 @@ class DeviceHeap {
   // Returns the pages still missing (0 on success, with `ptr` set).
   CarveResult try_allocate(const AllocationRequest& request, std::size_t bytes,
                            std::vector<Page>& stash);
-  // The heap of `stream`, made on first use.
+  // The heap of `stream`, made on first use (the backend checks the stream then, so the hot path
+  // never does): a retired heap ready for reuse is re-bound, else a new one is made. Throws
+  // InvalidArgument naming the stream and the device when the stream is refused (nothing changes).
   StreamHeap& heap_for(StreamHandle stream);
+  // The heap of `stream`, or nullptr. Lock-free.
+  [[nodiscard]] StreamHeap* find_heap(StreamHandle stream) const;
+  // Throws InvalidArgument naming the stream and this device unless the backend knows `stream`
+  // as one of this device's.
+  void validate(StreamHandle stream) const;
+  // Stream heaps, retired ones included.
+  [[nodiscard]] std::size_t heap_count() const {
+    return published_count_.load(std::memory_order_acquire);
+  }
   // Unmaps every stream heap's pages (they go home to their pools); the heap is unusable after.
   void close();
   // The heap that owns `ptr`, or nullptr. Lock-free.
@@ -92,7 +101,7 @@ class DeviceHeap {
   template <class F>
   void for_each_stream_heap(F&& visit) const {
     const std::size_t n = published_count_.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < n; ++i) visit(*published_[i].load(std::memory_order_acquire));
+    for (std::size_t i = 0; i < n; ++i) visit(*published(i));
   }
 
   [[nodiscard]] DeviceMemoryStats stats() const;
@@ -109,10 +118,19 @@ class DeviceHeap {
   DeviceCounters counters_;
   PageMover mover_;
 
+  // Published heap `i` (below published_count_).
+  [[nodiscard]] StreamHeap* published(std::size_t i) const;
+  StreamHeap& make_heap(StreamHandle stream);  // with create_mu_ held
+
   // Heaps are published once built and live as long as the DeviceHeap, so lookups need no lock.
+  // The published list grows in segments of doubling size, each published once through an
+  // atomic pointer: slots never move, so readers need no lock and streams have no fixed cap.
+  static constexpr std::size_t kFirstSegment = 16;
+  static constexpr std::size_t kSegments = 40;  // 16 * (2^40 - 1) heaps: never the limit
   std::mutex create_mu_;
   std::vector<std::unique_ptr<StreamHeap>> heaps_;  // owner; guarded by create_mu_
-  std::array<std::atomic<StreamHeap*>, kMaxStreams> published_{};
+  std::array<std::unique_ptr<std::atomic<StreamHeap*>[]>, kSegments> segment_owner_;  // ditto
+  std::array<std::atomic<std::atomic<StreamHeap*>*>, kSegments> segments_{};
   std::atomic<std::size_t> published_count_{0};
 };
 

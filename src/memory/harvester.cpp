@@ -196,7 +196,11 @@ void Harvester::set_quiescent(JobRecord& job) {
     for (const auto& device : devices_) {
       streams.clear();
       device->for_each_stream_heap([&](StreamHeap& heap) {
-        if (heap.has_job(job.id)) streams.push_back(heap.stream());
+        // A retired heap's stream may be gone; moves of its pages wait for its retire fence.
+        const StreamHandle stream = heap.stream();
+        if (stream.value != StreamHeap::kRetiredStream && heap.has_job(job.id)) {
+          streams.push_back(stream);
+        }
       });
       jobs_.streams_of(job.id, device->device(), streams);
       std::sort(streams.begin(), streams.end());

@@ -132,6 +132,18 @@ void JobTable::add_stream(JobId job, int device, StreamHandle stream) {
   record.has_streams.store(true, std::memory_order_release);
 }
 
+std::vector<JobId> JobTable::remove_stream(int device, StreamHandle stream) {
+  std::vector<JobId> had;
+  const std::pair<int, StreamHandle> entry{device, stream};
+  for (std::size_t j = 0; j < size(); ++j) {
+    JobRecord* record = find(JobId{static_cast<std::uint32_t>(j)});
+    if (record == nullptr || !record->has_streams.load(std::memory_order_acquire)) continue;
+    std::lock_guard lock(record->streams_mu);
+    if (std::erase(record->streams, entry) > 0) had.push_back(record->id);
+  }
+  return had;
+}
+
 bool JobTable::may_move(JobId job) {
   JobRecord* record = find(job);
   if (record == nullptr) return false;

@@ -77,6 +77,8 @@ class JobTable final : public JobGate {
   // Appends the streams `job` works on on `device` (add_job_stream); none for unknown ids.
   void streams_of(JobId job, int device, std::vector<StreamHandle>& out) const;
   void add_stream(JobId job, int device, StreamHandle stream);
+  // `stream` of `device` is retired: no job works on it any more. Returns the jobs that did.
+  std::vector<JobId> remove_stream(int device, StreamHandle stream);
 
   bool try_hold(JobId job) override;
   void release(JobId job) override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "memory/device_heap.hpp"
 #include "memory/harvester.hpp"
@@ -143,6 +144,9 @@ class MemoryManager::Impl {
     }
     const std::size_t bytes = round_up(request.bytes);
     JobRecord& job = jobs_.live(request.job);
+    // The stream is checked (and its heap made) before anything is charged: a refused stream
+    // leaves every count as it was.
+    (void)device.heap_for(request.stream);
     if (auto refusal = job.try_charge(request.lifetime, bytes)) {
       device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
       throw OutOfMemory(oom_info(job, device, request, *refusal, true));
@@ -379,25 +383,58 @@ void MemoryManager::deallocate(DevicePtr ptr, JobId job) {
 }
 
 void MemoryManager::record_stream_use(DevicePtr ptr, StreamHandle stream) {
-  impl_->owner_of(ptr, "record_stream_use").second->record_stream_use(ptr, stream);
+  auto [device, heap] = impl_->owner_of(ptr, "record_stream_use");
+  device->validate(stream);  // its fences will be recorded on it: a bogus handle goes now
+  heap->record_stream_use(ptr, stream);
 }
 
 void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
   DeviceHeap& heap = impl_->heap(device);
+  (void)impl_->jobs_.live(job);
+  heap.validate(stream);
   impl_->jobs_.add_stream(job, device, stream);
   // What a framework does when it uses a block on a stream other than the one it was allocated
-  // on: that stream waits for the allocation stream. Idle streams have nothing to wait for.
+  // on: that stream waits for the allocation stream. Idle streams have nothing to wait for; a
+  // retired stream's work is what its retire fence caught.
   std::vector<StreamHandle> busy;
+  std::vector<memory::FencePtr> retired;
   heap.for_each_stream_heap([&](StreamHeap& other) {
-    if (other.stream() != stream && other.has_job(job) &&
-        !heap.backend().query_stream(other.stream(), device)) {
-      busy.push_back(other.stream());
+    const StreamHandle s = other.stream();
+    if (s == stream || !other.has_job(job)) return;
+    if (s.value == StreamHeap::kRetiredStream) {
+      if (auto fence = other.retire_fence()) retired.push_back(std::move(fence));
+    } else if (!heap.backend().query_stream(s, device)) {
+      busy.push_back(s);
     }
   });
   if (!busy.empty()) {
     memory::Fence::after(heap.shared_backend(), device, busy)
         ->order(heap.backend(), stream, device);
   }
+  for (const auto& fence : retired) fence->order(heap.backend(), stream, device);
+}
+
+void MemoryManager::retire_stream(int device, StreamHandle stream) {
+  DeviceHeap& heap = impl_->heap(device);
+  if (stream.value == 0) {
+    throw InvalidArgument("retire_stream: stream 0 is the default stream, which is never destroyed");
+  }
+  StreamHeap* own = heap.find_heap(stream);
+  memory::FencePtr fence = own != nullptr ? own->retire() : nullptr;
+  // A stream without a heap is fenced only if something names it (so an unknown handle is a
+  // no-op): the stream is still alive here.
+  bool fenced = own != nullptr;
+  auto fence_now = [&]() -> const memory::FencePtr& {
+    if (!std::exchange(fenced, true) && !heap.backend().query_stream(stream, device)) {
+      const StreamHandle s[] = {stream};
+      fence = memory::Fence::after(heap.shared_backend(), device, s);
+    }
+    return fence;
+  };
+  // Jobs that worked on the stream, and blocks recorded on it, stop naming it: their memory
+  // waits for the fence instead of recording on a destroyed stream.
+  const std::vector<JobId> jobs = impl_->jobs_.remove_stream(device, stream);
+  heap.for_each_stream_heap([&](StreamHeap& h) { h.forget_stream(stream, fence_now, jobs); });
 }
 
 std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {

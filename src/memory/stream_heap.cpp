@@ -21,7 +21,7 @@ DevicePtr reserve_range(DeviceBackend& backend, std::size_t bytes, std::size_t p
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
     : device_(device),
-      stream_(stream),
+      stream_(stream.value),
       // One reservation holds the small arena and the large arena.
       va_base_(reserve_range(device.backend(), small_bytes + large_bytes, device.granularity())),
       va_bytes_(small_bytes + large_bytes),
@@ -32,7 +32,7 @@ StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
   if (!live_.empty()) {
     spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown",
-                 device_.device(), stream_.value, live_.size());
+                 device_.device(), stream().value, live_.size());
   }
   // Nothing may still touch a page when its address goes: wait for this stream's work so far.
   try {
@@ -42,7 +42,7 @@ StreamHeap::~StreamHeap() {
     // Its owner destroyed the stream first (a destroyed stream drains on its own, or the owner
     // synchronized it): nothing is left to wait for through its handle.
     spdlog::debug("salus: device {} stream {:#x}: not waiting for its work at shutdown: {}",
-                  device_.device(), stream_.value, e.what());
+                  device_.device(), stream().value, e.what());
   }
   settle_retiring(true);
   std::vector<Page> pages;
@@ -67,9 +67,15 @@ StreamHeap::~StreamHeap() {
 
 const FencePtr& StreamHeap::OwnFence::get() {
   if (!asked_) {
+    // A retired stream may be gone: its work is what the retire fence caught.
+    if (heap_.retired_) {
+      fence_ = settled(heap_.retire_fence_) ? nullptr : heap_.retire_fence_;
+      asked_ = true;
+      return fence_;
+    }
     // An idle stream has nothing queued that could touch the page: no fence, and the page is
     // unmapped at once. (Work enqueued from now on only touches live blocks.)
-    const StreamHandle stream = heap_.stream_;
+    const StreamHandle stream = heap_.stream();
     if (!heap_.device_.backend().query_stream(stream, heap_.device_.device())) {
       fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
                             std::span(&stream, 1));
@@ -82,6 +88,10 @@ const FencePtr& StreamHeap::OwnFence::get() {
 CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId job,
                                  Lifetime lifetime, std::vector<Page>& stash) {
   std::lock_guard lock(mu_);
+  if (retired_) {
+    throw InvalidArgument(fmt::format("allocate: the stream was retired on device {}",
+                                      device_.device()));
+  }
   if (!retiring_.empty()) settle_retiring(false);
   Arena& arena = arena_for(bytes);
   Block* block = carve(arena, bytes);
@@ -195,7 +205,7 @@ std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size
     }
     if (slot.fence) {
       // Work of other streams on a block freed here: this stream waits for it on the GPU.
-      if (slot.fence.get() != ordered) slot.fence->order(backend, stream_, device_.device());
+      if (slot.fence.get() != ordered) slot.fence->order(backend, stream(), device_.device());
       ordered = slot.fence.get();
       slot.fence.reset();
     }
@@ -221,7 +231,7 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
       for (; i < last && !arena.page(i).mapped; ++i) {
         // A page from another user: our later work waits for its old work, on the GPU.
         if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
-          next.fence->order(backend, stream_, device_.device());
+          next.fence->order(backend, stream(), device_.device());
           ordered = next.fence.get();
         }
         backend.map(arena.page_addr(i), page, pages.back().chunk, 0);
@@ -374,10 +384,14 @@ FreedBlock StreamHeap::free_block(Block* block) {
   device_.counters().on_free(block->lifetime, block->size);
   std::vector<StreamHandle> others;
   streams_using(*block, others);
+  // Other streams may still read or write it: whoever reuses, moves or takes its pages waits
+  // for their work so far (this stream's own work is ordered by the stream itself). Streams
+  // retired meanwhile left their fence on the block.
+  FencePtr fence = std::move(block->fence);
   if (!others.empty()) {
-    // Other streams may still read or write it: whoever reuses, moves or takes its pages waits
-    // for their work so far (this stream's own work is ordered by the stream itself).
-    const FencePtr fence = Fence::after(device_.shared_backend(), device_.device(), others);
+    fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
+  }
+  if (fence != nullptr) {
     Arena& arena = arena_of(*block);
     auto [first, last] = arena.pages_touched(*block);
     for (std::size_t i = first; i < last; ++i) {
@@ -385,6 +399,7 @@ FreedBlock StreamHeap::free_block(Block* block) {
     }
   }
   release_block(block);
+  if (retired_) drain_retired();
   return freed;
 }
 
@@ -394,7 +409,7 @@ void StreamHeap::streams_using(const Block& block, std::vector<StreamHandle>& ou
   out = block.other_streams;
   device_.jobs().streams_of(block.job, device_.device(), out);
   if (out.empty()) return;
-  std::erase(out, stream_);
+  std::erase(out, stream());
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
 }
@@ -418,7 +433,7 @@ FreedBlock StreamHeap::deallocate(DevicePtr ptr, std::optional<std::size_t> call
 void StreamHeap::record_stream_use(DevicePtr ptr, StreamHandle other) {
   std::lock_guard lock(mu_);
   Block* block = live_block(ptr, "record_stream_use");
-  if (other == stream_) return;
+  if (other == stream()) return;
   for (StreamHandle s : block->other_streams) {
     if (s == other) return;
   }
@@ -499,7 +514,7 @@ std::optional<BlockInfo> StreamHeap::find(DevicePtr ptr) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return std::nullopt;
   const Block& b = *it->second;
-  return BlockInfo{b.addr, b.size, b.requested, device_.device(), stream_, b.job, b.lifetime};
+  return BlockInfo{b.addr, b.size, b.requested, device_.device(), stream(), b.job, b.lifetime};
 }
 
 StreamHeap::Tally& StreamHeap::Tally::operator+=(const Tally& other) {

@@ -5,6 +5,7 @@
 // work has finished, so nothing queued here ever touches an unmapped page (hand_off).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory_resource>
@@ -49,7 +50,14 @@ class StreamHeap {
   StreamHeap(const StreamHeap&) = delete;
   StreamHeap& operator=(const StreamHeap&) = delete;
 
-  [[nodiscard]] StreamHandle stream() const { return stream_; }
+  // What stream() says once the heap is retired: no stream's handle, so lookups skip it, and
+  // marks_now takes the retire fence for it instead of recording on a destroyed stream.
+  static constexpr std::uint64_t kRetiredStream = ~std::uint64_t{0};
+
+  // Lock-free: a retired heap may be re-bound to a new stream (rebind).
+  [[nodiscard]] StreamHandle stream() const {
+    return StreamHandle{stream_.load(std::memory_order_acquire)};
+  }
   [[nodiscard]] bool contains(DevicePtr p) const {
     return p >= va_base_ && p < va_base_ + va_bytes_;
   }
@@ -63,6 +71,20 @@ class StreamHeap {
   FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes,
                         std::optional<JobId> job = std::nullopt);
   void record_stream_use(DevicePtr ptr, StreamHandle other);
+
+  // The stream is about to be destroyed: fences its work so far, hands its free pages to the
+  // pool behind that fence and marks the heap retired (live blocks stay; when freed, their pages
+  // follow). Returns the fence (null when the stream was idle). A second call returns null.
+  FencePtr retire();
+  // Binds a retired heap with no live block and no page still retiring to `stream`; false when
+  // it is not ready.
+  bool rebind(StreamHandle stream);
+  // `stream` is retired: live blocks that name it, or whose job worked on it (`jobs`), wait for
+  // its fence (`fence()`, asked only when some block needs it) from now on instead.
+  void forget_stream(StreamHandle stream, const std::function<const FencePtr&()>& fence,
+                     std::span<const JobId> jobs);
+  // The retire fence of a retired heap (null when live, or nothing is pending).
+  [[nodiscard]] FencePtr retire_fence();
   // Frees every live block of `job`; reports each through `on_free`.
   template <class F>
   void release_job(JobId job, F&& on_free);
@@ -163,6 +185,8 @@ class StreamHeap {
   // Other streams that may use `block`: those recorded on it and the streams its job works on.
   void streams_using(const Block& block, std::vector<StreamHandle>& out) const;
   void release_block(Block* block);
+  // A retired heap keeps no free pages: they go to the pool behind the retire fence.
+  void drain_retired();
   // Runs `moves` on the device's mover after `after`, then settles counters, reports the round
   // and sends the old pages home. Moves that failed give their new pages back; rethrows.
   void run_moves(MoveReason reason, std::vector<PageMove>& moves,
@@ -184,8 +208,10 @@ class StreamHeap {
                                                        JobGate& gate, bool touches_free);
 
   DeviceHeap& device_;
-  const StreamHandle stream_;
-  std::mutex mu_;  // guards everything below
+  std::atomic<std::uint64_t> stream_;  // written under mu_ (retire, rebind)
+  std::mutex mu_;                      // guards everything below
+  bool retired_ = false;
+  FencePtr retire_fence_;  // the retired stream's work up to retire()
   DevicePtr va_base_ = 0;
   std::size_t va_bytes_ = 0;
   Arena small_;

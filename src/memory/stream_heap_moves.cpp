@@ -12,6 +12,13 @@ namespace salus::memory {
 
 namespace {
 
+// Appends the events of `fence` while it is pending.
+void add_fence(const FencePtr& fence, std::vector<std::shared_ptr<const Event>>& marks) {
+  if (settled(fence)) return;
+  const auto events = fence->events();
+  marks.insert(marks.end(), events.begin(), events.end());
+}
+
 // Appends the events of the moved pages' fences: other streams' work on blocks freed there.
 void add_page_fences(std::span<const PageMove> moves,
                      std::vector<std::shared_ptr<const Event>>& marks) {
@@ -59,9 +66,10 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   }
   std::vector<StreamHandle> streams;
   streams_using(*block, streams);
-  streams.push_back(stream_);
+  streams.push_back(stream());
   auto after = marks_now(streams);
   add_page_fences(moves, after);
+  add_fence(block->fence, after);
   run_moves(MoveReason::remap, moves, after);
   // The caller asked for its bytes where they now are: ordered after all work so far, the host
   // included.
@@ -70,6 +78,11 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::marks_now(
     std::span<const StreamHandle> streams) {
   std::vector<std::shared_ptr<const Event>> marks;
   for (StreamHandle stream : streams) {
+    if (stream.value == kRetiredStream) {
+      // A retired stream may be destroyed: what it did is what the retire fence caught.
+      add_fence(retire_fence_, marks);
+      continue;
+    }
     auto mark = std::make_shared<Event>(device_.shared_backend(), device_.device());
     mark->record(stream);
     marks.push_back(std::move(mark));
@@ -250,12 +263,13 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vect
   };
   std::vector<StreamHandle> streams;
   for (JobId job : held) {
-    streams.assign(1, stream_);
+    streams.assign(1, stream());
     device_.jobs().streams_of(job, device, streams);
     if (auto it = jobs_.find(job.value); it != jobs_.end()) {
       for (Block* head : it->second.head) {
         for (Block* b = head; b != nullptr; b = b->job_next) {
           streams.insert(streams.end(), b->other_streams.begin(), b->other_streams.end());
+          add_fence(b->fence, marks);
         }
       }
     }
@@ -263,7 +277,7 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vect
     streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
     for (StreamHandle stream : streams) cover(job, stream);
   }
-  if (touches_free) unmarked.push_back(stream_);
+  if (touches_free) unmarked.push_back(stream());
   std::sort(unmarked.begin(), unmarked.end());
   unmarked.erase(std::unique(unmarked.begin(), unmarked.end()), unmarked.end());
   auto now = marks_now(unmarked);

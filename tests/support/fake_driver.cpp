@@ -107,6 +107,9 @@ CUresult fake_cuStreamSynchronize(CUstream stream) {
 CUresult fake_cuStreamQuery(CUstream stream) {
   return forward([&](auto& s) { return s.stream_query(stream); });
 }
+CUresult fake_cuStreamGetCtx(CUstream stream, CUcontext* context) {
+  return forward([&](auto& s) { return s.stream_get_ctx(stream, context); });
+}
 CUresult fake_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
   return forward([&](auto& s) { return s.stream_wait_event(stream, event, flags); });
 }

@@ -54,6 +54,7 @@ class FakeDriver::State {
   CUresult stream_destroy(CUstream stream);
   CUresult stream_synchronize(CUstream stream);
   CUresult stream_query(CUstream stream);
+  CUresult stream_get_ctx(CUstream stream, CUcontext* context);
   CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags);
   CUresult event_create(CUevent* event, unsigned flags);
   CUresult event_destroy(CUevent event);

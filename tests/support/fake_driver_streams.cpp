@@ -57,6 +57,23 @@ CUresult FakeDriver::State::stream_query(CUstream stream) {
   });
 }
 
+CUresult FakeDriver::State::stream_get_ctx(CUstream stream, CUcontext* context) {
+  return run("cuStreamGetCtx", {as_int(stream)}, [&] {
+    if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // The default streams belong to whatever context is current, as with the driver.
+    if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+      const int device = current_device();
+      if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+      *context = context_of(device);
+      return CUDA_SUCCESS;
+    }
+    const auto it = streams_.find(std::bit_cast<std::uintptr_t>(stream));
+    if (it == streams_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *context = context_of(it->second);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
   return run("cuStreamWaitEvent", {as_int(stream), as_int(event), flags}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));

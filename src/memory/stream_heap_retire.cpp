@@ -1,0 +1,71 @@
+// StreamHeap: retiring the heap of a stream that is about to be destroyed, and re-binding a
+// retired heap to a new stream. A retired heap never records on its stream again: its own work is
+// what the retire fence caught (OwnFence and marks_now take that fence instead).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "memory/device_heap.hpp"
+#include "memory/stream_heap.hpp"
+
+namespace salus::memory {
+
+FencePtr StreamHeap::retire() {
+  std::lock_guard lock(mu_);
+  if (retired_) return nullptr;
+  // The stream is still alive here: one fence after its work so far, taken before the heap
+  // stops recording on it.
+  FencePtr fence;
+  {
+    OwnFence own(*this);
+    fence = own.get();
+  }
+  retire_fence_ = fence;
+  retired_ = true;
+  // Lookups stop finding the heap: the handle may name a new stream once this one is destroyed.
+  stream_.store(kRetiredStream, std::memory_order_release);
+  drain_retired();
+  return fence;
+}
+
+void StreamHeap::drain_retired() {
+  // Pages go to the pool fenced: the taker waits for the retired stream's work on the GPU, and
+  // the old addresses stay mapped here until that work has finished (hand_off).
+  std::vector<Page> pages;
+  OwnFence own(*this);
+  reclaim_locked(std::numeric_limits<std::size_t>::max(), pages, own, false);
+  device_.pool().put(pages);
+}
+
+bool StreamHeap::rebind(StreamHandle stream) {
+  std::lock_guard lock(mu_);
+  if (!retired_) return false;
+  settle_retiring(false);
+  if (!live_.empty() || !retiring_.empty() || !detours_.empty()) return false;
+  // Free space may still hold pages when an earlier drain failed: they go now.
+  drain_retired();
+  if (!retiring_.empty()) return false;
+  retired_ = false;
+  retire_fence_.reset();
+  jobs_.clear();
+  stream_.store(stream.value, std::memory_order_release);
+  return true;
+}
+
+void StreamHeap::forget_stream(StreamHandle stream, const std::function<const FencePtr&()>& fence,
+                               std::span<const JobId> jobs) {
+  std::lock_guard lock(mu_);
+  for (auto& [addr, block] : live_) {
+    const bool named = std::erase(block->other_streams, stream) > 0;
+    const bool job_used = std::find(jobs.begin(), jobs.end(), block->job) != jobs.end();
+    if (named || job_used) block->fence = Fence::join(block->fence, fence());
+  }
+}
+
+FencePtr StreamHeap::retire_fence() {
+  std::lock_guard lock(mu_);
+  return retired_ && !settled(retire_fence_) ? retire_fence_ : nullptr;
+}
+
+}  // namespace salus::memory
