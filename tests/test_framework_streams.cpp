@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "iteration_sched/device_scheduler.hpp"
+#include "memory/safe_points.hpp"
 #include "salus/memory.hpp"
 #include "salus/scheduler.hpp"
 #include "support/harvest_fixture.hpp"
@@ -118,9 +119,9 @@ TEST_F(FrameworkStreams, OutsideStreamsOnAMeshWithSpillingKeepEveryByte) {
   EXPECT_EQ(memory->device_stats(0).borrowed_peer, 32 * MiB);
   expect_balanced(0, blocks, kBlock, job);
 
-  memory->set_job_quiescent(job);
-  EXPECT_GT(memory->demote(job, 0), 0u);
-  (void)memory->activate_job(job);
+  memory::set_job_quiescent(*memory, job);
+  EXPECT_GT(memory::demote(*memory, job, 0), 0u);
+  (void)memory::activate_job(*memory, job);
   memory->remap(blocks[3], Location::gpu(2));
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     EXPECT_TRUE(check_pattern(blocks[i], kBlock, 500 + i)) << "block " << i;

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "memory/safe_points.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -115,7 +116,7 @@ TEST_F(Harvest, ALenderUnderPressureGetsItsPagesBackAndBorrowersKeepTheirPointer
   fill_pattern(home, 8 * MiB, 3);
   fill_pattern(away, 8 * MiB, 4);
   ASSERT_EQ(backend->location_of(away), Location::gpu(1));
-  memory->set_job_quiescent(borrower);
+  memory::set_job_quiescent(*memory, borrower);
 
   const DevicePtr mine = alloc(8 * MiB, 1, lender);  // all of device 1: only a recall makes room
   EXPECT_EQ(backend->location_of(mine), Location::gpu(1));
@@ -164,7 +165,7 @@ TEST_F(Harvest, ALenderWaitsForABorrowerToReachASafePoint) {
   std::jthread safe_point([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     memory->deallocate(home);
-    memory->set_job_quiescent(borrower);
+    memory::set_job_quiescent(*memory, borrower);
   });
   const DevicePtr mine = alloc(8 * MiB, 1, lender);
   EXPECT_EQ(backend->location_of(mine), Location::gpu(1));
@@ -182,7 +183,7 @@ TEST_F(Harvest, IdleJobsGoDownATierBeforeTheRunningJobSpillsAndComeBackWhenActiv
   const JobId running = memory->register_job("running");
   const DevicePtr weights = alloc(8 * MiB, 0, idle);
   fill_pattern(weights, 8 * MiB, 5);
-  memory->set_job_quiescent(idle);
+  memory::set_job_quiescent(*memory, idle);
   const DevicePtr activations = alloc(16 * MiB, 0, running);
   EXPECT_EQ(backend->location_of(activations), Location::gpu(0));
   EXPECT_EQ(backend->location_of(activations + 16 * MiB - 1), Location::gpu(0));
@@ -190,7 +191,7 @@ TEST_F(Harvest, IdleJobsGoDownATierBeforeTheRunningJobSpillsAndComeBackWhenActiv
   EXPECT_TRUE(check_pattern(weights, 8 * MiB, 5));
 
   memory->deallocate(activations);
-  EXPECT_EQ(memory->activate_job(idle), 8 * MiB);
+  EXPECT_EQ(memory::activate_job(*memory, idle), 8 * MiB);
   EXPECT_EQ(backend->location_of(weights), Location::gpu(0));
   EXPECT_TRUE(check_pattern(weights, 8 * MiB, 5));
   const JobMemoryStats stats = memory->job_stats(idle);
@@ -208,15 +209,15 @@ TEST_F(Harvest, PrefetchBringsPagesHomeBeforeActivation) {
   const JobId next = memory->register_job("next");
   const DevicePtr weights = alloc(8 * MiB, 0, next);
   fill_pattern(weights, 8 * MiB, 6);
-  memory->set_job_quiescent(next);
-  EXPECT_EQ(memory->demote(next, 0), 8 * MiB);
+  memory::set_job_quiescent(*memory, next);
+  EXPECT_EQ(memory::demote(*memory, next, 0), 8 * MiB);
   EXPECT_EQ(backend->location_of(weights), Location::gpu(1));
-  memory->prefetch(next);
+  memory::prefetch(*memory, next);
   // The round is over (and the job no longer held) once its bytes are counted.
   EXPECT_TRUE(
       harvest::eventually([&] { return memory->job_stats(next).prefetched_bytes == 8 * MiB; }));
   EXPECT_EQ(backend->location_of(weights + 8 * MiB - 1), Location::gpu(0));
-  EXPECT_EQ(memory->activate_job(next), 0u) << "nothing left to wait for";
+  EXPECT_EQ(memory::activate_job(*memory, next), 0u) << "nothing left to wait for";
   EXPECT_EQ(backend->location_of(weights), Location::gpu(0));
   EXPECT_TRUE(check_pattern(weights, 8 * MiB, 6));
   const JobMemoryStats stats = memory->job_stats(next);
@@ -228,11 +229,11 @@ TEST_F(Harvest, PrefetchBringsPagesHomeBeforeActivation) {
 
 TEST_F(Harvest, BadInputIsNamed) {
   build(SimConfig::nvlink_mesh(2, 64 * MiB), harvesting({}, SpillPolicy::none));
-  EXPECT_THROW(memory->set_job_quiescent(kUnattributedJob), InvalidArgument);
-  EXPECT_THROW(memory->set_job_quiescent(JobId{77}), UnknownJob);
-  EXPECT_THROW(memory->prefetch(JobId{77}), UnknownJob);
+  EXPECT_THROW(memory::set_job_quiescent(*memory, kUnattributedJob), InvalidArgument);
+  EXPECT_THROW(memory::set_job_quiescent(*memory, JobId{77}), UnknownJob);
+  EXPECT_THROW(memory::prefetch(*memory, JobId{77}), UnknownJob);
   const JobId job = memory->register_job("j");
-  EXPECT_THROW((void)memory->demote(job, 0), NotSupported);
+  EXPECT_THROW((void)memory::demote(*memory, job, 0), NotSupported);
   MemoryOptions bad;
   bad.harvest.move_batch_pages = 0;
   EXPECT_THROW(MemoryManager(backend, bad), InvalidArgument);

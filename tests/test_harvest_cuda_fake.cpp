@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "cuda/cuda_backend.hpp"
+#include "memory/safe_points.hpp"
 #include "salus/memory.hpp"
 #include "support/fake_driver.hpp"
 
@@ -158,12 +159,12 @@ TEST_F(HarvestCudaFake, EveryRemapOfADemoteActivateCycleGetsAccessAgain) {
                       [&](const auto& entry) { return entry.second.where == where; }));
   };
   ASSERT_EQ(pages_at(Location::gpu(0)), 5u);
-  memory_->set_job_quiescent(job);
+  memory::set_job_quiescent(*memory_, job);
 
   for (int cycle = 0; cycle < 2; ++cycle) {
     SCOPED_TRACE(::testing::Message() << "cycle " << cycle);
     fake_.clear_calls();
-    EXPECT_EQ(memory_->demote(job, 0), 5 * kPage);
+    EXPECT_EQ(memory::demote(*memory_, job, 0), 5 * kPage);
     EXPECT_EQ(pages_at(Location::gpu(1)), 5u);
     for (const auto& [ptr, bytes] : blocks) expect_read_write(ptr, bytes, 0);
     // Five pages staged in the mover's window, then five mapped in place.
@@ -186,11 +187,11 @@ TEST_F(HarvestCudaFake, EveryRemapOfADemoteActivateCycleGetsAccessAgain) {
     fake_.clear_calls();
     for (const auto& [ptr, bytes] : blocks) memory_->remap(ptr, Location::host());
     EXPECT_EQ(pages_at(Location::host()), 5u);
-    EXPECT_EQ(memory_->activate_job(job), 5 * kPage);
+    EXPECT_EQ(memory::activate_job(*memory_, job), 5 * kPage);
     EXPECT_EQ(pages_at(Location::gpu(0)), 5u);
     for (const auto& [ptr, bytes] : blocks) expect_read_write(ptr, bytes, 0);
     EXPECT_GE(expect_access_after_every_map(0), 20u);
-    memory_->set_job_quiescent(job);
+    memory::set_job_quiescent(*memory_, job);
   }
   // An explicit remap to the host and back.
   fake_.clear_calls();
@@ -230,7 +231,7 @@ TEST_P(HarvestCudaFakeMoveFailures, AFailedMoveIsNamedAndLosesNothing) {
   const DevicePtr big = memory_->allocate({4 * MiB, 0, {}, job});
   const DevicePtr small = memory_->allocate({300, 0, {}, job});
   const DevicePtr theirs = memory_->allocate({2 * MiB, 0, {}, bystander});
-  memory_->set_job_quiescent(job);
+  memory::set_job_quiescent(*memory_, job);
 
   const auto big_pages = pages_of(big, 4 * MiB);
   const auto small_pages = pages_of(small, 300);
@@ -242,7 +243,7 @@ TEST_P(HarvestCudaFakeMoveFailures, AFailedMoveIsNamedAndLosesNothing) {
   fake_.clear_calls();
   fake_.fail_next(failure.call, CUDA_ERROR_INVALID_VALUE, failure.skip);
   try {
-    (void)memory_->demote(job, 0);
+    (void)memory::demote(*memory_, job, 0);
     ADD_FAILURE() << "the demote should fail when " << failure.call << " fails";
   } catch (const DeviceError& e) {
     EXPECT_EQ(e.call(), failure.call) << e.what();
@@ -275,10 +276,10 @@ TEST_P(HarvestCudaFakeMoveFailures, AFailedMoveIsNamedAndLosesNothing) {
 
   // The manager and its page mover still work: the demote succeeds now, and the pages come home.
   fake_.clear_calls();
-  EXPECT_EQ(memory_->demote(job, 0), 3 * kPage);
+  EXPECT_EQ(memory::demote(*memory_, job, 0), 3 * kPage);
   EXPECT_EQ(expect_access_after_every_map(0), 6u);
   EXPECT_EQ(fake_.chunk_at(big)->where, Location::gpu(1));
-  EXPECT_EQ(memory_->activate_job(job), 3 * kPage);
+  EXPECT_EQ(memory::activate_job(*memory_, job), 3 * kPage);
   EXPECT_EQ(fake_.chunk_at(big)->where, Location::gpu(0));
   expect_read_write(big, 4 * MiB, 0);
   memory_->release_job(job);
@@ -310,9 +311,9 @@ TEST_F(HarvestCudaFake, APartlyFailedMoveCountsThePagesThatMoved) {
   const DevicePtr big = memory_->allocate({6 * MiB, 0, {}, job});
   const auto before = pages_of(big, 6 * MiB);
   const std::size_t mapped = fake_.mapped_bytes();
-  memory_->set_job_quiescent(job);
+  memory::set_job_quiescent(*memory_, job);
   fake_.fail_next("cuMemMap", CUDA_ERROR_INVALID_VALUE, 3 + 1);  // 3 staged, page 0 in place
-  EXPECT_THROW((void)memory_->demote(job, 0), DeviceError);
+  EXPECT_THROW((void)memory::demote(*memory_, job, 0), DeviceError);
   const auto after = pages_of(big, 6 * MiB);
   std::size_t moved = 0;
   for (const auto& [page, chunk] : after) {
@@ -331,7 +332,7 @@ TEST_F(HarvestCudaFake, APartlyFailedMoveCountsThePagesThatMoved) {
   const JobMemoryStats stats = memory_->job_stats(job);
   EXPECT_EQ(stats.in_use_by_tier[static_cast<std::size_t>(Tier::peer)], kPage);
   EXPECT_EQ(stats.in_use_by_tier[static_cast<std::size_t>(Tier::local)], 2 * kPage);
-  EXPECT_EQ(memory_->demote(job, 0), 2 * kPage) << "the rest moves on the next try";
+  EXPECT_EQ(memory::demote(*memory_, job, 0), 2 * kPage) << "the rest moves on the next try";
   EXPECT_EQ(memory_->device_stats(1).lent, 3 * kPage);
   memory_->release_job(job);
   memory_->trim();
@@ -345,10 +346,10 @@ TEST_F(HarvestCudaFake, AFailedFetchStillActivatesTheJobWithUsablePages) {
   build(harvesting({8 * MiB, 16 * MiB}, 0));
   const JobId job = memory_->register_job("waking");
   const DevicePtr big = memory_->allocate({4 * MiB, 0, {}, job});
-  memory_->set_job_quiescent(job);
-  ASSERT_EQ(memory_->demote(job, 0), 2 * kPage);
+  memory::set_job_quiescent(*memory_, job);
+  ASSERT_EQ(memory::demote(*memory_, job, 0), 2 * kPage);
   fake_.fail_next("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE, 2);  // page 0's access in place
-  EXPECT_EQ(memory_->activate_job(job), 0u) << "nothing came home";
+  EXPECT_EQ(memory::activate_job(*memory_, job), 0u) << "nothing came home";
   std::size_t failed = 0;
   for (const FakeCall& call : fake_.calls("cuMemSetAccess")) failed += call.result != CUDA_SUCCESS;
   EXPECT_EQ(failed, 1u) << "the injected failure happened";
@@ -362,8 +363,8 @@ TEST_F(HarvestCudaFake, AFailedFetchStillActivatesTheJobWithUsablePages) {
   EXPECT_EQ(memory_->device_stats(0).borrowed_peer, 2 * kPage);
   EXPECT_EQ(memory_->device_stats(1).lent, 2 * kPage);
   // Quiescent and active again: this time they come home.
-  memory_->set_job_quiescent(job);
-  EXPECT_EQ(memory_->activate_job(job), 2 * kPage);
+  memory::set_job_quiescent(*memory_, job);
+  EXPECT_EQ(memory::activate_job(*memory_, job), 2 * kPage);
   EXPECT_EQ(memory_->device_stats(1).lent, 0u);
   memory_->release_job(job);
   memory_->trim();

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "memory/safe_points.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -439,7 +440,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
       ++counts[label];
     } else if (dice < 700) {
       JobModel& job = jobs[rng() % jobs.size()];
-      memory->set_job_quiescent(job.id);
+      memory::set_job_quiescent(*memory, job.id);
       job.quiescent = true;
       label = "quiescent";
       ++counts[label];
@@ -448,7 +449,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
       rule = {MoveRule::home_or_down, job.id.value};
       const bool was_quiescent = job.quiescent;
       const JobMemoryStats stats_before = memory->job_stats(job.id);
-      const std::size_t fetched = memory->activate_job(job.id);
+      const std::size_t fetched = memory::activate_job(*memory, job.id);
       job.quiescent = false;
       after_op = [&, was_quiescent, fetched, stats_before, id = job.id](
                      const PageMap& pages, const std::vector<DevicePtr>& moved) {
@@ -476,7 +477,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
       JobModel& job = jobs[rng() % jobs.size()];
       const int device = static_cast<int>(rng() % static_cast<std::size_t>(devices));
       rule = {MoveRule::demote, job.id.value, device};
-      const std::size_t moved = memory->demote(job.id, device);
+      const std::size_t moved = memory::demote(*memory, job.id, device);
       if (!job.quiescent) {
         EXPECT_EQ(moved, 0u) << "op " << op << ": demoted a running job";
       }
@@ -506,7 +507,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
       } else {
         rule = {MoveRule::home_or_down, job.id.value};
         const std::uint64_t prefetched = memory->job_stats(job.id).prefetched_bytes;
-        memory->prefetch(job.id);
+        memory::prefetch(*memory, job.id);
         const std::uint64_t want = prefetched + *away * kPage;
         ASSERT_TRUE(eventually([&] { return memory->job_stats(job.id).prefetched_bytes >= want; }))
             << "op " << op << ": a prefetch with room for its " << *away
@@ -516,7 +517,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
         // demote or allocation of it could make the prefetcher move pages behind the test's back
         // (the target is dropped only once the prefetcher finds nothing away).
         const JobMemoryStats ready = memory->job_stats(job.id);
-        EXPECT_EQ(memory->activate_job(job.id), 0u)
+        EXPECT_EQ(memory::activate_job(*memory, job.id), 0u)
             << "op " << op << ": prefetch left movable pages away";
         job.quiescent = false;
         const JobMemoryStats ran = memory->job_stats(job.id);
@@ -579,7 +580,7 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
       memory->release_job(job.id);
       std::erase_if(live, [&](const auto& entry) { return entry.second.job == job.id; });
       EXPECT_EQ(memory->job_stats(job.id).in_use, 0u);
-      EXPECT_THROW(memory->activate_job(job.id), UnknownJob);
+      EXPECT_THROW(memory::activate_job(*memory, job.id), UnknownJob);
       job = {memory->register_job("job@" + std::to_string(op), budget), false};
       label = "release";
       ++counts[label];

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "memory/safe_points.hpp"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 #include "support/harvest_fixture.hpp"
@@ -301,10 +302,10 @@ TEST(HarvestConcurrency, JobsGoingQuiescentAndActiveUnderDemotesAndPrefetchesKee
       std::uint64_t seed = static_cast<std::uint64_t>(j) << 32;
       for (const Buffer& b : buffers) fill_pattern(b.ptr, b.bytes, seed + b.bytes);
       for (int round = 0; round < rounds; ++round) {
-        memory.set_job_quiescent(id);
-        if (rng() % 3 == 0) memory.prefetch(id);
+        memory::set_job_quiescent(memory, id);
+        if (rng() % 3 == 0) memory::prefetch(memory, id);
         if (rng() % 2 == 0) std::this_thread::yield();
-        (void)memory.activate_job(id);
+        (void)memory::activate_job(memory, id);
         for (const Buffer& b : buffers) {
           const std::optional<BlockInfo> info = memory.find(b.ptr);
           if (!info || info->ptr != b.ptr || info->job != id) ++out.moved_blocks;
@@ -342,10 +343,10 @@ TEST(HarvestConcurrency, JobsGoingQuiescentAndActiveUnderDemotesAndPrefetchesKee
             memory.trim();
             break;
           case 1:
-            memory.prefetch(id);
+            memory::prefetch(memory, id);
             break;
           default:
-            demoted += memory.demote(id, static_cast<int>(rng() % 2));
+            demoted += memory::demote(memory, id, static_cast<int>(rng() % 2));
             break;
         }
         ++chaos_ops;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "memory/safe_points.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -74,8 +75,8 @@ TEST_F(HarvestProperty, BorrowerPointersSurviveDemoteRecallFetchCycles) {
     };
     for (std::size_t i = 0; i < blocks.size(); ++i)
       fill_pattern(blocks[i].ptr, blocks[i].bytes, seed(i));
-    memory->set_job_quiescent(borrower);
-    EXPECT_GT(memory->demote(borrower, 0), 0u);
+    memory::set_job_quiescent(*memory, borrower);
+    EXPECT_GT(memory::demote(*memory, borrower, 0), 0u);
     for (const Held& b : blocks) EXPECT_TRUE(all_at(b.ptr, b.bytes, Location::gpu(1)));
     // Odd cycles: device 0 fills up meanwhile, so recalled pages can only go to the host.
     const bool crowded = cycle % 2 == 1;
@@ -96,7 +97,7 @@ TEST_F(HarvestProperty, BorrowerPointersSurviveDemoteRecallFetchCycles) {
     // Freed blocks keep their pages cached, and a lender lends only pages its pool holds: trim so
     // that device 1 can lend again next cycle.
     memory->trim();
-    const std::size_t fetched = memory->activate_job(borrower);
+    const std::size_t fetched = memory::activate_job(*memory, borrower);
     EXPECT_EQ(fetched > 0, crowded) << "only pages parked on the host wait for activation";
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       EXPECT_TRUE(all_at(blocks[i].ptr, blocks[i].bytes, Location::gpu(0)));
@@ -141,7 +142,7 @@ TEST_F(HarvestProperty, AJobReleasedWithPagesOnTwoPeersAndTheHostFreesThemEveryw
   EXPECT_EQ(memory->device_stats(2).lent, 4 * MiB);
   EXPECT_EQ(memory->device_stats(3).lent, 0u);
   EXPECT_GT(memory->device_stats(0).borrowed_host, 0u);
-  memory->set_job_quiescent(job);  // released while quiescent, as a cancelled waiting job is
+  memory::set_job_quiescent(*memory, job);  // released while quiescent, as a cancelled waiting job is
 
   memory->release_job(job);
   for (int d = 0; d < 4; ++d) {
@@ -187,7 +188,7 @@ TEST_F(HarvestProperty, ALenderUnderPressureGetsItsPagesBackFromQuiescentBorrowe
     fill_pattern(home, d == 3 ? 12 * MiB : 16 * MiB, 10 + d);
     fill_pattern(away, 4 * MiB, 20 + d);
     if (spare != 0) memory->deallocate(spare);
-    memory->set_job_quiescent(job);
+    memory::set_job_quiescent(*memory, job);
     borrowers.push_back({job, d, home, away});
   }
   EXPECT_EQ(memory->device_stats(0).lent, 12 * MiB);
@@ -227,10 +228,10 @@ TEST_F(HarvestProperty, DemotedPagesTakeThePeerBeforeTheHostWhenSomePagesCannotM
   ASSERT_EQ(small / kPage, neighbour / kPage) << "small blocks share a page";
   fill_pattern(large, 4 * MiB, 1);
   fill_pattern(small, 512 * KiB, 2);
-  memory->set_job_quiescent(idle);
+  memory::set_job_quiescent(*memory, idle);
 
   // Three pages counted, two movable, two peer pages on offer (and the host).
-  EXPECT_EQ(memory->demote(idle, 0), 4 * MiB);
+  EXPECT_EQ(memory::demote(*memory, idle, 0), 4 * MiB);
   EXPECT_TRUE(all_at(small, 512 * KiB, Location::gpu(0))) << "shared with a running job";
   EXPECT_TRUE(all_at(large, 4 * MiB, Location::gpu(1)))
       << "the peer had room for both movable pages, yet one went to the host";
@@ -255,7 +256,7 @@ TEST_F(HarvestProperty, RecalledPagesGoToTheBorrowersOwnMemoryBeforeTheHost) {
   ASSERT_TRUE(all_at(away, 4 * MiB, Location::gpu(1)));
   fill_pattern(away, 4 * MiB, 3);
   memory->deallocate(spare);  // room for two pages on device 0
-  memory->set_job_quiescent(idle);
+  memory::set_job_quiescent(*memory, idle);
 
   const JobId lender = memory->register_job("lender");
   const DevicePtr mine = memory->allocate({16 * MiB, 1, {}, lender});
@@ -284,10 +285,10 @@ TEST_F(HarvestProperty, ActivationDoesNotEvictOthersForPagesThatCannotMove) {
   ASSERT_TRUE(all_at(small, 512 * KiB, Location::gpu(1))) << "device 0 is full: borrowed";
   const DevicePtr neighbour = memory->allocate({512 * KiB, 0, stream.handle(), running});
   ASSERT_EQ(neighbour / kPage, small / kPage) << "the running job shares the borrowed page";
-  memory->set_job_quiescent(other);
-  memory->set_job_quiescent(waking);
+  memory::set_job_quiescent(*memory, other);
+  memory::set_job_quiescent(*memory, waking);
 
-  EXPECT_EQ(memory->activate_job(waking), 0u) << "its one page is shared with a running job";
+  EXPECT_EQ(memory::activate_job(*memory, waking), 0u) << "its one page is shared with a running job";
   EXPECT_TRUE(all_at(others, 4 * MiB, Location::gpu(0)))
       << "another idle job was demoted to make room for a page that could not move";
   EXPECT_EQ(memory->device_stats(0).pages_moved, 0u);
@@ -307,14 +308,14 @@ TEST_F(HarvestProperty, ActivationsAfterMoveCountOnlyJobsWhosePagesMoved) {
   const JobId running = memory->register_job("running");
   const DevicePtr far = memory->allocate({4 * MiB, 1, {}, elsewhere});
   const DevicePtr weights = memory->allocate({4 * MiB, 0, {}, idle});
-  memory->set_job_quiescent(elsewhere);
-  memory->set_job_quiescent(idle);
+  memory::set_job_quiescent(*memory, elsewhere);
+  memory::set_job_quiescent(*memory, idle);
   const DevicePtr work = memory->allocate({8 * MiB, 0, {}, running});  // evicts `idle`
   EXPECT_TRUE(all_at(weights, 4 * MiB, Location::gpu(1)));
   EXPECT_TRUE(all_at(far, 4 * MiB, Location::gpu(1)));
   memory->deallocate(work);
-  (void)memory->activate_job(idle);
-  (void)memory->activate_job(elsewhere);
+  (void)memory::activate_job(*memory, idle);
+  (void)memory::activate_job(*memory, elsewhere);
   EXPECT_EQ(memory->job_stats(idle).activations_after_move, 1u);
   EXPECT_EQ(memory->job_stats(elsewhere).activations_after_move, 0u) << "none of its pages moved";
   memory->release_job(elsewhere);
@@ -330,13 +331,13 @@ TEST_F(HarvestProperty, AStalledPrefetchFinishesOnceAFreeMakesRoom) {
   const JobId running = memory->register_job("running");
   const DevicePtr weights = memory->allocate({4 * MiB, 0, {}, next});
   fill_pattern(weights, 4 * MiB, 9);
-  memory->set_job_quiescent(next);
-  ASSERT_EQ(memory->demote(next, 0), 4 * MiB);
+  memory::set_job_quiescent(*memory, next);
+  ASSERT_EQ(memory::demote(*memory, next, 0), 4 * MiB);
   const DevicePtr a = memory->allocate({4 * MiB, 0, {}, running});
   const DevicePtr b = memory->allocate({4 * MiB, 0, {}, running});
   EXPECT_TRUE(all_at(a, 4 * MiB, Location::gpu(0)) && all_at(b, 4 * MiB, Location::gpu(0)));
-  memory->prefetch(next);
-  memory->prefetch(next);  // a second request for the same job is one target
+  memory::prefetch(*memory, next);
+  memory::prefetch(*memory, next);  // a second request for the same job is one target
   // Nothing can come home while the running job holds device 0.
   EXPECT_FALSE(eventually([&] { return memory->job_stats(next).prefetched_bytes > 0; }, 50ms));
   EXPECT_TRUE(all_at(weights, 4 * MiB, Location::gpu(1)));
@@ -344,7 +345,7 @@ TEST_F(HarvestProperty, AStalledPrefetchFinishesOnceAFreeMakesRoom) {
   EXPECT_TRUE(eventually([&] { return memory->job_stats(next).prefetched_bytes == 4 * MiB; }))
       << "the free made room, but the prefetch never went on";
   EXPECT_TRUE(all_at(weights, 4 * MiB, Location::gpu(0)));
-  EXPECT_EQ(memory->activate_job(next), 0u);
+  EXPECT_EQ(memory::activate_job(*memory, next), 0u);
   EXPECT_TRUE(check_pattern(weights, 4 * MiB, 9));
   EXPECT_EQ(memory->job_stats(next).activations_waited, 0u);
   memory->release_job(next);
@@ -364,12 +365,12 @@ TEST_F(HarvestProperty, PrefetchOfARunningJobLeavesIdleJobsAlone) {
   ASSERT_TRUE(all_at(spilled, 4 * MiB, Location::gpu(1)));
   // The probe: a quiescent job on device 1 whose pages sit on the host, with room to come home.
   const DevicePtr probes = memory->allocate({2 * MiB, 1, {}, probe});
-  memory->set_job_quiescent(probe);
+  memory::set_job_quiescent(*memory, probe);
   memory->remap(probes, Location::host());
-  memory->set_job_quiescent(idle);
+  memory::set_job_quiescent(*memory, idle);
 
-  memory->prefetch(running);
-  memory->prefetch(probe);
+  memory::prefetch(*memory, running);
+  memory::prefetch(*memory, probe);
   // Rounds take targets in order: once the probe is home, the running job's turn came before.
   ASSERT_TRUE(eventually([&] { return memory->job_stats(probe).prefetched_bytes == 2 * MiB; }));
   EXPECT_TRUE(all_at(idles, 4 * MiB, Location::gpu(0)))

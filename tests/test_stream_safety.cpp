@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 
+#include "memory/safe_points.hpp"
 #include "salus/runtime.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
@@ -222,12 +223,12 @@ TEST_P(StreamSafetyHarvest, DemoteWaitsForWorkOnADeclaredJobStream) {
     const TouchOptions loop = busy_loop(100);
     w.touch(*backend, lane, {{p, 4 * MiB}}, loop);
     ASSERT_TRUE(w.wait_started(1));
-    memory->set_job_quiescent(x);  // after enqueueing: the work is its own, from before
-    EXPECT_EQ(memory->demote(x, 0), 4 * MiB);
+    memory::set_job_quiescent(*memory, x);  // after enqueueing: the work is its own, from before
+    EXPECT_EQ(memory::demote(*memory, x, 0), 4 * MiB);
     sync_all();
     expect_work_clean(w);
     EXPECT_EQ(count_bad_stamps({p, 4 * MiB}, last_key(loop)), 0u) << "the move lost bytes";
-    (void)memory->activate_job(x);
+    (void)memory::activate_job(*memory, x);
     expect_at(p, 4 * MiB, Location::gpu(0));
     memory->deallocate(p);
     expect_balanced(*memory);
@@ -248,14 +249,14 @@ TEST_P(StreamSafetyHarvest, DemoteOfAPageSharedWithAFreedBlockWaitsForItsWork) {
   StreamWork x_work;
   x_work.touch(*backend, s, {{px, 256 * KiB}}, stamp_once(200));
   backend->synchronize_stream(s);
-  memory->set_job_quiescent(x);
+  memory::set_job_quiescent(*memory, x);
   work.touch(*backend, s, {{py, 256 * KiB}}, busy_loop(300));  // y's, after x's quiet mark
   ASSERT_TRUE(work.wait_started(1));
   memory->deallocate(py);  // stream-ordered: y's work still writes it
-  (void)memory->demote(x, 0);
+  (void)memory::demote(*memory, x, 0);
   sync_all();
   expect_work_clean(work);
-  (void)memory->activate_job(x);
+  (void)memory::activate_job(*memory, x);
   EXPECT_EQ(count_bad_stamps({px, 256 * KiB}, 200), 0u) << "x's block lost its bytes";
   memory->deallocate(px);
   expect_balanced(*memory);
@@ -276,7 +277,7 @@ TEST_F(StreamSafetyRecall, RecallWaitsForWorkOnTheBorrowersJobStream) {
   const TouchOptions loop = busy_loop(400);
   work.touch(*backend, lane, {{p, 4 * MiB}}, loop);
   ASSERT_TRUE(work.wait_started(1));
-  memory->set_job_quiescent(x);
+  memory::set_job_quiescent(*memory, x);
   // Device 0 lent 2 of its 8 pages; it needs all 8 back.
   const DevicePtr q = alloc(16 * MiB, 0, z, Lifetime::persistent, lender_stream);
   EXPECT_GT(memory->device_stats(0).recalled_pages, 0u);
@@ -285,7 +286,7 @@ TEST_F(StreamSafetyRecall, RecallWaitsForWorkOnTheBorrowersJobStream) {
   EXPECT_EQ(count_bad_stamps({p, 4 * MiB}, last_key(loop)), 0u) << "the recall lost bytes";
   memory->deallocate(q);
   memory->deallocate(f);
-  (void)memory->activate_job(x);
+  (void)memory::activate_job(*memory, x);
   memory->deallocate(p);
   expect_balanced(*memory);
 }
@@ -307,16 +308,16 @@ TEST_P(StreamSafetyHarvest, FetchAndPrefetchWaitForWorkOnADeclaredJobStream) {
     const TouchOptions loop = busy_loop(500);
     w.touch(*backend, lane, {{p, 8 * MiB}}, loop);
     ASSERT_TRUE(w.wait_started(1));
-    memory->set_job_quiescent(x);
+    memory::set_job_quiescent(*memory, x);
     memory->deallocate(f);  // room for x's pages at home
     if (prefetch) {
-      memory->prefetch(x);
+      memory::prefetch(*memory, x);
       EXPECT_TRUE(harvest::eventually(
           [&] { return memory->job_stats(x).prefetched_bytes > 0 || w.all_finished(); }));
       sync_all();
-      (void)memory->activate_job(x);
+      (void)memory::activate_job(*memory, x);
     } else {
-      EXPECT_GT(memory->activate_job(x), 0u);
+      EXPECT_GT(memory::activate_job(*memory, x), 0u);
       sync_all();
     }
     expect_work_clean(w);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
+#include "memory/safe_points.hpp"
 #include "salus/memory.hpp"
 #include "support/fake_driver.hpp"
 
@@ -278,7 +279,7 @@ class StreamSafetyCudaFakeMoves : public StreamSafetyCudaFake,
     q.block = memory_->allocate({bytes, 0, alloc, q.job});
     memory_->add_job_stream(q.job, 0, q.lane);
     (void)work(q.lane, q.block, bytes);
-    memory_->set_job_quiescent(q.job);
+    memory::set_job_quiescent(*memory_, q.job);
     return q;
   }
 
@@ -297,7 +298,7 @@ TEST_P(StreamSafetyCudaFakeMoves, DemoteWaitsForTheJobsLaneWork) {
   build(2, harvesting(SpillPolicy::peer_then_host, {kDevice, kDevice}));
   const QueuedJob q = quiescent_job_with_queued_work(8 * MiB);
   fake_->clear_calls();
-  EXPECT_EQ(memory_->demote(q.job, 0), 8 * MiB);
+  EXPECT_EQ(memory::demote(*memory_, q.job, 0), 8 * MiB);
   expect_no_violations("while demoting pages a lane kernel still uses");
   RecordProperty("demote_host_waits", static_cast<int>(host_waits()));
   EXPECT_EQ(pages_at(q.block, 8 * MiB, Location::gpu(1)), 4u);
@@ -335,7 +336,7 @@ TEST_P(StreamSafetyCudaFakeMoves, FetchWaitsForTheJobsLaneWork) {
   ASSERT_EQ(pages_at(q.block, 16 * MiB, Location::gpu(1)), 4u);
   memory_->deallocate(theirs);  // room at home
   fake_->clear_calls();
-  EXPECT_EQ(memory_->activate_job(q.job), 8 * MiB);
+  EXPECT_EQ(memory::activate_job(*memory_, q.job), 8 * MiB);
   expect_no_violations("while fetching pages a lane kernel still uses");
   RecordProperty("fetch_host_waits", static_cast<int>(host_waits()));
   EXPECT_EQ(pages_at(q.block, 16 * MiB, Location::gpu(0)), 8u);
@@ -363,7 +364,7 @@ TEST_P(StreamSafetyCudaFakeMoves, PrefetchWaitsForTheJobsLaneWork) {
   const QueuedJob q = quiescent_job_with_queued_work(16 * MiB);
   ASSERT_EQ(pages_at(q.block, 16 * MiB, Location::gpu(1)), 4u);
   memory_->deallocate(theirs);
-  memory_->prefetch(q.job);
+  memory::prefetch(*memory_, q.job);
   {
     // The round is reported once its pages are in place; the wait ends as soon as it is.
     std::unique_lock lock(mu);
@@ -373,7 +374,7 @@ TEST_P(StreamSafetyCudaFakeMoves, PrefetchWaitsForTheJobsLaneWork) {
   expect_no_violations("while prefetching pages a lane kernel still uses");
   memory_->set_move_observer(nullptr);
   fake_->finish_all_work();
-  (void)memory_->activate_job(q.job);
+  (void)memory::activate_job(*memory_, q.job);
   memory_->release_job(q.job);
   expect_clean_end();
 }
@@ -451,13 +452,13 @@ TEST_F(StreamSafetyCudaFake, MovingASharedPageWaitsForTheFreedNeighboursWork) {
   const JobId busy = memory_->register_job("busy");
   const StreamHandle lane = new_stream();
   const DevicePtr a = memory_->allocate({256 * KiB, 0, lane, idle});
-  memory_->set_job_quiescent(idle);  // its mark on the lane comes before the neighbour's kernel
+  memory::set_job_quiescent(*memory_, idle);  // its mark on the lane comes before the neighbour's kernel
   const DevicePtr b = memory_->allocate({256 * KiB, 0, lane, busy});
   ASSERT_EQ(a / kPage, b / kPage) << "small blocks share a page";
   const std::uint64_t neighbour = work(lane, b, 256 * KiB);
   memory_->deallocate(b);
   fake_->clear_calls();
-  EXPECT_EQ(memory_->demote(idle, 0), kPage);
+  EXPECT_EQ(memory::demote(*memory_, idle, 0), kPage);
   expect_no_violations("while moving a page a freed neighbour's kernel still uses");
   RecordProperty("shared_page_host_waits", static_cast<int>(host_waits()));
   fake_->finish_work(neighbour);

@@ -30,6 +30,10 @@
 
 namespace salus {
 
+namespace memory {
+struct SafePointAccess;
+}  // namespace memory
+
 // Persistent: lives across iterations (weights, optimizer state). Ephemeral: one iteration
 // (activations, workspaces).
 enum class Lifetime : std::uint8_t { persistent = 0, ephemeral = 1 };
@@ -72,8 +76,10 @@ enum class SpillPolicy : std::uint8_t {
 };
 [[nodiscard]] SALUS_API const char* to_string(SpillPolicy policy) noexcept;
 
-// Memory harvesting: devices lend idle pages to peers; pages move between tiers at safe points
-// (see MemoryManager::set_job_quiescent).
+// Memory harvesting: devices lend idle pages to peers; pages move between tiers only at safe
+// points, which the runtime marks: a job's pages may move while it waits in begin_iteration for
+// its turn, never while it runs. A job is active from registration, so under a MemoryManager
+// alone no job's pages move between tiers (new allocations may still take pages from lenders).
 struct HarvestOptions {
   SpillPolicy spill = SpillPolicy::none;
   // Bytes each device keeps for itself and never lends; unset = 1/8 of its limit.
@@ -116,13 +122,13 @@ struct JobMemoryStats {
   // Live block bytes by the tier of the pages under them (a page shared by several blocks counts
   // for each, by their overlap with it).
   std::size_t in_use_by_tier[kTierCount] = {};
-  bool quiescent = false;         // its pages may move now (set_job_quiescent)
-  std::uint64_t activations = 0;  // activate_job calls that found the job quiescent
+  bool quiescent = false;         // its pages may move now (the runtime marked a safe point)
+  std::uint64_t activations = 0;  // safe points left: the job became active again
   // ... after some of its pages had moved down a tier while it was quiescent,
   std::uint64_t activations_after_move = 0;
   // ... and those that waited for pages: to bring them home, or for a move of them in flight.
   std::uint64_t activations_waited = 0;
-  std::uint64_t fetched_bytes = 0;     // brought home by activate_job (the job waited for them)
+  std::uint64_t fetched_bytes = 0;     // brought home as it became active (the job waited for them)
   std::uint64_t prefetched_bytes = 0;  // brought home in the background (prefetch)
 };
 
@@ -269,22 +275,6 @@ class SALUS_API MemoryManager {
   // the address and the bytes stay. Ordered after all work submitted so far (synchronous).
   void remap(DevicePtr ptr, Location where);
 
-  // Safe points. A job is active when registered: its pages never move behind its back. Once
-  // marked quiescent it promises to enqueue no GPU work until activate_job, and Salus may move
-  // its pages between tiers (after the work it already enqueued has finished, on the GPU).
-  // The runtime marks its jobs quiescent between iterations.
-  void set_job_quiescent(JobId job);
-  // Marks the job active again: waits for a move of its pages in flight, then brings its pages
-  // on other tiers home as far as room allows (other quiescent jobs' pages may go down a tier for
-  // them). Returns the bytes it brought home (what the caller waited for).
-  std::size_t activate_job(JobId job);
-  // Starts bringing a quiescent job's pages home in the background (the job that runs next),
-  // into free room only (nothing is pushed down for it), as that room appears. Several jobs may
-  // be targets; a job stops being one once its pages are home or it is activated.
-  void prefetch(JobId job);
-  // Moves the pages of a quiescent job's live blocks on `device`'s ranges down a tier (to peers
-  // or the host, by the spill policy); returns the bytes moved. For studies and tests.
-  std::size_t demote(JobId job, int device);
   // What `device`'s jobs can hold at most: its limit, plus (with spilling) what its lenders may
   // lend beyond their reserves and the host limit. Saturates at kUnlimited.
   [[nodiscard]] std::size_t reachable_bytes(int device) const;
@@ -299,6 +289,8 @@ class SALUS_API MemoryManager {
   void reset_peaks();
 
  private:
+  // The runtime's safe-point controls (internal: src/memory/safe_points.hpp) reach the Impl here.
+  friend struct memory::SafePointAccess;
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

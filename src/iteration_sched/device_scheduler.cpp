@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "memory/safe_points.hpp"
+
 namespace salus {
 
 namespace {
@@ -119,7 +121,7 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
   // like every memory manager call that may take a heap lock: see allocate.)
   lock.unlock();
-  memory_->set_job_quiescent(job.id);
+  memory::set_job_quiescent(*memory_, job.id);
   lock.lock();
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   core_.wait(job.id.value);
@@ -144,7 +146,7 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
     // Its memory (persistent blocks made on another stream included) is used on this stream
     // from now on: frees and page moves are ordered after the work it enqueues here.
     memory_->add_job_stream(job.id, device_, stream);
-    memory_->activate_job(job.id);
+    memory::activate_job(*memory_, job.id);
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
     throw;
@@ -194,7 +196,7 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
 
 void DeviceScheduler::prefetch_next(std::optional<int> lane) {
   if (!lane) return;
-  if (const auto next = core_.next_in_lane(*lane)) memory_->prefetch(JobId{*next});
+  if (const auto next = core_.next_in_lane(*lane)) memory::prefetch(*memory_, JobId{*next});
 }
 
 void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {

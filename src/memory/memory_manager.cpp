@@ -7,6 +7,7 @@
 #include "memory/device_heap.hpp"
 #include "memory/harvester.hpp"
 #include "memory/job_table.hpp"
+#include "memory/safe_points.hpp"
 #include "salus/memory.hpp"
 
 namespace salus {
@@ -459,30 +460,6 @@ void MemoryManager::remap(DevicePtr ptr, Location where) {
   impl_->owner_of(ptr, "remap").second->remap(ptr, where);
 }
 
-void MemoryManager::set_job_quiescent(JobId job) {
-  if (job == kUnattributedJob) {
-    throw InvalidArgument("set_job_quiescent: the unattributed job is never quiescent");
-  }
-  impl_->harvester_->set_quiescent(impl_->jobs_.live(job));
-}
-
-std::size_t MemoryManager::activate_job(JobId job) {
-  return impl_->harvester_->activate(impl_->jobs_.live(job));
-}
-
-void MemoryManager::prefetch(JobId job) {
-  (void)impl_->jobs_.live(job);
-  impl_->harvester_->prefetch(job);
-}
-
-std::size_t MemoryManager::demote(JobId job, int device) {
-  (void)impl_->jobs_.live(job);
-  if (!impl_->tiers_.spills()) {
-    throw NotSupported("demote: the spill policy is none, so there is no tier below the device");
-  }
-  return impl_->harvester_->demote(job, impl_->heap(device));
-}
-
 std::size_t MemoryManager::reachable_bytes(int device) const {
   const DeviceHeap& heap = impl_->heap(device);
   const memory::Tiers& tiers = impl_->tiers_;
@@ -536,3 +513,40 @@ void MemoryManager::reset_peaks() {
 }
 
 }  // namespace salus
+
+namespace salus::memory {
+
+// MemoryManager's one friend: the safe-point controls below reach its Impl through it.
+struct SafePointAccess {
+  static MemoryManager::Impl& impl(MemoryManager& memory) { return *memory.impl_; }
+};
+
+void set_job_quiescent(MemoryManager& memory, JobId job) {
+  if (job == kUnattributedJob) {
+    throw InvalidArgument("set_job_quiescent: the unattributed job is never quiescent");
+  }
+  auto& impl = SafePointAccess::impl(memory);
+  impl.harvester_->set_quiescent(impl.jobs_.live(job));
+}
+
+std::size_t activate_job(MemoryManager& memory, JobId job) {
+  auto& impl = SafePointAccess::impl(memory);
+  return impl.harvester_->activate(impl.jobs_.live(job));
+}
+
+void prefetch(MemoryManager& memory, JobId job) {
+  auto& impl = SafePointAccess::impl(memory);
+  (void)impl.jobs_.live(job);
+  impl.harvester_->prefetch(job);
+}
+
+std::size_t demote(MemoryManager& memory, JobId job, int device) {
+  auto& impl = SafePointAccess::impl(memory);
+  (void)impl.jobs_.live(job);
+  if (!impl.tiers_.spills()) {
+    throw NotSupported("demote: the spill policy is none, so there is no tier below the device");
+  }
+  return impl.harvester_->demote(job, impl.heap(device));
+}
+
+}  // namespace salus::memory
