@@ -27,14 +27,14 @@ void run_boundaries(benchmark::State& state, const char* policy_name, std::size_
   std::vector<JobView> views(jobs);
   for (std::uint32_t id = 0; id < jobs; ++id) {
     JobView& view = views[id];
-    view.id = id;
+    view.id = salus::JobId{id};
     view.arrival = id;
     view.iteration_seconds = kIterationSeconds;
     view.persistent_bytes = 1;
     view.ephemeral_peak_bytes = 1000;
     view.curve = curve;
     core.add(view);
-    core.wait(id);
+    core.wait(salus::JobId{id});
   }
   double now = 0.0;
   std::int64_t boundaries = 0;
@@ -43,7 +43,7 @@ void run_boundaries(benchmark::State& state, const char* policy_name, std::size_
     now += kIterationSeconds;
     for (const salus::sched::Start& start : decision.starts) {
       core.finish(start.job, now);
-      JobView& view = views[start.job];
+      JobView& view = views[start.job.value];
       view.attained_seconds += kIterationSeconds;
       ++view.iterations_done;
       core.update(view);

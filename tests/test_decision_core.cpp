@@ -15,7 +15,7 @@ namespace {
 
 JobView job(std::uint32_t id, std::size_t persistent, std::size_t peak) {
   JobView view;
-  view.id = id;
+  view.id = JobId{id};
   view.arrival = id;
   view.persistent_bytes = persistent;
   view.ephemeral_peak_bytes = peak;
@@ -25,7 +25,7 @@ JobView job(std::uint32_t id, std::size_t persistent, std::size_t peak) {
 
 std::vector<std::uint32_t> started(const Decision& decision) {
   std::vector<std::uint32_t> ids;
-  for (const Start& s : decision.starts) ids.push_back(s.job);
+  for (const Start& s : decision.starts) ids.push_back(s.job.value);
   return ids;
 }
 
@@ -48,23 +48,23 @@ TEST_F(DecisionCoreTest, SingleLaneSharesOneEphemeralRegionAndTakesTurns) {
   EXPECT_EQ(core.lane_count(), 1);
   EXPECT_EQ(core.committed_bytes(), 10u + 20 + 5 + 40);
   for (std::uint32_t id : {1, 2, 3}) {
-    EXPECT_TRUE(core.admitted(id));
-    EXPECT_EQ(core.lane_of(id), 0);
-    core.wait(id);
+    EXPECT_TRUE(core.admitted(JobId{id}));
+    EXPECT_EQ(core.lane_of(JobId{id}), 0);
+    core.wait(JobId{id});
   }
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
-  EXPECT_TRUE(core.running(1));
+  EXPECT_TRUE(core.running(JobId{1}));
   EXPECT_TRUE(core.decide(0.1).starts.empty());  // the lane is busy
-  JobView one = *core.view(1);
+  JobView one = *core.view(JobId{1});
   one.attained_seconds = 1.0;
   core.update(one);
-  core.finish(1, 1.0);
-  core.wait(1);
+  core.finish(JobId{1}, 1.0);
+  core.wait(JobId{1});
   EXPECT_EQ(started(core.decide(1.0)), Ids{2});  // least attained, ties by arrival
-  core.finish(2, 2.0);
+  core.finish(JobId{2}, 2.0);
   EXPECT_EQ(started(core.decide(2.0)), Ids{3});
-  EXPECT_FALSE(core.waiting(3));
-  EXPECT_TRUE(core.waiting(1));
+  EXPECT_FALSE(core.waiting(JobId{3}));
+  EXPECT_TRUE(core.waiting(JobId{1}));
 }
 
 TEST_F(DecisionCoreTest, JobThatDoesNotFitWaitsAndIsAdmittedWhenAnotherLeaves) {
@@ -73,16 +73,16 @@ TEST_F(DecisionCoreTest, JobThatDoesNotFitWaitsAndIsAdmittedWhenAnotherLeaves) {
   core.add(job(1, 40, 30));
   core.add(job(2, 40, 10));  // 80 + 30 > 100
   core.add(job(3, 10, 20));  // 50 + 30 <= 100: later but small, admitted
-  EXPECT_TRUE(core.admitted(1));
-  EXPECT_FALSE(core.admitted(2));
-  EXPECT_TRUE(core.admitted(3));
+  EXPECT_TRUE(core.admitted(JobId{1}));
+  EXPECT_FALSE(core.admitted(JobId{2}));
+  EXPECT_TRUE(core.admitted(JobId{3}));
   EXPECT_LE(core.committed_bytes(), 100u);
-  core.wait(2);
-  EXPECT_TRUE(core.waiting(2));
-  EXPECT_FALSE(core.lane_of(2).has_value());
+  core.wait(JobId{2});
+  EXPECT_TRUE(core.waiting(JobId{2}));
+  EXPECT_FALSE(core.lane_of(JobId{2}).has_value());
   EXPECT_TRUE(core.decide(0.0).starts.empty());  // only the unadmitted job waits
-  core.remove(1);
-  EXPECT_TRUE(core.admitted(2));
+  core.remove(JobId{1});
+  EXPECT_TRUE(core.admitted(JobId{2}));
   EXPECT_EQ(core.committed_bytes(), 40u + 10 + 20);
   EXPECT_EQ(started(core.decide(0.0)), Ids{2});
   EXPECT_EQ(core.job_count(), 2u);
@@ -97,18 +97,18 @@ TEST_F(DecisionCoreTest, PackedOpensLanesWhileTheyFitThenJoinsTheLeastGrowingLan
   core.add(job(3, 5, 25));  // a lane would need 30 (total 100 ok)
   EXPECT_EQ(core.lane_count(), 3);
   EXPECT_EQ(core.committed_bytes(), 100u);
-  core.remove(3);
+  core.remove(JobId{3});
   core.add(job(4, 5, 28));  // own lane: 103 > 100; lane 0 grows by 5, lane 1 by 13
-  EXPECT_EQ(core.lane_of(4), 0);
+  EXPECT_EQ(core.lane_of(JobId{4}), 0);
   EXPECT_EQ(core.committed_bytes(), 75u);
   core.add(job(5, 30, 10));  // every option exceeds 100
-  EXPECT_FALSE(core.admitted(5));
+  EXPECT_FALSE(core.admitted(JobId{5}));
   EXPECT_LE(core.committed_bytes(), 100u);
 
-  for (std::uint32_t id : {1, 2, 4}) core.wait(id);
+  for (std::uint32_t id : {1, 2, 4}) core.wait(JobId{id});
   const Decision first = core.decide(0.0);
   EXPECT_EQ(started(first), (Ids{1, 2}));  // lanes run concurrently, one job each
-  core.finish(1, 1.0);
+  core.finish(JobId{1}, 1.0);
   EXPECT_EQ(started(core.decide(1.0)), Ids{4});
   EXPECT_EQ(core.decide(1.0).starts.size(), 0u);
 }
@@ -118,16 +118,16 @@ TEST_F(DecisionCoreTest, FifoOwnerKeepsTheLaneUntilItLeaves) {
   DecisionCore core(*fifo, 100);
   core.add(job(1, 10, 10));
   core.add(job(2, 10, 10));
-  core.wait(2);
-  core.wait(1);
+  core.wait(JobId{2});
+  core.wait(JobId{1});
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
-  core.finish(1, 1.0);
+  core.finish(JobId{1}, 1.0);
   // Job 1 is between iterations (thinking): job 2 must not take the device.
   EXPECT_TRUE(core.decide(1.0).starts.empty());
-  core.wait(1);
+  core.wait(JobId{1});
   EXPECT_EQ(started(core.decide(1.5)), Ids{1});
-  core.finish(1, 2.0);
-  core.remove(1);
+  core.finish(JobId{1}, 2.0);
+  core.remove(JobId{1});
   EXPECT_EQ(started(core.decide(2.0)), Ids{2});
 }
 
@@ -138,23 +138,23 @@ TEST_F(DecisionCoreTest, SrtfStartsTheLeastRemainingAndUpdateReKeys) {
     JobView view = job(id, 1, 1);
     view.expected_iterations = 10 * id;
     core.add(view);
-    core.wait(id);
+    core.wait(JobId{id});
   }
   JobView unknown = job(5, 1, 1);
   unknown.iteration_seconds = 0.0;
   core.add(unknown);
-  core.wait(5);
-  JobView three = *core.view(3);
+  core.wait(JobId{5});
+  JobView three = *core.view(JobId{3});
   three.iterations_done = 29;  // one iteration left: now the shortest
   core.update(three);
   EXPECT_EQ(started(core.decide(0.0)), Ids{3});
-  core.finish(3, 1.0);
+  core.finish(JobId{3}, 1.0);
   EXPECT_EQ(started(core.decide(1.0)), Ids{1});
   std::uint32_t current = 1;
   double now = 1.0;
   for (std::uint32_t expected : {2u, 4u, 5u}) {  // 5's length is unknown: last
     now += 1.0;
-    core.finish(current, now);
+    core.finish(JobId{current}, now);
     EXPECT_EQ(started(core.decide(now)), Ids{expected});
     current = expected;
   }
@@ -178,7 +178,7 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   // it, growing only its persistent bytes.
   EXPECT_EQ(core.committed_bytes(), 30u + 60);
   EXPECT_EQ(core.lane_count(), 1);
-  for (std::uint32_t id : {1, 2, 3}) core.wait(id);
+  for (std::uint32_t id : {1, 2, 3}) core.wait(JobId{id});
   // Job 1 takes the lane's turn; job 2 fits beside its rising curve as an extra (30+10+50). Job
   // 3 needs the others at <= 20 for a whole second: [1, 2), once job 2 has ended and before job 1
   // rises to 40.
@@ -186,17 +186,17 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   EXPECT_EQ(started(first), (Ids{1, 2}));
   ASSERT_TRUE(first.recheck_after_seconds.has_value());
   EXPECT_NEAR(*first.recheck_after_seconds, 1.0, 1e-6);
-  core.finish(2, 1.0);
+  core.finish(JobId{2}, 1.0);
   // At 1 s job 1 is at 20: 30+20+50 = 100 fits for [1, 2), but at 2 s job 1 rises to 40.
   // Job 3 (1 s long) fits exactly in [1, 2).
   EXPECT_EQ(started(core.decide(1.0)), Ids{3});
-  core.finish(3, 2.0);
-  core.wait(2);
+  core.finish(JobId{3}, 2.0);
+  core.wait(JobId{2});
   // Job 1 is now at 40 then 60: job 2 needs 30+50+x <= 100, x <= 20: only after job 1 ends,
   // when it takes the lane's turn.
   const Decision later = core.decide(2.0);
   EXPECT_TRUE(later.starts.empty());
-  core.finish(1, 4.0);
+  core.finish(JobId{1}, 4.0);
   EXPECT_EQ(started(core.decide(4.0)), Ids{2});
 }
 
@@ -219,10 +219,10 @@ TEST_F(DecisionCoreTest, MemoryAwareExtrasNeverUseALaneQuotaPastItsTurn) {
   // The lane rule: jobs 2 and 3 do not fit lanes of their own (60 + 50, 60 + 45 > 100) and join
   // lane 0; job 4 opens lane 1.
   EXPECT_EQ(core.lane_count(), 2);
-  EXPECT_EQ(core.lane_of(4), 1);
-  core.wait(1);
+  EXPECT_EQ(core.lane_of(JobId{4}), 1);
+  core.wait(JobId{1});
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
-  for (std::uint32_t id : {2, 3, 4}) core.wait(id);
+  for (std::uint32_t id : {2, 3, 4}) core.wait(JobId{id});
   // Job 4 takes lane 1's turn. Job 2 fits beside job 1 once it falls to 10 at 1 s: 0.75 s from
   // now. Job 3 never fits as an extra: from 2 s on, lane 0 holds its whole quota (60) for its
   // next turn.
@@ -230,13 +230,13 @@ TEST_F(DecisionCoreTest, MemoryAwareExtrasNeverUseALaneQuotaPastItsTurn) {
   ASSERT_TRUE(first.recheck_after_seconds.has_value());
   EXPECT_NEAR(*first.recheck_after_seconds, 0.75, 1e-6);
   EXPECT_EQ(started(first), Ids{4});
-  EXPECT_TRUE(core.waiting(3));
+  EXPECT_TRUE(core.waiting(JobId{3}));
   EXPECT_EQ(started(core.decide(0.25 + *first.recheck_after_seconds)), Ids{2});
-  EXPECT_TRUE(core.waiting(3));
-  core.finish(4, 1.25);
+  EXPECT_TRUE(core.waiting(JobId{3}));
+  core.finish(JobId{4}, 1.25);
   EXPECT_TRUE(core.decide(1.25).starts.empty());
-  core.finish(2, 2.0);
-  core.finish(1, 2.0);
+  core.finish(JobId{2}, 2.0);
+  core.finish(JobId{1}, 2.0);
   // Job 3 runs as the lane's turn, the first waiting member in the lane rule's order.
   EXPECT_EQ(started(core.decide(2.0)), Ids{3});
 }
@@ -256,8 +256,8 @@ TEST_F(DecisionCoreTest, MemoryAwareAdmissionWaitsForExtrasToLeaveRoom) {
   core.add(a);
   core.add(b);  // 60 + 55 > 100: joins lane 0
   EXPECT_EQ(core.committed_bytes(), 60u);
-  core.wait(1);
-  core.wait(2);
+  core.wait(JobId{1});
+  core.wait(JobId{2});
   const Decision first = core.decide(0.0);
   EXPECT_EQ(started(first), Ids{1});
   ASSERT_TRUE(first.recheck_after_seconds.has_value());
@@ -267,19 +267,19 @@ TEST_F(DecisionCoreTest, MemoryAwareAdmissionWaitsForExtrasToLeaveRoom) {
   // The lane rule would open lane 1 for job 3 at once (60 + 40), but the extra holds 5 of those
   // bytes until 2 s: admission waits for it rather than overcommit the device.
   core.add(c);
-  core.wait(3);
+  core.wait(JobId{3});
   const Decision blocked = core.decide(1.0);
   EXPECT_TRUE(blocked.starts.empty());
-  EXPECT_FALSE(core.admitted(3));
+  EXPECT_FALSE(core.admitted(JobId{3}));
   EXPECT_EQ(core.committed_bytes(), 60u);
   // Room is made only when the extra ends: its finish brings the core back, no recheck needed.
   EXPECT_FALSE(blocked.recheck_after_seconds.has_value());
-  core.finish(2, 2.0);
-  core.finish(1, 2.0);
-  core.wait(1);
-  core.wait(2);
+  core.finish(JobId{2}, 2.0);
+  core.finish(JobId{1}, 2.0);
+  core.wait(JobId{1});
+  core.wait(JobId{2});
   const Decision admitted = core.decide(2.0);
-  EXPECT_EQ(core.lane_of(3), 1);
+  EXPECT_EQ(core.lane_of(JobId{3}), 1);
   EXPECT_EQ(core.committed_bytes(), 100u);
   // Each lane takes its turn; no room is left for an extra.
   EXPECT_EQ(started(admitted), (Ids{1, 3}));
@@ -290,10 +290,10 @@ TEST_F(DecisionCoreTest, MemoryAwareAdmitsByTheLaneRule) {
   DecisionCore core(*aware, 100);
   core.add(job(1, 10, 80));
   core.add(job(2, 15, 5));  // 25 persistent + its own 5 fits, but job 1 could then never run
-  EXPECT_FALSE(core.admitted(2));
+  EXPECT_FALSE(core.admitted(JobId{2}));
   EXPECT_LE(core.committed_bytes(), 100u);
   core.add(job(3, 10, 5));
-  EXPECT_TRUE(core.admitted(3));
+  EXPECT_TRUE(core.admitted(JobId{3}));
   EXPECT_EQ(core.committed_bytes(), 100u);
 }
 
@@ -302,22 +302,22 @@ TEST_F(DecisionCoreTest, UpdateFollowsGrowingEstimatesWithoutOvercommitting) {
   DecisionCore core(*fair, 100);
   core.add(job(1, 10, 20));
   core.add(job(2, 10, 20));
-  core.wait(1);
-  core.wait(2);
+  core.wait(JobId{1});
+  core.wait(JobId{2});
   EXPECT_EQ(core.committed_bytes(), 40u);
-  JobView grown = *core.view(2);
+  JobView grown = *core.view(JobId{2});
   grown.ephemeral_peak_bytes = 85;  // 20 + 85 > 100: job 2 leaves the lane, keeps waiting
   core.update(grown);
-  EXPECT_FALSE(core.admitted(2));
-  EXPECT_TRUE(core.waiting(2));
+  EXPECT_FALSE(core.admitted(JobId{2}));
+  EXPECT_TRUE(core.waiting(JobId{2}));
   EXPECT_EQ(core.committed_bytes(), 30u);
   EXPECT_EQ(started(core.decide(0.0)), Ids{1});
   EXPECT_TRUE(core.decide(0.0).starts.empty());
   grown.ephemeral_peak_bytes = 50;
   core.update(grown);
-  EXPECT_TRUE(core.admitted(2));
+  EXPECT_TRUE(core.admitted(JobId{2}));
   EXPECT_EQ(core.committed_bytes(), 70u);
-  core.finish(1, 1.0);
+  core.finish(JobId{1}, 1.0);
   EXPECT_EQ(started(core.decide(1.0)), Ids{2});
 }
 
@@ -330,8 +330,8 @@ TEST_F(DecisionCoreTest, KeepsItsOwnCopyOfTheCurve) {
     view.curve = &temporary;
     core.add(view);
   }
-  ASSERT_NE(core.view(1)->curve, nullptr);
-  EXPECT_EQ(core.view(1)->curve->peak(), 70u);
+  ASSERT_NE(core.view(JobId{1})->curve, nullptr);
+  EXPECT_EQ(core.view(JobId{1})->curve->peak(), 70u);
   EXPECT_EQ(core.committed_bytes(), 70u);
 }
 
@@ -340,28 +340,28 @@ TEST_F(DecisionCoreTest, BadTransitionsThrowNamingTheJob) {
   DecisionCore core(*fair, 100);
   core.add(job(7, 10, 10));
   EXPECT_THROW(core.add(job(7, 1, 1)), InvalidArgument);
-  EXPECT_THROW(core.finish(7, 0.0), InvalidArgument);  // not running
-  core.wait(7);
+  EXPECT_THROW(core.finish(JobId{7}, 0.0), InvalidArgument);  // not running
+  core.wait(JobId{7});
   try {
-    core.wait(7);
+    core.wait(JobId{7});
     FAIL() << "waiting twice was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("job 7"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(core.finish(7, 0.0), InvalidArgument);  // waiting, not running
+  EXPECT_THROW(core.finish(JobId{7}, 0.0), InvalidArgument);  // waiting, not running
   EXPECT_EQ(started(core.decide(1.0)), Ids{7});
-  EXPECT_THROW(core.wait(7), InvalidArgument);         // running
-  EXPECT_THROW(core.finish(7, 0.5), InvalidArgument);  // before it started
-  for (const auto& call :
-       {+[](DecisionCore& c) { c.wait(99); }, +[](DecisionCore& c) { c.finish(99, 1.0); },
-        +[](DecisionCore& c) { c.remove(99); },
-        +[](DecisionCore& c) { c.update(job(99, 1, 1)); }}) {
+  EXPECT_THROW(core.wait(JobId{7}), InvalidArgument);         // running
+  EXPECT_THROW(core.finish(JobId{7}, 0.5), InvalidArgument);  // before it started
+  for (const auto& call : {+[](DecisionCore& c) { c.wait(JobId{99}); },
+                           +[](DecisionCore& c) { c.finish(JobId{99}, 1.0); },
+                           +[](DecisionCore& c) { c.remove(JobId{99}); },
+                           +[](DecisionCore& c) { c.update(job(99, 1, 1)); }}) {
     EXPECT_THROW(call(core), InvalidArgument);
   }
-  core.remove(7);  // mid-iteration: allowed, frees its share
+  core.remove(JobId{7});  // mid-iteration: allowed, frees its share
   EXPECT_EQ(core.committed_bytes(), 0u);
-  EXPECT_FALSE(core.running(7));
-  EXPECT_EQ(core.view(7), nullptr);
+  EXPECT_FALSE(core.running(JobId{7}));
+  EXPECT_EQ(core.view(JobId{7}), nullptr);
   EXPECT_EQ(core.lane_count(), 0);
 }
 

@@ -158,7 +158,7 @@ TEST_F(MemoryBasic, JobBudgetRefusalIsTypedAndChangesNothing) {
     (void)alloc(3 * MiB, 0, job, Lifetime::ephemeral);
     FAIL() << "the budget should refuse";
   } catch (const OutOfMemory& e) {
-    EXPECT_EQ(e.info().job, job.value);
+    EXPECT_EQ(e.info().job, job);
     EXPECT_EQ(e.info().job_name, "capped");
     EXPECT_EQ(e.info().requested_bytes, 3 * MiB);
     EXPECT_EQ(e.info().job_in_use_bytes, 6 * MiB);

@@ -24,7 +24,7 @@ MemoryCurve curve(double seconds, std::vector<std::size_t> bytes) {
 
 JobView job_with(const MemoryCurve* c, std::uint32_t id = 1) {
   JobView job;
-  job.id = id;
+  job.id = JobId{id};
   job.curve = c;
   if (c != nullptr) job.iteration_seconds = c->duration_seconds;
   return job;

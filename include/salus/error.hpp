@@ -8,6 +8,7 @@
 #include <string>
 
 #include "salus/export.hpp"
+#include "salus/job_id.hpp"
 
 namespace salus {
 
@@ -43,11 +44,11 @@ class SALUS_API NotSupported : public Error {
 
 class SALUS_API UnknownJob : public Error {
  public:
-  explicit UnknownJob(std::uint32_t job);
-  [[nodiscard]] std::uint32_t job() const noexcept { return job_; }
+  explicit UnknownJob(JobId job);
+  [[nodiscard]] JobId job() const noexcept { return job_; }
 
  private:
-  std::uint32_t job_;
+  JobId job_;
 };
 
 // A device-layer call failed. `call()` names the driver entry point (e.g. "cuMemMap"), `status()`
@@ -67,7 +68,7 @@ class SALUS_API DeviceError : public Error {
 
 // What was asked for and what stood in the way; the message repeats it in words.
 struct OutOfMemoryInfo {
-  std::uint32_t job = 0;
+  JobId job;
   std::string job_name;
   int device = 0;
   std::size_t requested_bytes = 0;

@@ -27,6 +27,7 @@
 
 #include "salus/device.hpp"
 #include "salus/export.hpp"
+#include "salus/job_id.hpp"
 
 namespace salus {
 
@@ -39,13 +40,6 @@ struct SafePointAccess;
 enum class Lifetime : std::uint8_t { persistent = 0, ephemeral = 1 };
 inline constexpr std::size_t kLifetimeCount = 2;
 [[nodiscard]] SALUS_API const char* to_string(Lifetime lifetime) noexcept;
-
-struct JobId {
-  std::uint32_t value = 0;
-  friend constexpr auto operator<=>(const JobId&, const JobId&) = default;
-};
-// Memory that no registered job claimed (e.g. a framework's own allocations) is charged here.
-inline constexpr JobId kUnattributedJob{0};
 
 inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "salus/export.hpp"
+#include "salus/job_id.hpp"
 
 namespace salus {
 
@@ -38,7 +39,7 @@ struct MemoryCurve {
 
 // What a policy may know about one job.
 struct JobView {
-  std::uint32_t id = 0;
+  JobId id;
   JobKind kind = JobKind::training;
   int priority = 0;                  // larger is more urgent
   std::uint64_t arrival = 0;         // registration order on the device

@@ -122,7 +122,7 @@ salus_status salus_job_leave(salus_runtime* runtime, uint32_t job) {
     {
       std::lock_guard lock(runtime->jobs_mu);
       auto it = runtime->jobs.find(job);
-      if (it == runtime->jobs.end()) throw salus::UnknownJob(job);
+      if (it == runtime->jobs.end()) throw salus::UnknownJob(salus::JobId{job});
       handle = std::move(it->second);
       runtime->jobs.erase(it);
     }

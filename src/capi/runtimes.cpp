@@ -31,7 +31,7 @@ salus_runtime::~salus_runtime() {
 std::shared_ptr<salus::Job> salus_runtime::job(std::uint32_t id) const {
   std::shared_lock lock(jobs_mu);
   auto it = jobs.find(id);
-  if (it == jobs.end()) throw salus::UnknownJob(id);
+  if (it == jobs.end()) throw salus::UnknownJob(salus::JobId{id});
   return it->second;
 }
 

@@ -24,8 +24,9 @@ InvalidArgument::InvalidArgument(const std::string& message)
 NotSupported::NotSupported(const std::string& message)
     : Error(Errc::not_supported, fmt::format("not supported: {}", message)) {}
 
-UnknownJob::UnknownJob(std::uint32_t job)
-    : Error(Errc::unknown_job, fmt::format("unknown job {}: never registered or already released", job)),
+UnknownJob::UnknownJob(JobId job)
+    : Error(Errc::unknown_job,
+            fmt::format("unknown job {}: never registered or already released", job.value)),
       job_(job) {}
 
 DeviceError::DeviceError(std::string call, std::string status, int status_code,
@@ -42,7 +43,7 @@ std::string describe(const OutOfMemoryInfo& i) {
   return fmt::format(
       "out of memory: job {} ('{}') asked for {} bytes on device {}: {}; job holds {} bytes{}, "
       "device has {} bytes live of {} bytes it may hold",
-      i.job, i.job_name, i.requested_bytes, i.device, i.reason, i.job_in_use_bytes,
+      i.job.value, i.job_name, i.requested_bytes, i.device, i.reason, i.job_in_use_bytes,
       i.job_limit_bytes ? fmt::format(" (limit {})", i.job_limit_bytes) : std::string{},
       i.device_in_use_bytes, i.device_limit_bytes);
 }

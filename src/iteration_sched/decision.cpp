@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "iteration_sched/memory_offset.hpp"
+#include "memory/job_id_format.hpp"
 #include "salus/error.hpp"
 
 namespace salus::sched {
@@ -27,7 +28,7 @@ constexpr int kExtraCandidates = 8;
 struct WaitKey {
   SortKey key;
   std::uint64_t arrival = 0;
-  std::uint32_t job = 0;
+  JobId job;
   friend auto operator<=>(const WaitKey&, const WaitKey&) = default;
 };
 
@@ -53,8 +54,8 @@ struct Lane {
   std::set<WaitKey> waiting;  // admitted members asking for an iteration, best first
   std::size_t members = 0;
   int running = 0;                     // turns (not extras) running: 0 or 1
-  std::optional<std::uint32_t> turn;   // whose turn runs now
-  std::optional<std::uint32_t> owner;  // runs_to_completion: who holds the lane
+  std::optional<JobId> turn;           // whose turn runs now
+  std::optional<JobId> owner;          // runs_to_completion: who holds the lane
 
   [[nodiscard]] std::size_t max_peak() const { return peaks.empty() ? 0 : *peaks.rbegin(); }
   [[nodiscard]] std::size_t quota() const { return persistent + max_peak(); }
@@ -68,16 +69,16 @@ struct DecisionCore::State {
   const bool exclusive;
   const std::size_t budget;
 
-  std::unordered_map<std::uint32_t, JobRecord> jobs;
+  std::unordered_map<JobId, JobRecord> jobs;
   std::map<int, Lane> lanes;
-  std::set<std::pair<std::uint64_t, std::uint32_t>> pending;  // not admitted: (arrival, id)
+  std::set<std::pair<std::uint64_t, JobId>> pending;  // not admitted: (arrival, id)
   std::set<int> ready;  // single/packed lanes that can start an iteration now
-  std::set<std::uint32_t> running;
+  std::set<JobId> running;
   std::size_t committed = 0;         // sum of lane quotas
   std::size_t persistent_total = 0;  // of admitted jobs
   // Memory-aware: every admitted waiting job (the extra candidates), and the extras running.
   std::set<WaitKey> waiting_admitted;
-  std::set<std::uint32_t> extras;
+  std::set<JobId> extras;
   std::vector<RunningIteration> scratch;
   std::vector<HeldFrom> held;
   bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
@@ -85,7 +86,7 @@ struct DecisionCore::State {
   State(const Policy& p, std::size_t budget_bytes)
       : policy(p), plan(p.lanes()), exclusive(p.runs_to_completion()), budget(budget_bytes) {}
 
-  JobRecord& find(std::uint32_t id, const char* operation) {
+  JobRecord& find(JobId id, const char* operation) {
     const auto it = jobs.find(id);
     if (it == jobs.end()) {
       throw InvalidArgument(
@@ -253,7 +254,7 @@ struct DecisionCore::State {
         fixed += lane.max_peak();  // covers the turn itself: it is a member of the lane
       }
     }
-    for (const std::uint32_t id : extras) {
+    for (const JobId id : extras) {
       const JobRecord& rec = jobs.at(id);
       scratch.push_back({&rec.view, now - rec.started_at});
     }
@@ -352,7 +353,7 @@ struct DecisionCore::State {
     while (!ready.empty()) {
       const int lane_id = *ready.begin();
       const Lane& lane = lanes.at(lane_id);
-      const std::uint32_t next = exclusive && lane.owner ? *lane.owner : lane.waiting.begin()->job;
+      const JobId next = exclusive && lane.owner ? *lane.owner : lane.waiting.begin()->job;
       start(jobs.at(next), now, /*extra=*/false, decision);
     }
   }
@@ -454,7 +455,7 @@ void DecisionCore::update(const JobView& job) {
   s.admit_pending();
 }
 
-void DecisionCore::remove(std::uint32_t job) {
+void DecisionCore::remove(JobId job) {
   State& s = *state_;
   JobRecord& rec = s.find(job, "remove");
   if (rec.running) s.stop(rec);
@@ -467,7 +468,7 @@ void DecisionCore::remove(std::uint32_t job) {
   s.admit_pending();
 }
 
-void DecisionCore::wait(std::uint32_t job) {
+void DecisionCore::wait(JobId job) {
   State& s = *state_;
   JobRecord& rec = s.find(job, "wait");
   if (rec.waiting) throw InvalidArgument(fmt::format("scheduler: job {} is already waiting", job));
@@ -483,7 +484,7 @@ void DecisionCore::wait(std::uint32_t job) {
   }
 }
 
-void DecisionCore::finish(std::uint32_t job, double now) {
+void DecisionCore::finish(JobId job, double now) {
   State& s = *state_;
   JobRecord& rec = s.find(job, "finish");
   if (!rec.running) {
@@ -510,32 +511,32 @@ Decision DecisionCore::decide(double now) {
   return decision;
 }
 
-bool DecisionCore::admitted(std::uint32_t job) const {
+bool DecisionCore::admitted(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it != state_->jobs.end() && it->second.lane.has_value();
 }
 
-bool DecisionCore::waiting(std::uint32_t job) const {
+bool DecisionCore::waiting(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it != state_->jobs.end() && it->second.waiting;
 }
 
-bool DecisionCore::running(std::uint32_t job) const {
+bool DecisionCore::running(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it != state_->jobs.end() && it->second.running;
 }
 
-std::optional<int> DecisionCore::lane_of(std::uint32_t job) const {
+std::optional<int> DecisionCore::lane_of(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it == state_->jobs.end() ? std::nullopt : it->second.lane;
 }
 
-std::optional<std::uint32_t> DecisionCore::next_in_lane(int lane) const {
+std::optional<JobId> DecisionCore::next_in_lane(int lane) const {
   const auto it = state_->lanes.find(lane);
   if (it == state_->lanes.end() || it->second.waiting.empty()) return std::nullopt;
   // A lane held to completion runs only its owner until the owner leaves.
   if (state_->exclusive && it->second.owner) {
-    const std::uint32_t owner = *it->second.owner;
+    const JobId owner = *it->second.owner;
     return state_->jobs.at(owner).waiting ? std::optional(owner) : std::nullopt;
   }
   return it->second.waiting.begin()->job;
@@ -551,7 +552,7 @@ std::size_t DecisionCore::committed_bytes() const {
   return state_->committed;
 }
 
-const JobView* DecisionCore::view(std::uint32_t job) const {
+const JobView* DecisionCore::view(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it == state_->jobs.end() ? nullptr : &it->second.view;
 }

@@ -16,7 +16,7 @@ namespace salus::sched {
 // An iteration to start now, in `lane` (memory-aware plans: the lane of the job, whether it
 // starts as the lane's turn or as an extra beside the lanes).
 struct Start {
-  std::uint32_t job = 0;
+  JobId job;
   int lane = 0;
 };
 
@@ -43,26 +43,26 @@ class DecisionCore {
   // key is recomputed; a lane's quota follows its members' new estimates.
   void update(const JobView& job);
   // The job left or was cancelled: it stops waiting or running and its lane share is freed.
-  void remove(std::uint32_t job);
+  void remove(JobId job);
   // The job asks for its next iteration. Throws InvalidArgument if unknown, already waiting or
   // running.
-  void wait(std::uint32_t job);
+  void wait(JobId job);
   // A running iteration ended `now` (seconds on the caller's clock).
-  void finish(std::uint32_t job, double now);
+  void finish(JobId job, double now);
   // Starts every iteration that may start at `now` under the policy and marks them running.
   Decision decide(double now);
 
-  [[nodiscard]] bool admitted(std::uint32_t job) const;
-  [[nodiscard]] bool waiting(std::uint32_t job) const;
-  [[nodiscard]] bool running(std::uint32_t job) const;
-  [[nodiscard]] std::optional<int> lane_of(std::uint32_t job) const;
+  [[nodiscard]] bool admitted(JobId job) const;
+  [[nodiscard]] bool waiting(JobId job) const;
+  [[nodiscard]] bool running(JobId job) const;
+  [[nodiscard]] std::optional<int> lane_of(JobId job) const;
   // The waiting job that takes `lane`'s next turn as things stand (what to prefetch).
-  [[nodiscard]] std::optional<std::uint32_t> next_in_lane(int lane) const;
+  [[nodiscard]] std::optional<JobId> next_in_lane(int lane) const;
   [[nodiscard]] int lane_count() const;
   // Bytes the admitted jobs are accounted for: per lane, sum of persistent + largest ephemeral
   // peak (the memory-aware plan's lanes are the packed ones; its extras use what is left).
   [[nodiscard]] std::size_t committed_bytes() const;
-  [[nodiscard]] const JobView* view(std::uint32_t job) const;
+  [[nodiscard]] const JobView* view(JobId job) const;
   [[nodiscard]] std::size_t job_count() const;
 
  private:

@@ -76,7 +76,7 @@ double DeviceScheduler::seconds_since_start(SteadyClock::time_point t) const {
 
 JobView DeviceScheduler::view_of(const JobRecordState& job) const {
   JobView v;
-  v.id = job.id.value;
+  v.id = job.id;
   v.kind = job.spec.kind;
   v.priority = job.spec.priority;
   v.arrival = job.arrival;
@@ -96,7 +96,7 @@ std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
   std::lock_guard lock(mu_);
   auto job = std::make_shared<JobRecordState>(id, std::move(spec), arrivals_++);
   core_.add(view_of(*job));
-  jobs_.emplace(id.value, job);
+  jobs_.emplace(id, job);
   history_.push_back(job);
   return job;
 }
@@ -124,9 +124,9 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   memory::set_job_quiescent(*memory_, job.id);
   lock.lock();
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
-  core_.wait(job.id.value);
+  core_.wait(job.id);
   wake(run_decisions());
-  if (!job.started) prefetch_next(core_.lane_of(job.id.value));
+  if (!job.started) prefetch_next(core_.lane_of(job.id));
   while (!job.started && job.state == JobState::waiting) {
     if (recheck_at_) {
       job.wakeup.wait_until(lock, *recheck_at_);
@@ -176,7 +176,7 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
     // takes a stream slot of its own, or the GPU would serialize them.
     job.lane = policy_->lanes() == LanePlan::memory_aware ? take_free_slot() : start.lane;
     job.stream = lane_stream(job.lane, job);
-    running_on_stream_[job.stream.value] = job.id.value;
+    running_on_stream_[job.stream.value] = job.id;
     job.started = true;
     to_wake.push_back(it->second);
   }
@@ -196,7 +196,7 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
 
 void DeviceScheduler::prefetch_next(std::optional<int> lane) {
   if (!lane) return;
-  if (const auto next = core_.next_in_lane(*lane)) memory::prefetch(*memory_, JobId{*next});
+  if (const auto next = core_.next_in_lane(*lane)) memory::prefetch(*memory_, *next);
 }
 
 void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {
@@ -248,7 +248,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   running_on_stream_.erase(job.stream.value);
   release_slot(job.lane);
   if (current_job == &job) current_job = nullptr;
-  core_.finish(job.id.value, seconds_since_start(now));
+  core_.finish(job.id, seconds_since_start(now));
   const auto to_wake = run_decisions();
   const StreamHandle stream = job.stream;
   const SteadyClock::time_point began = job.iteration_started;
@@ -314,7 +314,7 @@ void DeviceScheduler::record_gpu_end(JobId id, StreamHandle stream, SteadyClock:
   SteadyClock::time_point& previous_end = stream_reached_[stream.value];
   const SteadyClock::time_point started = std::max(began, previous_end);
   previous_end = at;
-  auto it = jobs_.find(id.value);
+  auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   JobRecordState& job = *it->second;
   const double seconds = std::chrono::duration<double>(at - started).count();
@@ -437,7 +437,7 @@ void DeviceScheduler::deallocate(JobRecordState& job, const BlockInfo& block) {
 
 std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(id.value);
+  auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;
 }
 
@@ -458,7 +458,7 @@ void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<Job
   memory_->add_job_stream(job->id, device_, stream);
   std::lock_guard lock(mu_);
   check_usable(*job, "bind_stream");
-  bound_streams_[stream.value] = job->id.value;
+  bound_streams_[stream.value] = job->id;
 }
 
 void DeviceScheduler::unbind_stream(StreamHandle stream) {
@@ -481,9 +481,9 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     }
     job.state = cancelled ? JobState::cancelled : JobState::left;
     if (current_job == &job) current_job = nullptr;
-    core_.remove(job.id.value);
-    jobs_.erase(job.id.value);
-    std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id.value; });
+    core_.remove(job.id);
+    jobs_.erase(job.id);
+    std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
     job.wakeup.notify_all();
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }

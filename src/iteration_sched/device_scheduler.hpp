@@ -135,12 +135,12 @@ class DeviceScheduler {
   const std::shared_ptr<MarkerSink> marker_sink_ = std::make_shared<MarkerSink>(this);
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
-  std::unordered_map<std::uint32_t, std::shared_ptr<JobRecordState>> jobs_;  // present ones
+  std::unordered_map<JobId, std::shared_ptr<JobRecordState>> jobs_;  // present ones
   std::vector<std::shared_ptr<JobRecordState>> history_;  // every job ever added, for statistics
   std::vector<std::optional<Stream>> lanes_;
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
-  std::unordered_map<std::uint64_t, std::uint32_t> running_on_stream_;  // stream -> job
-  std::unordered_map<std::uint64_t, std::uint32_t> bound_streams_;      // stream -> job
+  std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job
+  std::unordered_map<std::uint64_t, JobId> bound_streams_;      // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
   // When each lane stream last finished an iteration's work (its end marker ran).
   std::unordered_map<std::uint64_t, SteadyClock::time_point> stream_reached_;

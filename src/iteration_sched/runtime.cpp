@@ -74,7 +74,7 @@ struct Runtime::Impl {
       }
       return found;
     }
-    throw UnknownJob(id.value);
+    throw UnknownJob(id);
   }
 
   // The job the calling thread works for on `device`, if any (see Runtime::allocate).

@@ -101,7 +101,7 @@ class Run {
     curves_[i] = job.curve;
     curves_[i].duration_seconds = curves_[i].bytes.empty() ? 0.0 : job.iteration_seconds;
     JobView& view = views_[i];
-    view.id = i;
+    view.id = JobId{i};
     view.kind = job.kind;
     view.priority = job.priority;
     view.expected_iterations = job.iterations;
@@ -118,7 +118,7 @@ class Run {
   }
 
   void ask(std::uint32_t job, double now) {
-    core_.wait(job);
+    core_.wait(JobId{job});
     asked_[job] = now;
   }
 
@@ -136,7 +136,7 @@ class Run {
       case EventKind::recheck:
         break;
       case EventKind::finish: {
-        core_.finish(id, now);
+        core_.finish(JobId{id}, now);
         running_.erase(id);
         SimJobResult& stats = result_.jobs[id];
         ++stats.iterations;
@@ -145,7 +145,7 @@ class Run {
         view.iterations_done = stats.iterations;
         view.attained_seconds = stats.attained_seconds;
         if (stats.iterations == jobs_[id].iterations) {
-          core_.remove(id);
+          core_.remove(JobId{id});
           stats.finish_seconds = now;
         } else {
           core_.update(view);
@@ -163,20 +163,20 @@ class Run {
   void start_what_the_core_decides(double now) {
     const Decision decision = core_.decide(now);
     for (const Start& start : decision.starts) {
-      SimIteration record{
-          start.job, start.lane, asked_[start.job], now, now + jobs_[start.job].iteration_seconds,
-          {}};
+      const std::uint32_t job = start.job.value;  // the core's ids are indices into the input
+      SimIteration record{job, start.lane, asked_[job], now, now + jobs_[job].iteration_seconds,
+                          {}};
       if (options_.record_waiting) {
         for (std::uint32_t other = 0; other < jobs_.size(); ++other) {
-          if (other != start.job && core_.waiting(other)) record.others_waiting.push_back(other);
+          if (other != job && core_.waiting(JobId{other})) record.others_waiting.push_back(other);
         }
       }
-      SimJobResult& stats = result_.jobs[start.job];
+      SimJobResult& stats = result_.jobs[job];
       const double waited = now - record.asked;
       stats.waiting_seconds += waited;
       stats.max_wait_seconds = std::max(stats.max_wait_seconds, waited);
-      running_[start.job] = {now, result_.iterations.size()};
-      schedule(record.end, EventKind::finish, start.job);
+      running_[job] = {now, result_.iterations.size()};
+      schedule(record.end, EventKind::finish, job);
       result_.iterations.push_back(std::move(record));
     }
     if (decision.recheck_after_seconds) {
@@ -192,7 +192,7 @@ class Run {
   [[nodiscard]] std::size_t memory_at(double t) const {
     std::size_t total = 0;
     for (std::uint32_t i = 0; i < jobs_.size(); ++i) {
-      if (core_.admitted(i)) total += jobs_[i].persistent_bytes;
+      if (core_.admitted(JobId{i})) total += jobs_[i].persistent_bytes;
     }
     for (const auto& [id, run] : running_) total += curves_[id].at(t - run.start);
     return total;

@@ -83,13 +83,13 @@ JobRecord* JobTable::find(JobId job) const {
 
 JobRecord& JobTable::any(JobId job) const {
   JobRecord* record = find(job);
-  if (record == nullptr) throw UnknownJob(job.value);
+  if (record == nullptr) throw UnknownJob(job);
   return *record;
 }
 
 JobRecord& JobTable::live(JobId job) const {
   JobRecord& record = any(job);
-  if (!record.alive.load(std::memory_order_acquire)) throw UnknownJob(job.value);
+  if (!record.alive.load(std::memory_order_acquire)) throw UnknownJob(job);
   return record;
 }
 

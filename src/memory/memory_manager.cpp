@@ -172,7 +172,7 @@ class MemoryManager::Impl {
       } catch (const InvalidArgument&) {
         // release_job got there first.
       }
-      throw UnknownJob(request.job.value);
+      throw UnknownJob(request.job);
     }
     return ptr;
   }
@@ -236,7 +236,7 @@ class MemoryManager::Impl {
   OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
                            const AllocationRequest& request, std::string reason,
                            bool job_budget) const {
-    return {.job = job.id.value,
+    return {.job = job.id,
             .job_name = job.name,
             .device = device.device(),
             .requested_bytes = request.bytes,

@@ -50,7 +50,7 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   if (device_.tiers().borrow_from(device_.device(), where, moves.size(), fresh) < moves.size()) {
     device_.tiers().give_back(device_.device(), fresh);
     throw OutOfMemory(
-        {.job = block->job.value,
+        {.job = block->job,
          .job_name = {},
          .device = device_.device(),
          .requested_bytes = moves.size() * page,
