@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "iteration_sched/decision.hpp"
@@ -198,6 +200,71 @@ TEST_F(DecisionCoreTest, MemoryAwareOverlapsComplementaryCurvesAndSaysWhenToRech
   EXPECT_TRUE(later.starts.empty());
   core.finish(JobId{1}, 4.0);
   EXPECT_EQ(started(core.decide(4.0)), Ids{2});
+}
+
+// A memory-aware policy that answers the start-offset question its own way (a fixed answer the
+// test sets), and remembers what the core showed it.
+class FixedDelayPolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "fixed_delay"; }
+  SortKey key(const JobView& job) const override { return {static_cast<double>(job.arrival), 0.0}; }
+  LanePlan lanes() const override { return LanePlan::memory_aware; }
+  std::optional<double> start_delay(const DeviceView& device,
+                                    const JobView& candidate) const override {
+    asked.push_back(candidate.id);
+    running = device.running.size();
+    held.assign(device.held.begin(), device.held.end());
+    return delay;
+  }
+
+  std::optional<double> delay;
+  mutable std::vector<JobId> asked;
+  mutable std::size_t running = 0;
+  mutable std::vector<HeldFrom> held;
+};
+
+TEST_F(DecisionCoreTest, MemoryAwareExtrasStartWhenThePolicysStartDelaySays) {
+  FixedDelayPolicy custom;
+  const MemoryCurve rising{4.0, {10, 20, 40, 60}};
+  const MemoryCurve early{1.0, {50}};
+  DecisionCore core(custom, 100);
+  JobView a = job(1, 10, 0);
+  a.curve = &rising;
+  JobView b = job(2, 10, 0);
+  b.curve = &early;
+  core.add(a);
+  core.add(b);  // joins lane 0, as under "memory_aware" (which starts it at once as an extra)
+  ASSERT_EQ(core.lane_count(), 1);
+  core.wait(JobId{1});
+  core.wait(JobId{2});
+
+  // The policy says "not before an iteration ends": job 2 waits for the lane's turn.
+  custom.delay = std::nullopt;
+  const Decision never = core.decide(0.0);
+  EXPECT_EQ(started(never), Ids{1});
+  EXPECT_FALSE(never.recheck_after_seconds.has_value());
+  EXPECT_EQ(custom.asked, std::vector<JobId>{JobId{2}});
+  // The policy saw job 1's turn running and lane 0's quota (its largest peak, 60) held from that
+  // turn's predicted end on.
+  EXPECT_EQ(custom.running, 1u);
+  ASSERT_EQ(custom.held.size(), 1u);
+  EXPECT_NEAR(custom.held[0].from_seconds, 4.0, 1e-9);
+  EXPECT_EQ(custom.held[0].bytes, 60u);
+
+  // A positive answer is when the core asks again.
+  custom.delay = 0.5;
+  const Decision later = core.decide(0.0);
+  EXPECT_TRUE(later.starts.empty());
+  ASSERT_TRUE(later.recheck_after_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*later.recheck_after_seconds, 0.5);
+
+  // Zero: it starts now, beside the lane's turn.
+  custom.delay = 0.0;
+  EXPECT_EQ(started(core.decide(0.5)), Ids{2});
+  EXPECT_TRUE(core.running(JobId{1}));
+  EXPECT_TRUE(core.running(JobId{2}));
+  ASSERT_EQ(custom.held.size(), 1u);
+  EXPECT_NEAR(custom.held[0].from_seconds, 3.5, 1e-9);
 }
 
 TEST_F(DecisionCoreTest, MemoryAwareExtrasNeverUseALaneQuotaPastItsTurn) {

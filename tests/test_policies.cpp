@@ -131,9 +131,30 @@ TEST(PolicyStartDelay, DefaultOverlapsOnlyWhenAllPeaksFit) {
   running_job.ephemeral_peak_bytes = 40;
   candidate.ephemeral_peak_bytes = 30;
   const RunningIteration running[] = {{&running_job, 0.3}};
-  EXPECT_EQ(fair->start_delay({100, 30, running}, candidate), std::optional<double>(0.0));
-  EXPECT_EQ(fair->start_delay({100, 31, running}, candidate), std::nullopt);
-  EXPECT_EQ(fair->start_delay({60, 30, {}}, candidate), std::optional<double>(0.0));
+  EXPECT_EQ(fair->start_delay({100, 30, running, {}}, candidate), std::optional<double>(0.0));
+  EXPECT_EQ(fair->start_delay({100, 31, running, {}}, candidate), std::nullopt);
+  EXPECT_EQ(fair->start_delay({60, 30, {}, {}}, candidate), std::optional<double>(0.0));
+}
+
+TEST(PolicyStartDelay, HeldBytesCountFromWhenTheyAreHeld) {
+  const auto fair = PolicyRegistry::with_builtins().make("fair");
+  JobView candidate;
+  candidate.ephemeral_peak_bytes = 30;
+  // The default counts every held byte at once.
+  const HeldFrom forty[] = {{5.0, 40}};
+  const HeldFrom forty_one[] = {{5.0, 41}};
+  EXPECT_EQ(fair->start_delay({100, 30, {}, forty}, candidate), std::optional<double>(0.0));
+  EXPECT_EQ(fair->start_delay({100, 30, {}, forty_one}, candidate), std::nullopt);
+
+  // The offset search counts them from when they are held, for good.
+  const auto aware = PolicyRegistry::with_builtins().make("memory_aware");
+  const MemoryCurve falls = curve(2.0, {6, 2});
+  const MemoryCurve heavy = curve(2.0, {7, 7});
+  const HeldFrom five_after_one[] = {{1.0, 5}};
+  EXPECT_EQ(aware->start_delay({10, 0, {}, five_after_one}, job_with(&falls, 2)),
+            std::optional<double>(0.0));
+  EXPECT_EQ(aware->start_delay({10, 0, {}, five_after_one}, job_with(&heavy, 2)), std::nullopt);
+  EXPECT_EQ(aware->start_delay({10, 0, {}, {}}, job_with(&heavy, 2)), std::optional<double>(0.0));
 }
 
 TEST(PolicyStartDelay, MemoryAwareFindsTheHandComputedOffset) {
@@ -145,22 +166,22 @@ TEST(PolicyStartDelay, MemoryAwareFindsTheHandComputedOffset) {
   const MemoryCurve heavy = curve(2.0, {7, 7});
 
   RunningIteration running[] = {{&running_job, 0.0}};
-  EXPECT_EQ(policy->start_delay({10, 0, running}, job_with(&fits_now, 2)),
+  EXPECT_EQ(policy->start_delay({10, 0, running, {}}, job_with(&fits_now, 2)),
             std::optional<double>(0.0));
   // Its second second needs the running job below 3 bytes: only after that job has ended.
-  auto delay = policy->start_delay({10, 0, running}, job_with(&late_peak, 2));
+  auto delay = policy->start_delay({10, 0, running, {}}, job_with(&late_peak, 2));
   ASSERT_TRUE(delay.has_value());
   EXPECT_NEAR(*delay, 3.0, 1e-6);
   running[0].elapsed_seconds = 1.5;
-  delay = policy->start_delay({10, 0, running}, job_with(&late_peak, 2));
+  delay = policy->start_delay({10, 0, running, {}}, job_with(&late_peak, 2));
   ASSERT_TRUE(delay.has_value());
   EXPECT_NEAR(*delay, 1.5, 1e-6);
   // Fits only once the running iteration is over: the end event will bring the caller back.
-  EXPECT_EQ(policy->start_delay({10, 0, running}, job_with(&heavy, 2)), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 0, running, {}}, job_with(&heavy, 2)), std::nullopt);
   // Nothing running: fits alone or never.
-  EXPECT_EQ(policy->start_delay({10, 3, {}}, job_with(&heavy, 2)), std::optional<double>(0.0));
-  EXPECT_EQ(policy->start_delay({10, 4, {}}, job_with(&heavy, 2)), std::nullopt);
-  EXPECT_EQ(policy->start_delay({10, 11, {}}, job_with(&fits_now, 2)), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 3, {}, {}}, job_with(&heavy, 2)), std::optional<double>(0.0));
+  EXPECT_EQ(policy->start_delay({10, 4, {}, {}}, job_with(&heavy, 2)), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 11, {}, {}}, job_with(&fits_now, 2)), std::nullopt);
 }
 
 TEST(PolicyStartDelay, MemoryAwareFallsBackToFlatPeaks) {
@@ -172,22 +193,22 @@ TEST(PolicyStartDelay, MemoryAwareFallsBackToFlatPeaks) {
   small.ephemeral_peak_bytes = 4;
   large.ephemeral_peak_bytes = 5;
   const RunningIteration running[] = {{&flat_running, 0.5}};
-  EXPECT_EQ(policy->start_delay({10, 0, running}, small), std::optional<double>(0.0));
-  EXPECT_EQ(policy->start_delay({10, 0, running}, large), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 0, running, {}}, small), std::optional<double>(0.0));
+  EXPECT_EQ(policy->start_delay({10, 0, running, {}}, large), std::nullopt);
 
   // A running iteration past its predicted end holds its peak for as long as it runs.
   const MemoryCurve short_curve = curve(1.0, {1, 6});
   const JobView overrun = job_with(&short_curve, 3);
   const RunningIteration late[] = {{&overrun, 3.0}};
-  EXPECT_EQ(policy->start_delay({10, 0, late}, large), std::nullopt);
-  EXPECT_EQ(policy->start_delay({10, 0, late}, small), std::optional<double>(0.0));
+  EXPECT_EQ(policy->start_delay({10, 0, late, {}}, large), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 0, late, {}}, small), std::optional<double>(0.0));
 
   // Unknown length and curve on the running side: only a candidate that fits beside the peak.
   JobView endless;
   endless.ephemeral_peak_bytes = 6;
   const RunningIteration forever[] = {{&endless, 100.0}};
-  EXPECT_EQ(policy->start_delay({10, 0, forever}, small), std::optional<double>(0.0));
-  EXPECT_EQ(policy->start_delay({10, 0, forever}, large), std::nullopt);
+  EXPECT_EQ(policy->start_delay({10, 0, forever, {}}, small), std::optional<double>(0.0));
+  EXPECT_EQ(policy->start_delay({10, 0, forever, {}}, large), std::nullopt);
 }
 
 // Combined memory when `candidate` starts at `offset`, checked at the midpoint of every interval
@@ -241,7 +262,7 @@ TEST(PolicyStartDelay, MemoryAwareOffsetIsFeasibleAndLeastOnRandomCurves) {
     for (const MemoryCurve& c : curves) views.push_back(job_with(&c));
     std::vector<RunningIteration> running;
     for (std::size_t r = 0; r < running_count; ++r) running.push_back({&views[r], elapsed[r]});
-    const auto delay = policy->start_delay({budget, 0, running}, job_with(&candidate, 9));
+    const auto delay = policy->start_delay({budget, 0, running, {}}, job_with(&candidate, 9));
 
     // Oracle: the least feasible offset is 0 or a running piece's end minus a candidate piece's
     // start; try them all.

@@ -69,10 +69,19 @@ struct RunningIteration {
   double elapsed_seconds = 0.0;  // since it started
 };
 
+// Bytes held for good from `from_seconds` after now on: under LanePlan::memory_aware, the
+// ephemeral quota a lane keeps for its next turn once the iteration it runs now is predicted to
+// end.
+struct HeldFrom {
+  double from_seconds = 0.0;
+  std::size_t bytes = 0;
+};
+
 struct DeviceView {
   std::size_t budget_bytes = 0;            // what the device may hold for all jobs
   std::size_t persistent_bytes = 0;        // of every admitted job (resident throughout)
   std::span<const RunningIteration> running;
+  std::span<const HeldFrom> held;  // besides `running` (empty outside memory_aware)
 };
 
 // How a policy uses lanes (DESIGN.md: a lane is an ephemeral budget plus a stream; jobs in a lane
@@ -93,8 +102,12 @@ class SALUS_API Policy {
   // True: a job that started keeps its lane until it leaves (exclusive, run to completion).
   [[nodiscard]] virtual bool runs_to_completion() const { return false; }
   // For LanePlan::memory_aware: the least delay (seconds from now) after which `candidate` may
-  // start beside `device.running` so that the predicted total stays within the budget at every
-  // instant; nullopt when it cannot start before one of the running iterations ends.
+  // start beside `device.running` and `device.held` so that the predicted total stays within the
+  // budget at every instant; nullopt when it cannot start before one of the running iterations
+  // ends. The scheduler asks it for each waiting job that might start beside the lanes' turns
+  // (an extra) and starts the job when the answer is 0, or asks again after a positive answer.
+  // The default allows overlap only when every peak fits at once; "memory_aware" runs the
+  // Zico-style offset search over the curves.
   [[nodiscard]] virtual std::optional<double> start_delay(const DeviceView& device,
                                                           const JobView& candidate) const;
 };

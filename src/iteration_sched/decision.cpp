@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -261,9 +262,15 @@ struct DecisionCore::State {
     return fixed;
   }
 
+  // The picture as the policy sees it: what is held throughout, the running curves, the held
+  // lane quotas.
+  [[nodiscard]] DeviceView device_view(std::size_t fixed) const {
+    return DeviceView{budget, fixed, scratch, held};
+  }
+
   // The least delay after which `candidate` fits beside the picture (see least_start_offset).
   [[nodiscard]] std::optional<double> fit_delay(std::size_t fixed, const JobView& candidate) const {
-    return least_start_offset(DeviceView{budget, fixed, scratch}, held, candidate);
+    return least_start_offset(device_view(fixed), candidate);
   }
 
   // How long until `rec` may join `lane_id` beside the running extras. A waiting job that opens
@@ -276,7 +283,7 @@ struct DecisionCore::State {
     const double turn = predicted_seconds(rec.view);
     if (rec.waiting && !lanes.contains(lane_id) && turn < std::numeric_limits<double>::infinity()) {
       held.push_back({turn, rec.peak});
-      return least_start_offset(DeviceView{budget, fixed + rec.persistent, scratch}, held,
+      return least_start_offset(DeviceView{budget, fixed + rec.persistent, scratch, held},
                                 rec.view);
     }
     JobView quota;
@@ -372,6 +379,11 @@ struct DecisionCore::State {
   // theorem: no loss over seeds 1..1000, 5 losses of at most 0.6% over seeds 1..5000. Lending
   // extras only the lanes' unused quota removes the admission wait but loses more (worst 0.955)
   // and gains far less (mean 1.04 instead of 1.28).
+  //
+  // When an extra may start is the policy's answer (Policy::start_delay over the picture: the
+  // same question as the offset search, which is what the built-in "memory_aware" answers with),
+  // so a custom memory-aware policy can start extras earlier, later or never. Admission stays the
+  // lane rule's own (admission_delay), whatever the policy.
   void decide_memory_aware(double now, Decision& decision) {
     if (admission_dirty) admit_pending_beside_extras(now, decision);
     decide_lanes(now, decision);
@@ -381,11 +393,11 @@ struct DecisionCore::State {
          ++examined) {
       JobRecord& rec = jobs.at(next->job);
       ++next;  // before start() erases it
-      const std::optional<double> delay = fit_delay(fixed, rec.view);
+      const std::optional<double> delay = policy.start_delay(device_view(fixed), rec.view);
       if (delay && *delay <= kOffsetTolerance) {
         start(rec, now, /*extra=*/true, decision);
         scratch.push_back({&rec.view, 0.0});
-      } else if (delay) {
+      } else if (delay && std::isfinite(*delay)) {  // a custom policy's +inf or NaN: not now
         note_recheck(decision, *delay);
       }
     }

@@ -109,15 +109,10 @@ std::size_t ephemeral_peak(const JobView& job) {
 }
 
 std::optional<double> least_start_offset(const DeviceView& device, const JobView& candidate) {
-  return least_start_offset(device, {}, candidate);
-}
-
-std::optional<double> least_start_offset(const DeviceView& device, std::span<const HeldFrom> held,
-                                         const JobView& candidate) {
   if (device.persistent_bytes > device.budget_bytes) return std::nullopt;
   const std::size_t available = device.budget_bytes - device.persistent_bytes;
   double last_end = 0.0;
-  const std::vector<Segment> running = combined_running(device.running, held, last_end);
+  const std::vector<Segment> running = combined_running(device.running, device.held, last_end);
   const std::vector<Segment> own = candidate_segments(candidate);
 
   // Starting at d puts the candidate's piece [x, y) over the running piece [a, b) exactly when

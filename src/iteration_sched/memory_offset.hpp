@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <optional>
-#include <span>
 
 #include "salus/scheduler.hpp"
 
@@ -18,26 +17,15 @@ inline constexpr double kOffsetTolerance = 1e-9;
 [[nodiscard]] std::size_t ephemeral_peak(const JobView& job);
 
 // The least d >= 0 such that, for every t in [0, candidate's duration),
-//   device.persistent_bytes + sum_r curve_r(elapsed_r + d + t) + candidate_curve(t) <= budget,
-// where a running iteration contributes nothing after its predicted end. Unknown curves count as
-// their flat peak over the iteration (over all time when the iteration's length is unknown too);
-// an iteration that has overrun its prediction is assumed to hold its peak until it ends.
-// nullopt when no such d exists before the last running iteration is predicted to end (the
+//   device.persistent_bytes + sum_r curve_r(elapsed_r + d + t) + sum_h held_h(d + t)
+//     + candidate_curve(t) <= budget,
+// where a running iteration contributes nothing after its predicted end and a device.held entry
+// its bytes from its from_seconds on (the search looks past those points too). Unknown curves
+// count as their flat peak over the iteration (over all time when the iteration's length is
+// unknown too); an iteration that has overrun its prediction is assumed to hold its peak until it
+// ends. nullopt when no such d exists before the last running iteration is predicted to end (the
 // caller then waits for an iteration to end).
 [[nodiscard]] std::optional<double> least_start_offset(const DeviceView& device,
-                                                       const JobView& candidate);
-
-// Bytes held from `from_seconds` after now on, for good: memory a lane has reserved for its next
-// iteration once the one it runs now is predicted to end.
-struct HeldFrom {
-  double from_seconds = 0.0;
-  std::size_t bytes = 0;
-};
-
-// As above, with `held` added to the running curves (and counted among the ends the search looks
-// past).
-[[nodiscard]] std::optional<double> least_start_offset(const DeviceView& device,
-                                                       std::span<const HeldFrom> held,
                                                        const JobView& candidate);
 
 }  // namespace salus::sched

@@ -1,5 +1,7 @@
 // The built-in policies and the registry. Each policy is a key (who goes first among the waiting
-// jobs of a lane) plus a lane plan; only "memory_aware" overrides the start-offset question.
+// jobs of a lane) plus a lane plan; only "memory_aware" overrides the start-offset question, which
+// the decision core asks the policy under LanePlan::memory_aware (DecisionCore::State::
+// decide_memory_aware), so a custom policy can answer it differently.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -46,11 +48,12 @@ double JobView::remaining_seconds() const {
 
 std::optional<double> Policy::start_delay(const DeviceView& device,
                                           const JobView& candidate) const {
-  // Without a memory plan, overlap only when every peak fits at once.
+  // Without a memory plan, overlap only when every peak (and everything held) fits at once.
   std::size_t total = device.persistent_bytes + sched::ephemeral_peak(candidate);
   for (const RunningIteration& r : device.running) {
     if (r.job != nullptr) total += sched::ephemeral_peak(*r.job);
   }
+  for (const HeldFrom& h : device.held) total += h.bytes;
   if (total <= device.budget_bytes) return 0.0;
   return std::nullopt;
 }
