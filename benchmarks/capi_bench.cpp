@@ -79,7 +79,7 @@ void BM_DoorPair(benchmark::State& state, Door door) {
 }
 
 void door_args(benchmark::internal::Benchmark* bench) {
-  bench->Arg(4096)->Arg(4 * MiB)->Repetitions(3)->ReportAggregatesOnly(true);
+  bench->Arg(4096)->Arg(4 * MiB);
 }
 
 BENCHMARK_CAPTURE(BM_DoorPair, cpp_job, Door::cpp_job)->Apply(door_args);

@@ -360,7 +360,9 @@ TEST(FrameworkStreamsScheduler, LaneStreamsRetireWithTheScheduler) {
   {
     DeviceScheduler scheduler(backend, memory, std::make_shared<TraceRecorder>(), 0,
                               PolicyRegistry::with_builtins().make("fifo"));
-    const auto job = scheduler.add(JobSpec{.name = "j"});
+    JobSpec spec;
+    spec.name = "j";
+    const auto job = scheduler.add(spec);
     const StreamHandle lane = scheduler.begin(*job);
     EXPECT_NE(lane.value, 0u);
     const DevicePtr p = scheduler.allocate(*job, 8 * MiB, Lifetime::ephemeral);
