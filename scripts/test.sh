@@ -89,8 +89,10 @@ if [[ -f build/src/libsalus.so ]] && cmake --install build --prefix "$TMP/prefix
   fi
   # The C ABI from C: compiled as C11 against the installed header only.
   # shellcheck disable=SC2046
+  # (salus.pc's Cflags carry -std=c++20 for the C++ headers; C takes only the include path.)
   if gcc -std=c11 -Wall -Wextra -Wpedantic -Werror tests/c_program/two_jobs.c -o "$TMP/c_program" \
-       $(PKG_CONFIG_PATH=$pc_dir pkg-config --cflags --libs salus) -pthread &&
+       -I"$(PKG_CONFIG_PATH=$pc_dir pkg-config --variable=includedir salus)" \
+       $(PKG_CONFIG_PATH=$pc_dir pkg-config --libs salus) -pthread &&
      LD_LIBRARY_PATH=$libdir "$TMP/c_program"; then
     pass "C program against the installed header (pkg-config)"
   else

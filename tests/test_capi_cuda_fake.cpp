@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "abi/c_api_fixture.hpp"
 #include "capi/capi.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "salus/c_api.h"
@@ -22,6 +23,8 @@ using test::FakeDriver;
 using test::FakeDriverConfig;
 
 constexpr std::size_t kDevice = 256 * MiB;
+using ::job_stats_of;
+using ::device_stats_of;
 
 class CApiCudaFake : public ::testing::Test {
  protected:
@@ -39,18 +42,8 @@ class CApiCudaFake : public ::testing::Test {
     fake_.reset();
   }
 
-  salus_device_stats device_stats(int device) {
-    salus_device_stats s{};
-    s.struct_size = sizeof s;
-    EXPECT_EQ(salus_get_device_stats(runtime_, device, &s), SALUS_OK) << salus_last_error();
-    return s;
-  }
-  salus_job_stats job_stats(uint32_t job) {
-    salus_job_stats s{};
-    s.struct_size = sizeof s;
-    EXPECT_EQ(salus_job_get_stats(runtime_, job, &s), SALUS_OK) << salus_last_error();
-    return s;
-  }
+  salus_device_stats device_stats(int device) { return device_stats_of(runtime_, device); }
+  salus_job_stats job_stats(uint32_t job) { return job_stats_of(runtime_, job); }
   uint32_t add_job(const char* name) {
     salus_job_spec spec;
     salus_job_spec_init(&spec);

@@ -113,8 +113,10 @@ SALUS_API salus_status salus_runtime_create(const salus_runtime_options* options
 SALUS_API salus_status salus_runtime_create_sim(int device_count, size_t device_memory_bytes,
                                                 salus_runtime** out);
 SALUS_API salus_status salus_runtime_create_cuda(salus_runtime** out);
-/* Leaves every job still present and frees everything. NULL is ignored. The default runtime is
- * not destroyed this way (see salus_default_runtime_shutdown). */
+/* Cancels every job still present (a thread waiting in begin_iteration wakes with
+ * SALUS_ERROR_CANCELLED) and frees everything. NULL is ignored. The default runtime is not
+ * destroyed this way: the call is ignored and salus_last_error says so (see
+ * salus_default_runtime_shutdown). */
 SALUS_API void salus_runtime_destroy(salus_runtime* runtime);
 SALUS_API salus_status salus_runtime_device_count(const salus_runtime* runtime, int* out);
 /* The backend's name ("cuda" or "sim"). */
@@ -179,6 +181,10 @@ typedef struct salus_job_stats {
   uint64_t promoted_bytes; /* ephemeral bytes that outlived an iteration */
   /* The profiler's view: resident bytes between iterations, and one iteration's peak. */
   size_t profile_persistent_bytes, profile_ephemeral_peak_bytes;
+  /* 1 while the job is at a safe point (waiting for its turn): its pages may move between tiers. */
+  int quiescent;
+  /* Its live bytes whose pages are on a peer GPU or in host memory right now. */
+  size_t on_peer_bytes, on_host_bytes;
 } salus_job_stats;
 
 /* name, kind TRAINING, priority 0, device 0, everything else 0. */
@@ -265,6 +271,8 @@ typedef struct salus_device_stats {
   uint64_t deferred_unmaps;
   size_t retiring;
   uint64_t allocation_waits;
+  /* Streams with address ranges on the device (retired ones awaiting reuse included). */
+  size_t stream_heaps;
 } salus_device_stats;
 
 /* out->struct_size must be set. */

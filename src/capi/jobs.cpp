@@ -66,6 +66,9 @@ void fill(const salus::JobStats& s, salus_job_stats& out) {
   out.promoted_bytes = s.memory.promoted_bytes;
   out.profile_persistent_bytes = s.persistent_bytes;
   out.profile_ephemeral_peak_bytes = s.ephemeral_peak_bytes;
+  out.quiescent = s.memory.quiescent ? 1 : 0;
+  out.on_peer_bytes = s.memory.in_use_by_tier[static_cast<std::size_t>(salus::Tier::peer)];
+  out.on_host_bytes = s.memory.in_use_by_tier[static_cast<std::size_t>(salus::Tier::host)];
 }
 
 }  // namespace

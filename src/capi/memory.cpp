@@ -191,6 +191,7 @@ salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
     d.deferred_unmaps = s.deferred_unmaps;
     d.retiring = s.retiring;
     d.allocation_waits = s.allocation_waits;
+    d.stream_heaps = s.stream_heaps;
     *out = d;
   });
 }

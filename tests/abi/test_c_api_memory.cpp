@@ -237,14 +237,7 @@ TEST(CApiFrameworkStreams, AStreamSalusDidNotCreateDoesNotPoisonTheDevice) {
 }
 
 TEST(CApiFrameworkStreams, TheSameOnAMeshWithSpilling) {
-  salus_runtime_options o;
-  salus_runtime_options_init(&o);
-  o.backend = SALUS_BACKEND_SIM;
-  o.sim_device_count = 4;
-  o.sim_device_memory_bytes = 64 * kMiB;
-  o.sim_topology = SALUS_SIM_NVLINK_MESH;
-  o.spill = SALUS_SPILL_PEER_THEN_HOST;
-  o.lend_reserve_bytes = 0;
+  salus_runtime_options o = spilling_mesh(4, 64 * kMiB);
   o.host_limit_bytes = 0;  // peers only: the device can reach exactly 4 x 64 MiB
   salus_runtime* runtime = nullptr;
   ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
@@ -253,14 +246,7 @@ TEST(CApiFrameworkStreams, TheSameOnAMeshWithSpilling) {
 }
 
 TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream) {
-  salus_runtime_options o;
-  salus_runtime_options_init(&o);
-  o.backend = SALUS_BACKEND_SIM;
-  o.sim_device_count = 2;
-  o.sim_device_memory_bytes = 64 * kMiB;
-  o.sim_topology = SALUS_SIM_NVLINK_MESH;
-  o.spill = SALUS_SPILL_PEER_THEN_HOST;
-  o.lend_reserve_bytes = 0;
+  const salus_runtime_options o = spilling_mesh(2, 64 * kMiB);
   salus_runtime* runtime = nullptr;
   ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
   salus_job_spec spec;
@@ -299,7 +285,9 @@ TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream)
   js.struct_size = sizeof js;
   do {
     ASSERT_EQ(salus_job_get_stats(runtime, a, &js), SALUS_OK);
-  } while (js.state != SALUS_JOB_WAITING);
+  } while (js.quiescent == 0);
+  EXPECT_EQ(js.state, SALUS_JOB_WAITING);
+  EXPECT_EQ(js.on_peer_bytes, 0u);
 
   // b needs more than what is left on device 0: a's pages go to device 1 for it.
   Written act{nullptr, 48 * kMiB, 9};
@@ -312,6 +300,8 @@ TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream)
   ASSERT_EQ(salus_get_device_stats(runtime, 0, &s), SALUS_OK);
   EXPECT_GT(s.borrowed_peer, 0u);
   EXPECT_GT(s.pages_moved, 0u) << "a's pages moved down a tier";
+  ASSERT_EQ(salus_job_get_stats(runtime, a, &js), SALUS_OK);
+  EXPECT_GT(js.on_peer_bytes, 0u);
   EXPECT_TRUE(act.intact());
   ASSERT_EQ(salus_deallocate(runtime, act.ptr, act.bytes, 0), SALUS_OK);
   ASSERT_EQ(salus_job_end_iteration(runtime, b), SALUS_OK);
@@ -349,6 +339,8 @@ TEST(CApiFrameworkStreams, ManyStreamsComeAndGoWithoutGrowth) {
   s.struct_size = sizeof s;
   ASSERT_EQ(salus_get_device_stats(runtime, 0, &s), SALUS_OK);
   const size_t reserved_after_100 = s.reserved;
+  const size_t heaps_after_100 = s.stream_heaps;
+  EXPECT_GE(heaps_after_100, 100u);
   // Streams made and destroyed one after another reuse the retired heaps' room.
   for (int i = 0; i < 500; ++i) {
     void* stream = nullptr;
@@ -363,6 +355,7 @@ TEST(CApiFrameworkStreams, ManyStreamsComeAndGoWithoutGrowth) {
   }
   ASSERT_EQ(salus_get_device_stats(runtime, 0, &s), SALUS_OK);
   EXPECT_LE(s.reserved, reserved_after_100 + 4 * kMiB);
+  EXPECT_LE(s.stream_heaps, heaps_after_100) << "retired heaps serve the new streams";
   EXPECT_EQ(s.allocated, 0u);
   salus_runtime_destroy(runtime);
 }
