@@ -33,6 +33,9 @@
 extern "C" {
 #endif
 
+/* Every enum ends with a *_FORCE_INT value: it makes the enum int-sized and any int a valid value
+ * of it, so that a value the caller got wrong is checked and refused, never undefined. */
+
 /* ---- Version, status and errors ------------------------------------------------------------- */
 
 #define SALUS_C_API_VERSION_MAJOR 1
@@ -46,7 +49,8 @@ typedef enum salus_status {
   SALUS_ERROR_NOT_SUPPORTED = 4,    /* not in this build or on this backend (e.g. no GPU) */
   SALUS_ERROR_UNKNOWN_JOB = 5,      /* never added, or it left */
   SALUS_ERROR_INTERNAL = 6,
-  SALUS_ERROR_CANCELLED = 7 /* the job was cancelled */
+  SALUS_ERROR_CANCELLED = 7, /* the job was cancelled */
+  SALUS_STATUS_FORCE_INT = 0x7fffffff
 } salus_status;
 
 /* (major << 16) | minor of the C ABI the library implements. */
@@ -65,7 +69,8 @@ typedef struct salus_runtime salus_runtime;
 typedef enum salus_backend_kind {
   SALUS_BACKEND_AUTO = 0, /* CUDA where a GPU is present, else the simulated backend */
   SALUS_BACKEND_CUDA = 1,
-  SALUS_BACKEND_SIM = 2
+  SALUS_BACKEND_SIM = 2,
+  SALUS_BACKEND_FORCE_INT = 0x7fffffff
 } salus_backend_kind;
 
 /* Peer links between simulated GPUs. */
@@ -73,14 +78,16 @@ typedef enum salus_sim_topology {
   SALUS_SIM_NO_LINKS = 0,    /* no peer access */
   SALUS_SIM_NVLINK_MESH = 1, /* every pair linked by NVLink */
   SALUS_SIM_TWO_ISLANDS = 2, /* two NVLink meshes of half the devices each, joined over PCIe */
-  SALUS_SIM_PCIE_ONLY = 3    /* every pair reaches the other over PCIe */
+  SALUS_SIM_PCIE_ONLY = 3,   /* every pair reaches the other over PCIe */
+  SALUS_SIM_TOPOLOGY_FORCE_INT = 0x7fffffff
 } salus_sim_topology;
 
 /* What a device does when its own memory runs out. */
 typedef enum salus_spill_policy {
   SALUS_SPILL_NONE = 0,          /* the allocation fails with SALUS_ERROR_OUT_OF_MEMORY */
   SALUS_SPILL_HOST_ONLY = 1,     /* idle jobs' pages, then new pages, go to host memory */
-  SALUS_SPILL_PEER_THEN_HOST = 2 /* ... to idle memory of peers first, best link first */
+  SALUS_SPILL_PEER_THEN_HOST = 2, /* ... to idle memory of peers first, best link first */
+  SALUS_SPILL_FORCE_INT = 0x7fffffff
 } salus_spill_policy;
 
 /* "Not set": the library's default applies. */
@@ -135,7 +142,11 @@ SALUS_API void salus_default_runtime_shutdown(void);
 
 /* ---- Jobs ------------------------------------------------------------------------------------ */
 
-typedef enum salus_job_kind { SALUS_JOB_TRAINING = 0, SALUS_JOB_INFERENCE = 1 } salus_job_kind;
+typedef enum salus_job_kind {
+  SALUS_JOB_TRAINING = 0,
+  SALUS_JOB_INFERENCE = 1,
+  SALUS_JOB_KIND_FORCE_INT = 0x7fffffff
+} salus_job_kind;
 
 typedef struct salus_job_spec {
   size_t struct_size;
@@ -159,7 +170,8 @@ typedef enum salus_job_state {
   SALUS_JOB_WAITING = 1,
   SALUS_JOB_RUNNING = 2,
   SALUS_JOB_LEFT = 3,
-  SALUS_JOB_CANCELLED = 4
+  SALUS_JOB_CANCELLED = 4,
+  SALUS_JOB_STATE_FORCE_INT = 0x7fffffff
 } salus_job_state;
 
 typedef struct salus_job_stats {
@@ -214,7 +226,7 @@ typedef enum salus_lifetime {
   SALUS_PERSISTENT = 0,
   SALUS_EPHEMERAL = 1,
   SALUS_LIFETIME_AUTO = 2,
-  SALUS_LIFETIME_FORCE_INT = 0x7fffffff /* widens the enum: any int a C caller passes is checked */
+  SALUS_LIFETIME_FORCE_INT = 0x7fffffff
 } salus_lifetime;
 
 /* As `job`: attribute the memory automatically (see salus_allocate). */

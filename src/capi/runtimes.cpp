@@ -54,6 +54,7 @@ salus::SimConfig sim_config(const salus_runtime_options& o) {
       }
       return salus::SimConfig::two_islands(n / 2, bytes);
     case SALUS_SIM_PCIE_ONLY: return salus::SimConfig::pcie_only(n, bytes);
+    default: break;
   }
   throw salus::InvalidArgument(
       fmt::format("sim_topology {} is not a salus_sim_topology", static_cast<int>(o.sim_topology)));
@@ -84,6 +85,7 @@ std::shared_ptr<salus::DeviceBackend> backend_for(const salus_runtime_options& o
     case SALUS_BACKEND_AUTO: return salus::make_default_backend(sim_config(o));
     case SALUS_BACKEND_CUDA: return salus::make_cuda_backend();
     case SALUS_BACKEND_SIM: return salus::make_sim_backend(sim_config(o));
+    default: break;
   }
   throw salus::InvalidArgument(
       fmt::format("backend {} is not a salus_backend_kind", static_cast<int>(o.backend)));

@@ -74,6 +74,7 @@ const char* salus_status_name(salus_status status) {
     case SALUS_ERROR_UNKNOWN_JOB: return "SALUS_ERROR_UNKNOWN_JOB";
     case SALUS_ERROR_INTERNAL: return "SALUS_ERROR_INTERNAL";
     case SALUS_ERROR_CANCELLED: return "SALUS_ERROR_CANCELLED";
+    default: break;
   }
   return "SALUS_ERROR_UNKNOWN_STATUS";
 }
