@@ -236,9 +236,14 @@ class SALUS_API MemoryManager {
   void deallocate(DevicePtr ptr);
   // As above, checking the caller's view of the block (C ABI / PyTorch hook shape).
   void deallocate(DevicePtr ptr, std::size_t bytes, int device);
-  // As above, only when the block is `job`'s (checked under the lock that frees it): a thread of
-  // one job cannot free another's block, even one that reused an address the job had.
-  void deallocate(DevicePtr ptr, JobId job);
+  // As above, checking each field of `check` that is set, under the lock that frees the block: a
+  // thread of one job cannot free another's block, even one that reused an address the job had.
+  struct FreeCheck {
+    std::optional<std::size_t> bytes;  // the size asked for at allocation (or the block's size)
+    std::optional<int> device;
+    std::optional<JobId> job;
+  };
+  void deallocate(DevicePtr ptr, const FreeCheck& check);
 
   // Marks that `stream` also uses the block: on free, its reuse waits for that stream's work too.
   void record_stream_use(DevicePtr ptr, StreamHandle stream);

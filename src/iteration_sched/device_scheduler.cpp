@@ -399,39 +399,28 @@ void DeviceScheduler::rethrow_if_finished(const JobRecordState& job) const {
   check_usable(job, "memory call");
 }
 
-void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr) {
+void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr,
+                                 MemoryManager::FreeCheck check) {
   rethrow_if_finished(job);
   const std::optional<BlockInfo> block = memory_->find(ptr);
-  if (!block) {
-    try {
-      memory_->deallocate(ptr, job.id);  // throws, naming the pointer
-    } catch (const InvalidArgument&) {
-      rethrow_if_finished(job);  // a cancel freed it: say so
-      throw;
-    }
-    return;
-  }
-  deallocate(job, *block);
-}
-
-void DeviceScheduler::deallocate(JobRecordState& job, const BlockInfo& block) {
-  if (block.job != job.id) {
+  if (block && block->job != job.id) {
     rethrow_if_finished(job);  // its block was freed by a cancel and the address reused
-    throw InvalidArgument(fmt::format("deallocate: {:#x} belongs to another job, not '{}'",
-                                      block.ptr, job.spec.name));
+    throw InvalidArgument(
+        fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr, job.spec.name));
   }
   try {
-    // The owner is checked again where the block is freed: between the lookup and here a cancel
-    // may have freed it, and another job reused the address.
-    memory_->deallocate(block.ptr, job.id);
+    // The owner is checked again where the block is freed: between find and here a cancel may
+    // have freed it, and another job reused the address.
+    check.job = job.id;
+    memory_->deallocate(ptr, check);
   } catch (const InvalidArgument&) {
     // A cancel from another thread may have freed the job's blocks in the meantime.
     rethrow_if_finished(job);
     throw;
   }
-  if (block.lifetime == Lifetime::ephemeral) {
+  if (block && block->lifetime == Lifetime::ephemeral) {
     std::lock_guard lock(mu_);
-    note_memory(job, -static_cast<std::ptrdiff_t>(block.bytes));
+    note_memory(job, -static_cast<std::ptrdiff_t>(block->bytes));
   }
 }
 

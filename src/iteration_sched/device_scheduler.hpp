@@ -77,9 +77,9 @@ class DeviceScheduler {
   // device's default stream before its first iteration).
   DevicePtr allocate(JobRecordState& job, std::size_t bytes, std::optional<Lifetime> lifetime,
                      std::optional<StreamHandle> stream = std::nullopt);
-  void deallocate(JobRecordState& job, DevicePtr ptr);
-  // As above, for a block the caller has just looked up (saves a second lookup).
-  void deallocate(JobRecordState& job, const BlockInfo& block);
+  // Frees the job's block at `ptr`; `check` says what else the caller knows of it (its size and
+  // device), checked where the block is freed.
+  void deallocate(JobRecordState& job, DevicePtr ptr, MemoryManager::FreeCheck check = {});
   // The job whose iteration runs on `stream` now (one of this device's lane streams), else the
   // job `stream` is bound to, if any.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);

@@ -80,14 +80,17 @@ struct Runtime::Impl {
   // The job the calling thread works for on `device`, if any (see Runtime::allocate).
   std::shared_ptr<JobRecordState> thread_job(DeviceScheduler& s, int device) const;
 
-  // A job's block goes back through its scheduler, so the job's memory curve sees the free.
-  void deallocate(const BlockInfo& block) const {
-    DeviceScheduler& s = scheduler(block.device);
-    if (auto owner = s.job_by_id(block.job)) {
-      s.deallocate(*owner, block);
-      return;
+  // A job's block goes back through its scheduler, so the job's memory curve sees the free;
+  // the memory manager checks what the caller knows of the block where it frees it.
+  void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) const {
+    if (const auto block = memory->find(ptr)) {
+      DeviceScheduler& s = scheduler(block->device);
+      if (auto owner = s.job_by_id(block->job)) {
+        s.deallocate(*owner, ptr, check);
+        return;
+      }
     }
-    memory->deallocate(block.ptr);
+    memory->deallocate(ptr, check);
   }
 
   DeviceScheduler& scheduler(int device) const {
@@ -201,29 +204,11 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, 
 }
 
 void Runtime::deallocate(DevicePtr ptr) {
-  if (auto block = impl_->memory->find(ptr)) {
-    impl_->deallocate(*block);
-    return;
-  }
-  impl_->memory->deallocate(ptr);  // throws, naming the pointer
+  impl_->deallocate(ptr, {});
 }
 
 void Runtime::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
-  const auto block = impl_->memory->find(ptr);
-  if (!block) {
-    throw InvalidArgument(
-        fmt::format("deallocate: {:#x} is not a live block (never allocated, or freed already)",
-                    ptr));
-  }
-  if (block->device != device) {
-    throw InvalidArgument(fmt::format("deallocate: {:#x} lives on device {}, not device {}", ptr,
-                                      block->device, device));
-  }
-  if (bytes != 0 && bytes != block->requested && bytes != block->bytes) {
-    throw InvalidArgument(fmt::format("deallocate: {:#x} was allocated with {} bytes, not {}", ptr,
-                                      block->requested, bytes));
-  }
-  impl_->deallocate(*block);
+  impl_->deallocate(ptr, {bytes == 0 ? std::nullopt : std::optional(bytes), device, std::nullopt});
 }
 
 void Runtime::record_stream(DevicePtr ptr, StreamHandle stream) {

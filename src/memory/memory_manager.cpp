@@ -379,8 +379,8 @@ void MemoryManager::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
   impl_->deallocate(ptr, bytes, device);
 }
 
-void MemoryManager::deallocate(DevicePtr ptr, JobId job) {
-  impl_->deallocate(ptr, std::nullopt, std::nullopt, job);
+void MemoryManager::deallocate(DevicePtr ptr, const FreeCheck& check) {
+  impl_->deallocate(ptr, check.bytes, check.device, check.job);
 }
 
 void MemoryManager::record_stream_use(DevicePtr ptr, StreamHandle stream) {

@@ -172,10 +172,10 @@ TEST_F(CApi, BogusStreamsAndPointersChangeNothing) {
                 "allocated with");
   EXPECT_EQ(salus_deallocate(runtime, p, kMiB, 0), SALUS_OK);
   EXPECT_STATUS(salus_deallocate(runtime, p, kMiB, 0), SALUS_ERROR_INVALID_ARGUMENT,
-                "not a live block");
+                "not a live Salus block");
   int local = 0;
   EXPECT_STATUS(salus_deallocate(runtime, &local, 0, 0), SALUS_ERROR_INVALID_ARGUMENT,
-                "not a live block");
+                "unknown pointer");
   EXPECT_EQ(device_stats(0).allocated, 0u);
   EXPECT_EQ(job_stats(job).in_use, 0u);
   // Still fully usable.
