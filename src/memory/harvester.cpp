@@ -238,6 +238,10 @@ std::size_t Harvester::activate(JobRecord& job) {
   std::exception_ptr failure;
   try {
     if (tiers_.spills()) {
+      // A prefetch round in flight may hold the very room this job needs (pages taken for it
+      // that it can no longer move, the job being active now): wait for the round to give them
+      // back, and let no new round take room before the running job has had it.
+      const auto rounds = hold_prefetches();
       OwnerGate own(jobs_, job.id);
       ExceptGate others(jobs_, job.id);
       fetched = fetch_home(job.id, MoveReason::fetch, own, &others);
@@ -317,6 +321,7 @@ void Harvester::run_prefetches(std::stop_token stop) {
     const std::vector<JobId> targets = targets_;
     lock.unlock();
     std::vector<JobId> done;
+    std::unique_lock round = hold_prefetches();
     for (JobId target : targets) {
       try {
         // Only free room: a prefetch that pushed other jobs down could push down the job whose
@@ -335,6 +340,7 @@ void Harvester::run_prefetches(std::stop_token stop) {
         done.push_back(target);
       }
     }
+    round.unlock();
     lock.lock();
     for (JobId target : done) std::erase(targets_, target);
     // What is left waits for room: frees and jobs turning quiescent signal it.

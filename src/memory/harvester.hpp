@@ -43,6 +43,12 @@ class Harvester {
   void on_free() {
     if (waiting_for_room_.load(std::memory_order_relaxed)) signal_room();
   }
+  // Waits for a prefetch round in flight and keeps the next one from starting while the lock is
+  // held: a round holds the pages it took for its targets (in no pool, mapped nowhere) until it
+  // has moved them, so what counts or takes every page (trim) holds this first.
+  [[nodiscard]] std::unique_lock<std::mutex> hold_prefetches() {
+    return std::unique_lock(round_mu_);
+  }
 
  private:
   // Up to `pages` of `device`'s own pages: its pool's, then its streams' cached free ones.
@@ -69,6 +75,9 @@ class Harvester {
   bool fresh_ = false;          // a target was added
   bool room_ = false;           // blocks were freed or jobs turned quiescent since the last try
   std::atomic<bool> waiting_for_room_{false};
+  // Held by a prefetch round while it works, and by whoever must not run beside one (activate,
+  // trim). Taken before any heap, pool or job lock, never while holding prefetch_mu_.
+  std::mutex round_mu_;
   std::jthread worker_;  // last: stops and joins before the state above goes
 };
 

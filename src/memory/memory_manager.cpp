@@ -280,6 +280,8 @@ class MemoryManager::Impl {
   }
 
   std::size_t trim(DeviceHeap& device) {
+    // A prefetch round's pages are in no pool until it has moved them: trim would miss them.
+    const auto rounds = harvester_->hold_prefetches();
     settle_all();  // blocks set aside while their addresses retired are free again
     device.for_each_stream_heap(
         [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
