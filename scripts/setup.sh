@@ -60,3 +60,43 @@ fi
 \$CUDAToolkit_ROOT, \$CUDA_HOME, /usr/local/cuda and next to nvcc). Install the CUDA toolkit \
 (https://developer.nvidia.com/cuda-downloads; a GPU is not needed) or set CUDAToolkit_ROOT."
 log "CUDA headers: $cuda_header"
+
+# --- Python: the project's virtual environment (.venv), PyTorch and the salus package -----------
+# SALUS_SKIP_PYTHON=1 skips it (a C++-only set-up). PyTorch is PyPI's default wheel (about 5 GB
+# with its CUDA libraries; it runs on the CPU where there is no GPU).
+if [[ ${SALUS_SKIP_PYTHON:-0} == 1 ]]; then
+  log "Python set-up skipped (SALUS_SKIP_PYTHON=1)"
+  exit 0
+fi
+PYTHON=${SALUS_PYTHON_BOOTSTRAP:-python3}
+command -v "$PYTHON" >/dev/null 2>&1 || die "python3 not found: install Python 3.9 or later"
+SUDO=()
+[[ $(id -u) == 0 ]] || SUDO=(sudo -n)
+if [[ ! -x .venv/bin/python ]]; then
+  log "creating .venv"
+  if ! "$PYTHON" -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    command -v apt-get >/dev/null 2>&1 || die "python3 -m venv failed: install python3-venv"
+    "${SUDO[@]}" apt-get install -y -q --no-install-recommends python3-venv </dev/null
+    "$PYTHON" -m venv .venv
+  fi
+fi
+PY_REQS=(torch numpy pytest pytest-benchmark matplotlib "scikit-build-core>=0.10" "pybind11>=2.12")
+if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' >/dev/null 2>&1
+import importlib.metadata as md, re, sys
+for req in sys.argv[1:]:
+    md.version(re.split(r"[<>=]", req)[0])
+PY
+then
+  log "installing into .venv: ${PY_REQS[*]} (PyTorch is large: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "${PY_REQS[@]}"
+fi
+# The salus package itself, built against the venv's torch (no build isolation, so that libtorch
+# is found); scikit-build-core keeps its build folder, so a rebuild after a change is quick.
+log "building and installing the salus Python package into .venv"
+.venv/bin/python -m pip install -q --no-build-isolation --no-deps . ||
+  die "pip install . failed (see above)"
+.venv/bin/python -c "import salus, salus.torch, torch; salus.torch._load()" ||
+  die "the salus package does not import"
+log "Python: $(.venv/bin/python -c 'import salus, torch; print("salus", salus.__version__, "torch", torch.__version__)')"

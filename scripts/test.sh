@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the suite in a normal build, again under AddressSanitizer + UBSan, the
-# concurrency tests under ThreadSanitizer, the "no libcuda" link check, and an install consumer
-# (CMake package and pkg-config). Ends with one summary line; exits non-zero if anything failed.
+# concurrency tests under ThreadSanitizer, the "no libcuda" link check, an install consumer
+# (CMake package and pkg-config), and the Python package's pytest suite (real PyTorch). Ends with one summary line; exits non-zero if anything failed.
 #
 # Environment: SALUS_JOBS (build parallelism, default 2), SALUS_SKIP_SANITIZERS=1 to skip the
 # ASan/UBSan and TSan builds (for a quick local run; CI runs everything).
@@ -102,8 +102,41 @@ else
   fail "cmake --install"
 fi
 
-# --- 3. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
-SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF)
+# --- 3. Python: the salus package and PyTorch through it (pytest) ----------------------------------
+# setup.sh installed the package into .venv from this tree. pytest's summary line is counted.
+log "python: pytest (the salus package, PyTorch on the simulated backend)"
+run_pytest() {
+  local out status=0
+  out=$(mktemp)
+  .venv/bin/python -m pytest -q -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
+    status=$?
+  local summary ok bad
+  summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$out" | tail -n1 || true)
+  rm -f "$out"
+  ok=$(grep -oE '[0-9]+ passed' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
+  bad=0
+  for n in $(grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" | grep -oE '^[0-9]+' || true); do
+    bad=$((bad + n))
+  done
+  ((ok > 0)) || { fail "pytest: no tests ran"; return; }
+  pass "pytest" "$ok"
+  if ((bad > 0 || status != 0)); then fail "pytest" "$((bad > 0 ? bad : 1))"; fi
+}
+if [[ -x .venv/bin/python ]]; then
+  run_pytest
+else
+  fail "pytest: .venv is missing (setup.sh makes it)"
+fi
+if [[ -x build/examples/libtorch_two_jobs ]]; then
+  if build/examples/libtorch_two_jobs >/dev/null; then
+    pass "libtorch program (two jobs through salus_torch)"
+  else
+    fail "libtorch program (two jobs through salus_torch)"
+  fi
+fi
+
+# --- 4. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
+SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF -DSALUS_BUILD_TORCH=OFF)
 if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
   log "build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer"
   mkdir -p build-asan
@@ -116,7 +149,7 @@ if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
     fail "build-asan/ did not build"
   fi
 
-  # --- 4. ThreadSanitizer, on the tests whose point is concurrency ---------------------------------
+  # --- 5. ThreadSanitizer, on the tests whose point is concurrency ---------------------------------
   # Kernels with 32 bits of mmap randomization break TSan's memory layout ("unexpected memory
   # mapping"); turning off randomization for the test processes (setarch -R) avoids it.
   log "build-tsan/: ThreadSanitizer (concurrency tests)"

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -352,6 +353,68 @@ TEST(RuntimeStress, ManyJobsAndThreadsUnderEveryPolicy) {
     for (const JobStats& s : runtime.job_stats()) EXPECT_EQ(s.memory.in_use, 0u) << s.name;
     EXPECT_EQ(runtime.memory().device_stats(0).allocated, 0u);
   }
+}
+
+// A job whose blocks are held by a framework's tensors (PyTorch on the CPU over simulated GPU
+// memory computes on the job's thread): a cancel from another thread must not hand its memory to
+// anyone while that thread may still write it, nor reuse an address a live tensor holds. Its
+// blocks outlive it, charged to nobody, until their holder frees them.
+TEST(Runtime, CancelledJobsBlocksOutliveItUntilTheirHolderFreesThem) {
+  Runtime runtime(sim(64 * MiB), {.policy = "fair"});
+  JobSpec spec = training("cpu");
+  spec.blocks_outlive_job = true;
+  Job a = runtime.add_job(spec);
+  Job b = runtime.add_job(training("other"));
+  (void)a.begin_iteration();
+  const DevicePtr work = a.allocate(48 * MiB);
+  auto* bytes = reinterpret_cast<unsigned char*>(work);
+  std::thread([&] { a.cancel(); }).join();
+  // The thread still "computes": its bytes stay valid, and the other job cannot have them.
+  std::memset(bytes, 0x5a, 48 * MiB);
+  EXPECT_THROW((void)b.allocate(48 * MiB), OutOfMemory) << "a's memory was handed on early";
+  EXPECT_THROW((void)a.allocate(1 * MiB), JobCancelled);
+  EXPECT_THROW(a.end_iteration(), JobCancelled);
+  const MemoryStats held = runtime.memory().stats();
+  EXPECT_EQ(held.devices[0].allocated, 48 * MiB);
+  for (const JobMemoryStats& j : held.jobs) {
+    // Charged to nobody now: the unattributed job holds it as persistent memory.
+    EXPECT_EQ(j.in_use, j.job == kUnattributedJob ? 48 * MiB : 0u) << j.name;
+  }
+  EXPECT_EQ(bytes[0], 0x5a);
+  // The holder frees it; then b gets the memory.
+  runtime.deallocate(work, 48 * MiB, 0);
+  EXPECT_EQ(runtime.memory().device_stats(0).allocated, 0u);
+  const DevicePtr mine = b.allocate(48 * MiB);
+  b.deallocate(mine);
+  a.leave();  // nothing left to free
+}
+
+// Leaving hands the blocks on the same way, ephemeral ones included; a job without the flag frees
+// everything at once.
+TEST(Runtime, LeavingJobsBlocksOutliveItOnlyWhenItSaysSo) {
+  Runtime runtime(sim(64 * MiB), {.policy = "fair"});
+  JobSpec spec = training("tensors");
+  spec.blocks_outlive_job = true;
+  Job held = runtime.add_job(spec);
+  const DevicePtr weights = held.allocate(8 * MiB);
+  DevicePtr scratch = 0;
+  {
+    auto it = held.iteration();
+    scratch = held.allocate(4 * MiB, Lifetime::ephemeral);
+    held.leave();
+  }
+  const DeviceMemoryStats d = runtime.memory().device_stats(0);
+  EXPECT_EQ(d.allocated, 12 * MiB);
+  EXPECT_EQ(d.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use, 12 * MiB);
+  EXPECT_EQ(d.by_class[static_cast<std::size_t>(Lifetime::ephemeral)].in_use, 0u);
+  runtime.deallocate(weights);
+  runtime.deallocate(scratch);
+  EXPECT_EQ(runtime.memory().device_stats(0).allocated, 0u);
+
+  Job plain = runtime.add_job(training("plain"));
+  (void)plain.allocate(8 * MiB);
+  plain.leave();
+  EXPECT_EQ(runtime.memory().device_stats(0).allocated, 0u);
 }
 
 }  // namespace

@@ -163,6 +163,10 @@ typedef struct salus_job_spec {
   size_t limit_total_bytes;
   size_t limit_persistent_bytes;
   size_t limit_ephemeral_bytes;
+  /* Nonzero: the job's blocks are held by a framework's objects (tensors) that may outlive it.
+   * Leaving or a cancel then frees nothing they hold: the blocks stay valid, charged to nobody,
+   * until salus_deallocate; no address is reused under a live tensor. */
+  int blocks_outlive_job;
 } salus_job_spec;
 
 typedef enum salus_job_state {

@@ -223,6 +223,9 @@ class SALUS_API MemoryManager {
   JobId register_job(std::string name, JobMemoryLimits limits = {});
   void set_job_limits(JobId job, JobMemoryLimits limits);
   void release_job(JobId job);
+  // Retires the job like release_job, but its live blocks stay valid: they become unattributed
+  // persistent blocks, freed by whoever holds them (a framework's tensors that outlive the job).
+  void orphan_job(JobId job);
   // Moves the job's live ephemeral blocks to the persistent class (call at iteration end);
   // returns the bytes moved.
   std::size_t promote_ephemeral(JobId job);

@@ -35,6 +35,12 @@ struct JobSpec {
   std::uint64_t expected_iterations = 0;  // 0 = unknown
   MemoryHints hints;
   JobMemoryLimits limits;
+  // The job's blocks are held by a framework's objects (PyTorch tensors), which free them when
+  // they are destroyed, possibly after the job has left or was cancelled, and possibly while its
+  // thread still computes on them (PyTorch on the CPU over simulated memory). Leaving or a cancel
+  // then frees nothing: the job's live blocks stay valid, charged to nobody (unattributed), until
+  // their holder frees them. An address is therefore never reused under a live tensor.
+  bool blocks_outlive_job = false;
 };
 
 struct RuntimeOptions {
@@ -165,6 +171,9 @@ class SALUS_API Runtime {
   // As above, checking the caller's view of the block: its device, and its size when `bytes` is
   // not 0 (the size asked for, or the block's rounded size).
   void deallocate(DevicePtr ptr, std::size_t bytes, int device);
+  // As above, checking whatever `check` names; with `check.job`, a block that belongs to another
+  // job (its own was freed by a cancel and the address reused) is refused, not freed.
+  void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check);
   // The block at `ptr` is also used on `stream` (PyTorch's record_stream).
   void record_stream(DevicePtr ptr, StreamHandle stream);
 

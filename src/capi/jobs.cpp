@@ -29,6 +29,7 @@ salus::JobSpec job_spec(const salus_job_spec& s) {
   spec.hints = {s.hint_persistent_bytes, s.hint_ephemeral_peak_bytes, s.hint_iteration_seconds};
   spec.limits = {limit(s.limit_total_bytes), limit(s.limit_persistent_bytes),
                  limit(s.limit_ephemeral_bytes)};
+  spec.blocks_outlive_job = s.blocks_outlive_job != 0;
   return spec;
 }
 

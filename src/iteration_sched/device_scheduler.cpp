@@ -430,6 +430,13 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
   return it == jobs_.end() ? nullptr : it->second;
 }
 
+void DeviceScheduler::throw_if_cancelled(JobId id) const {
+  std::lock_guard lock(mu_);
+  for (const auto& job : history_) {
+    if (job->id == id && job->state == JobState::cancelled) throw JobCancelled(job->spec.name);
+  }
+}
+
 std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
   std::lock_guard lock(mu_);
   auto it = running_on_stream_.find(stream.value);
@@ -462,7 +469,7 @@ void DeviceScheduler::unbind_stream(StreamHandle stream) {
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
     if (job.state == JobState::running) {
       running_on_stream_.erase(job.stream.value);
@@ -480,7 +487,11 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   // Its memory may still be in use by work it enqueued. The frees are stream-ordered: nothing
   // reuses, moves or unmaps the memory before the work enqueued so far on every stream the job
   // used has finished (add_job_stream), and nobody waits for that here.
-  memory_->release_job(job.id);
+  if (job.spec.blocks_outlive_job) {
+    memory_->orphan_job(job.id);  // its holders free its blocks, whenever they are done
+  } else {
+    memory_->release_job(job.id);
+  }
 }
 
 JobStats DeviceScheduler::stats(const JobRecordState& job) const {

@@ -70,7 +70,8 @@ class DeviceScheduler {
   std::shared_ptr<JobRecordState> add(JobSpec spec);
   StreamHandle begin(JobRecordState& job);
   void end(JobRecordState& job);
-  // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed.
+  // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed (or,
+  // with JobSpec::blocks_outlive_job, handed to nobody until its holders free it).
   void finish(JobRecordState& job, bool cancelled);
 
   // On `stream` when given (a framework's own stream), else on the job's last lane stream (or the
@@ -88,6 +89,8 @@ class DeviceScheduler {
   void unbind_stream(StreamHandle stream);
   // A job present on this device, by id; nullptr once it left or for other ids.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id);
+  // Throws JobCancelled when `id` is a job of this device that was cancelled.
+  void throw_if_cancelled(JobId id) const;
 
   [[nodiscard]] JobStats stats(const JobRecordState& job) const;
   [[nodiscard]] StreamHandle stream_of(const JobRecordState& job) const;

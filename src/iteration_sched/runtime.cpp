@@ -74,6 +74,7 @@ struct Runtime::Impl {
       }
       return found;
     }
+    for (const auto& s : schedulers) s->throw_if_cancelled(id);  // a clearer error than unknown
     throw UnknownJob(id);
   }
 
@@ -209,6 +210,10 @@ void Runtime::deallocate(DevicePtr ptr) {
 
 void Runtime::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
   impl_->deallocate(ptr, {bytes == 0 ? std::nullopt : std::optional(bytes), device, std::nullopt});
+}
+
+void Runtime::deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) {
+  impl_->deallocate(ptr, check);
 }
 
 void Runtime::record_stream(DevicePtr ptr, StreamHandle stream) {

@@ -264,6 +264,22 @@ class MemoryManager::Impl {
     }
   }
 
+  void orphan_job(JobId id) {
+    if (id == kUnattributedJob)
+      throw InvalidArgument("orphan_job: the unattributed job is permanent");
+    JobRecord& job = jobs_.live(id);
+    JobRecord& nobody = jobs_.live(kUnattributedJob);
+    job.alive.store(false, std::memory_order_release);
+    for (const auto& device : heaps_) {
+      device->for_each_stream_heap([&](StreamHeap& heap) {
+        heap.orphan_job(id, [&](Lifetime was, std::size_t bytes) {
+          job.uncharge(was, bytes);
+          (void)nobody.try_charge(Lifetime::persistent, bytes);  // unlimited: cannot refuse
+        });
+      });
+    }
+  }
+
   std::size_t promote(JobId id) {
     JobRecord& job = jobs_.live(id);
     std::size_t total = 0;
@@ -366,6 +382,9 @@ void MemoryManager::set_job_limits(JobId job, JobMemoryLimits limits) {
 
 void MemoryManager::release_job(JobId job) {
   impl_->release_job(job);
+}
+void MemoryManager::orphan_job(JobId job) {
+  impl_->orphan_job(job);
 }
 std::size_t MemoryManager::promote_ephemeral(JobId job) {
   return impl_->promote(job);

@@ -88,6 +88,10 @@ class StreamHeap {
   // Frees every live block of `job`; reports each through `on_free`.
   template <class F>
   void release_job(JobId job, F&& on_free);
+  // Hands the job's live blocks to the unattributed job as persistent blocks (they stay valid;
+  // their holder frees them later); reports each block's old class and size through `on_move`.
+  template <class F>
+  void orphan_job(JobId job, F&& on_move);
   // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}.
   std::pair<std::size_t, std::size_t> promote(JobId job);
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr);
@@ -238,6 +242,31 @@ void StreamHeap::release_job(JobId job, F&& on_free) {
     for (Block* b = head; b != nullptr;) {
       Block* next = b->job_next;
       on_free(free_block(b));  // remote pages under it go home
+      b = next;
+    }
+  }
+  jobs_.erase(job.value);
+}
+
+template <class F>
+void StreamHeap::orphan_job(JobId job, F&& on_move) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job.value);
+  if (it == jobs_.end()) return;
+  for (Block* head : it->second.head) {
+    for (Block* b = head; b != nullptr;) {
+      Block* next = b->job_next;
+      const Lifetime was = b->lifetime;
+      unlink(b);
+      if (was == Lifetime::ephemeral) {
+        --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
+        ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
+        device_.counters().on_promote(b->size);
+      }
+      b->job = kUnattributedJob;
+      b->lifetime = Lifetime::persistent;
+      link(b);
+      on_move(was, b->size);
       b = next;
     }
   }

@@ -169,6 +169,27 @@ TEST_F(CApi, CancelWakesAWaiterAndLaterCallsSayCancelled) {
   EXPECT_EQ(salus_job_end_iteration(runtime, holder), SALUS_OK);
 }
 
+// A framework's tensors may outlive their job: with blocks_outlive_job, a cancel frees nothing
+// they hold; the blocks stay valid, charged to nobody, until the framework frees them.
+TEST_F(CApi, BlocksOutliveACancelledJobUntilTheFrameworkFreesThem) {
+  salus_job_spec spec;
+  salus_job_spec_init(&spec);
+  spec.name = "tensors";
+  spec.blocks_outlive_job = 1;
+  uint32_t job = 0;
+  ASSERT_EQ(salus_job_add(runtime, &spec, &job), SALUS_OK) << salus_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(salus_allocate(runtime, 2 * kMiB, 0, nullptr, job, SALUS_PERSISTENT, &p), SALUS_OK);
+  std::memset(p, 0x3c, 2 * kMiB);
+  ASSERT_EQ(salus_job_cancel(runtime, job), SALUS_OK);
+  EXPECT_EQ(job_stats(job).in_use, 0u) << "charged to nobody";
+  EXPECT_EQ(device_stats(0).allocated, 2 * kMiB) << "but still there";
+  EXPECT_EQ(static_cast<unsigned char*>(p)[2 * kMiB - 1], 0x3c);
+  EXPECT_EQ(salus_deallocate(runtime, p, 2 * kMiB, 0), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(device_stats(0).allocated, 0u);
+  EXPECT_EQ(salus_job_leave(runtime, job), SALUS_OK);
+}
+
 TEST_F(CApi, TraceIsWritten) {
   const uint32_t job = add_job("traced");
   ASSERT_EQ(salus_job_begin_iteration(runtime, job, nullptr), SALUS_OK);

@@ -1,0 +1,84 @@
+"""Overhead of Salus under PyTorch, side by side in one run (pytest-benchmark).
+
+    .venv/bin/python -m pytest benchmarks/python --benchmark-only --benchmark-group-by=group
+
+* ``cnn_step``: one training step of a small CNN (batch 32, 3x32x32, Adam) with PyTorch's own CPU
+  allocator, then through Salus on the simulated backend (every tensor a Salus block, the step
+  inside ``with job.iteration()``). The ratio of medians is the overhead.
+* ``iteration``: the Python cost of one empty ``with job.iteration()`` with no contention.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import salus  # noqa: E402
+import salus.torch as salus_torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_bindings" / "tests"))
+from models import make  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def cnn_batch32() -> Any:
+    w = make("cnn", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    w.batch = lambda: (torch.randn(32, 3, 32, 32, generator=gen),  # type: ignore[method-assign]
+                       torch.randint(0, 10, (32,), generator=gen))
+    return w
+
+
+@pytest.fixture
+def salus_job() -> Iterator[salus.Job]:
+    rt = salus.Runtime("sim", memory="2GiB", policy="fair")
+    salus_torch.enable(rt)
+    job = rt.add_job("bench")
+    try:
+        yield job
+    finally:
+        job.leave()
+        salus_torch.disable()
+        rt.close()
+
+
+@pytest.mark.benchmark(group="cnn_step")
+def test_cnn_step_pytorch_allocator(benchmark: Any) -> None:
+    w = cnn_batch32()
+    for _ in range(3):
+        w.step()
+    benchmark.pedantic(w.step, rounds=60, warmup_rounds=5)
+
+
+@pytest.mark.benchmark(group="cnn_step")
+def test_cnn_step_through_salus(benchmark: Any, salus_job: salus.Job) -> None:
+    with salus_job:
+        w = cnn_batch32()
+
+    def step() -> None:
+        with salus_job.iteration():
+            w.step()
+
+    for _ in range(3):
+        step()
+    benchmark.pedantic(step, rounds=60, warmup_rounds=5)
+    assert salus_torch.counters()["allocations"] > 0
+
+
+@pytest.mark.benchmark(group="iteration")
+def test_empty_iteration(benchmark: Any) -> None:
+    rt = salus.Runtime("sim", memory="256MiB", policy="fair")
+    job = rt.add_job("empty")
+
+    def iteration() -> None:
+        with job.iteration():
+            pass
+
+    benchmark(iteration)
+    job.leave()
+    rt.close()

@@ -1,0 +1,83 @@
+// salus_torch: PyTorch's allocations through a Salus runtime (libsalus_torch, built where libtorch
+// is found; the Python module salus.torch and libtorch programs both use it).
+//
+// Simulated backend: c10's CPU allocator is replaced, so CPU tensors live in simulated GPU memory
+// and real training loops run under Salus's scheduling and accounting on any machine. The compute
+// runs on the job's thread: a cancel must not free what the thread still uses (see below).
+// CUDA backend: PyTorch's pluggable CUDA allocator calls salus_torch_cuda_malloc/free below.
+//
+// Attribution: the calling thread's job (set_thread_job or JobScope) owns what it allocates, as
+// ephemeral memory inside its iteration and persistent outside; with no job, memory is
+// unattributed. Jobs whose tensors go through here should set JobSpec::blocks_outlive_job: a
+// tensor freed after its job left or was cancelled is then freed normally (its block stayed
+// valid, charged to nobody), and no address is reused under a live tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+
+#include "salus/job_id.hpp"
+#include "salus/runtime.hpp"
+
+#if defined(SALUS_TORCH_BUILDING)
+#define SALUS_TORCH_API __attribute__((visibility("default")))
+#else
+#define SALUS_TORCH_API
+#endif
+
+namespace salus::torch {
+
+// CPU tensors are allocated by `runtime` from now on (tensors made before keep their allocator).
+// The runtime stays alive while tensors it allocated do. Throws InvalidArgument when enabled
+// already (disable first).
+SALUS_TORCH_API void enable_cpu(std::shared_ptr<Runtime> runtime);
+// PyTorch's CUDA allocations (through the pluggable allocator the caller installs with the
+// functions below) go to `runtime`.
+SALUS_TORCH_API void enable_cuda(std::shared_ptr<Runtime> runtime);
+// Back to PyTorch's own allocators for new tensors; Salus's tensors are still freed by Salus.
+SALUS_TORCH_API void disable();
+[[nodiscard]] SALUS_TORCH_API bool enabled();
+
+// The calling thread works for `job` on `device` (kUnattributedJob: for nobody).
+SALUS_TORCH_API void set_thread_job(JobId job, int device);
+[[nodiscard]] SALUS_TORCH_API JobId thread_job();
+
+// RAII: the thread works for `job` while the scope lives.
+class SALUS_TORCH_API JobScope {
+ public:
+  JobScope(JobId job, int device);
+  ~JobScope();
+  JobScope(const JobScope&) = delete;
+  JobScope& operator=(const JobScope&) = delete;
+
+ private:
+  JobId previous_job_;
+  int previous_device_;
+};
+
+// PyTorch reports an allocator failure as its own error; the Salus error behind the last one on
+// this thread (OutOfMemory with its fields, JobCancelled...) is kept here. Null when none.
+[[nodiscard]] SALUS_TORCH_API std::exception_ptr take_last_error();
+
+// Every runtime call from the allocator runs as around(call, arg). The Python module uses it to
+// release the GIL when a policy written in Python may need it. Null: call directly.
+using Around = void (*)(void (*call)(void*), void* arg);
+SALUS_TORCH_API void set_around(Around around);
+
+struct Counters {
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t failed_frees = 0;  // refused for another reason (logged)
+};
+[[nodiscard]] SALUS_TORCH_API Counters counters();
+
+}  // namespace salus::torch
+
+extern "C" {
+// PyTorch's pluggable CUDA allocator (torch.cuda.memory.CUDAPluggableAllocator) signatures.
+SALUS_TORCH_API void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream);
+SALUS_TORCH_API void salus_torch_cuda_free(void* ptr, std::ptrdiff_t size, int device,
+                                           void* stream);
+}

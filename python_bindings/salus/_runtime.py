@@ -1,0 +1,441 @@
+"""Runtime, Job and statistics: the Python face of the C++ runtime (module _salus)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from . import _salus
+from .errors import InvalidArgument
+from .policies import registered_policies
+
+Size = Union[int, str]
+
+_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_UNLIMITED = (1 << 64) - 1
+
+
+def parse_size(value: Size, what: str) -> int:
+    """Bytes from an int or a string such as "512MiB" or "4 GiB"."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what} must be a number of bytes or a string like '4GiB', "
+                        f"not {type(value).__name__}")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidArgument(f"{what} must not be negative (got {value})")
+        return value
+    match = _SIZE.match(value)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS:
+        raise InvalidArgument(f"{what}: cannot read {value!r} as a size (say 512MiB, 4GiB, ...)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _check_int(value: Any, what: str, low: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if low is not None and value < low:
+        raise InvalidArgument(f"{what} must be at least {low} (got {value})")
+    return value
+
+
+def _check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, not {type(value).__name__}")
+    if value not in choices:
+        raise InvalidArgument(f"unknown {what} {value!r} (known: {', '.join(choices)})")
+    return value
+
+
+@dataclass(frozen=True)
+class MemoryHints:
+    """Starting points for the profiler; measured values replace them as iterations run."""
+
+    persistent: Size = 0
+    ephemeral_peak: Size = 0
+    iteration_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """Byte budgets of one job (None: unlimited)."""
+
+    total: Optional[Size] = None
+    persistent: Optional[Size] = None
+    ephemeral: Optional[Size] = None
+
+
+@dataclass(frozen=True)
+class ClassBytes:
+    in_use: int
+    peak: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    persistent: ClassBytes
+    ephemeral: ClassBytes
+    in_use: int
+    peak: int
+    in_use_by_device: list[int]
+    promoted_bytes: int
+    in_use_by_tier: list[int]  # local GPU, peer GPU, host
+    quiescent: bool
+    fetched_bytes: int
+    prefetched_bytes: int
+
+
+@dataclass(frozen=True)
+class JobStats:
+    id: int
+    name: str
+    kind: str
+    device: int
+    lane: int
+    state: str  # idle, waiting, running, left, cancelled
+    iterations: int
+    attained_seconds: float  # GPU time received
+    waiting_seconds: float  # time blocked waiting for turns
+    max_wait_seconds: float
+    iteration_seconds: float  # profiled estimate of one iteration's GPU time
+    persistent_bytes: int  # profiled
+    ephemeral_peak_bytes: int  # profiled (last iteration's peak)
+    memory: JobMemory = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    device: int
+    limit: int
+    granularity: int
+    allocated: int
+    peak_allocated: int
+    reserved: int
+    peak_reserved: int
+    mapped: int
+    allocations: int
+    frees: int
+    out_of_memory: int
+    lent: int
+    borrowed_peer: int
+    borrowed_host: int
+    pages_moved: int
+    retiring: int
+
+
+def _job_stats(raw: Mapping[str, Any]) -> JobStats:
+    mem = dict(raw["memory"])
+    mem["persistent"] = ClassBytes(**mem["persistent"])
+    mem["ephemeral"] = ClassBytes(**mem["ephemeral"])
+    return JobStats(**{**raw, "memory": JobMemory(**mem)})
+
+
+class Runtime:
+    """Jobs share each GPU at iteration granularity.
+
+    ``backend``: "auto" (CUDA where a GPU is present, else simulated), "cuda" or "sim".
+    ``devices``, ``memory`` and ``topology`` ("none", "nvlink_mesh", "two_islands", "pcie_only")
+    describe the simulated GPUs. ``policy``: a built-in ("fifo", "srtf", "fair", "pack",
+    "priority", "memory_aware") or one registered with :func:`salus.register_policy`.
+    ``spill``: "none", "host_only" or "peer_then_host" (memory harvesting). ``device_limits``:
+    bytes Salus may hold per device.
+    """
+
+    def __init__(self, backend: str = "auto", *, devices: int = 1, memory: Size = "4GiB",
+                 topology: str = "none", policy: str = "fair", spill: str = "none",
+                 lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
+                 device_limits: Optional[Sequence[Size]] = None) -> None:
+        _check_choice(backend, "backend", ("auto", "cuda", "sim"))
+        _check_int(devices, "devices", 1)
+        _check_choice(topology, "topology", ("none", "nvlink_mesh", "two_islands", "pcie_only"))
+        _check_choice(spill, "spill", ("none", "host_only", "peer_then_host"))
+        if not isinstance(policy, str):
+            raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
+        limits = [parse_size(v, f"device_limits[{i}]") for i, v in enumerate(device_limits or [])]
+        python_policies = list(registered_policies().items())
+        self._impl = _salus.Runtime(
+            backend=backend, devices=devices, memory=parse_size(memory, "memory"),
+            topology=topology, policy=policy, spill=spill,
+            lend_reserve=None if lend_reserve is None else parse_size(lend_reserve, "lend_reserve"),
+            host_limit=None if host_limit is None else parse_size(host_limit, "host_limit"),
+            device_limits=limits, python_policies=python_policies)
+        self._jobs: list[Job] = []
+        self._jobs_lock = threading.Lock()
+
+    # --- life ---
+    def close(self) -> None:
+        """Leaves every job and frees everything (tensors Salus allocated stay valid until freed
+        only while salus.torch holds the runtime)."""
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.leave()
+        self._impl.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._impl.closed)
+
+    # --- facts ---
+    @property
+    def device_count(self) -> int:
+        return int(self._impl.device_count)
+
+    @property
+    def backend_name(self) -> str:
+        return str(self._impl.backend_name)
+
+    @property
+    def policy(self) -> str:
+        return str(self._impl.policy)
+
+    # --- jobs ---
+    def add_job(self, name: str, *, kind: str = "training", priority: int = 0, device: int = 0,
+                expected_iterations: int = 0,
+                hints: Union[MemoryHints, Mapping[str, Any], None] = None,
+                limits: Union[JobLimits, Mapping[str, Any], None] = None,
+                blocks_outlive_job: bool = True) -> "Job":
+        """Registers a job. With ``blocks_outlive_job`` (the default, as PyTorch needs), leaving
+        or a cancel frees nothing that tensors still hold: those blocks stay valid, charged to
+        nobody, until the tensors are freed, so no address is reused under a live tensor (nor
+        under a thread still computing after a cancel)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a job name must be a non-empty string, not {name!r}")
+        _check_choice(kind, "job kind", ("training", "inference"))
+        _check_int(priority, "priority")
+        _check_int(device, "device", 0)
+        if device >= self.device_count:
+            raise InvalidArgument(f"device {device} does not exist (the runtime has "
+                                  f"{self.device_count})")
+        _check_int(expected_iterations, "expected_iterations", 0)
+        h = _coerce(hints, MemoryHints, "hints")
+        lim = _coerce(limits, JobLimits, "limits")
+        if h.iteration_seconds < 0:
+            raise InvalidArgument("hints.iteration_seconds must not be negative")
+
+        def limit(v: Optional[Size], what: str) -> int:
+            return _UNLIMITED if v is None else parse_size(v, what)
+
+        raw = self._impl.add_job(
+            name=name, kind=kind, priority=priority, device=device,
+            expected_iterations=expected_iterations,
+            hint_persistent=parse_size(h.persistent, "hints.persistent"),
+            hint_ephemeral=parse_size(h.ephemeral_peak, "hints.ephemeral_peak"),
+            hint_seconds=float(h.iteration_seconds),
+            limit_total=limit(lim.total, "limits.total"),
+            limit_persistent=limit(lim.persistent, "limits.persistent"),
+            limit_ephemeral=limit(lim.ephemeral, "limits.ephemeral"),
+            blocks_outlive_job=bool(blocks_outlive_job))
+        job = Job(self, raw, device)
+        with self._jobs_lock:
+            self._jobs.append(job)
+        return job
+
+    # --- statistics and trace ---
+    def job_stats(self) -> list[JobStats]:
+        return [_job_stats(s) for s in self._impl.job_stats()]
+
+    def device_stats(self, device: int = 0) -> DeviceStats:
+        _check_int(device, "device", 0)
+        return DeviceStats(**self._impl.device_stats(device))
+
+    def trace_json(self) -> str:
+        """Chrome trace-event JSON: iterations per lane and job, page moves, memory counters."""
+        return str(self._impl.trace_json())
+
+    def write_trace(self, path: Any) -> None:
+        self._impl.write_trace(_path(path))
+
+    def trim(self) -> int:
+        """Gives cached pages back; returns the bytes released."""
+        return int(self._impl.trim())
+
+    # --- raw memory (tests, frameworks without salus.torch) ---
+    def allocate(self, nbytes: Size, *, device: int = 0, stream: int = 0,
+                 job: Optional["Job"] = None, lifetime: Optional[str] = None) -> int:
+        """Device memory: returns its address. Attribution as Runtime::allocate in C++."""
+        _check_int(device, "device", 0)
+        _check_int(stream, "stream", 0)
+        if lifetime is not None:
+            _check_choice(lifetime, "lifetime", ("persistent", "ephemeral"))
+        return int(self._impl.allocate(bytes=parse_size(nbytes, "nbytes"), device=device,
+                                       stream=stream, job=0 if job is None else job.id,
+                                       lifetime=lifetime))
+
+    def deallocate(self, ptr: int, nbytes: Size = 0, *, device: int = 0) -> None:
+        _check_int(ptr, "ptr", 0)
+        self._impl.deallocate(ptr=ptr, bytes=parse_size(nbytes, "nbytes"), device=device)
+
+    def _capsule(self) -> Any:
+        return self._impl._capsule()
+
+
+def _path(path: Any) -> str:
+    import os
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _coerce(value: Any, cls: type, what: str) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return cls(**value)
+        except TypeError as e:
+            raise InvalidArgument(f"{what}: {e}") from None
+    raise TypeError(f"{what} must be a {cls.__name__} or a dict, not {type(value).__name__}")
+
+
+class _ThreadBinding(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, int]] = []
+
+
+_binding = _ThreadBinding()
+
+
+def _bind(job_id: int, device: int) -> None:
+    _binding.stack.append((job_id, device))
+    _set_thread_job(job_id, device)
+
+
+def _unbind() -> None:
+    _binding.stack.pop()
+    job_id, device = _binding.stack[-1] if _binding.stack else (0, 0)
+    _set_thread_job(job_id, device)
+
+
+def _set_thread_job(job_id: int, device: int) -> None:
+    from . import torch as salus_torch  # the glue is optional; it knows whether it is built
+
+    salus_torch._set_thread_job(job_id, device)
+
+
+class Iteration:
+    """``with job.iteration() as it:``: waits for the job's turn (without the GIL), runs the
+    body as the job's iteration, ends it. ``it.stream`` is the stream the work goes on."""
+
+    def __init__(self, job: "Job") -> None:
+        self._job = job
+        self.stream = 0
+
+    def __enter__(self) -> "Iteration":
+        self.stream = self._job.begin_iteration()
+        _bind(self._job.id, self._job.device)
+        from . import torch as salus_torch
+
+        salus_torch._enter_iteration(self)
+        return self
+
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        from . import torch as salus_torch
+
+        try:
+            salus_torch._exit_iteration(self)
+        finally:
+            _unbind()
+        pending = salus_torch._pending_error() if exc is not None else None
+        try:
+            self._job.end_iteration()
+        except Exception:
+            if exc is None:
+                raise
+            # The body's error says more (often a cancel the end repeats).
+        if pending is not None:
+            raise pending from exc
+
+
+class Job:
+    """A registered job. ``with job.iteration():`` brackets each iteration; ``with job:`` makes
+    the calling thread work for the job outside iterations (persistent memory)."""
+
+    def __init__(self, runtime: Runtime, impl: Any, device: int) -> None:
+        self._runtime = runtime
+        self._impl = impl
+        self.device = device
+        self.id = int(impl.id)
+        self.name = str(impl.name)
+
+    def __repr__(self) -> str:
+        return f"salus.Job(id={self.id}, name={self.name!r})"
+
+    def iteration(self) -> Iteration:
+        return Iteration(self)
+
+    def begin_iteration(self) -> int:
+        return int(self._impl.begin_iteration())
+
+    def end_iteration(self) -> None:
+        self._impl.end_iteration()
+
+    def cancel(self) -> None:
+        """From any thread: the job stops; a wait for its turn raises JobCancelled."""
+        self._impl.cancel()
+
+    def leave(self) -> None:
+        """The job is done: frees what it holds. Idempotent."""
+        self._impl.leave()
+
+    def stats(self) -> JobStats:
+        return _job_stats(self._impl.stats())
+
+    @property
+    def stream(self) -> int:
+        return int(self._impl.stream)
+
+    def allocate(self, nbytes: Size, lifetime: Optional[str] = None) -> int:
+        if lifetime is not None:
+            _check_choice(lifetime, "lifetime", ("persistent", "ephemeral"))
+        return int(self._impl.allocate(parse_size(nbytes, "nbytes"), lifetime))
+
+    def deallocate(self, ptr: int) -> None:
+        _check_int(ptr, "ptr", 0)
+        self._impl.deallocate(ptr)
+
+    def __enter__(self) -> "Job":
+        _bind(self.id, self.device)
+        return self
+
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        _unbind()
+        from . import torch as salus_torch
+
+        pending = salus_torch._pending_error() if exc is not None else None
+        if pending is not None:
+            raise pending from exc
+
+
+_default: Optional[Runtime] = None
+_default_lock = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    """This process's default runtime (made on first use: CUDA where a GPU is present, else one
+    simulated GPU; policy "fair")."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Runtime()
+        return _default
+
+
+

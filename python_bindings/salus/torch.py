@@ -1,0 +1,144 @@
+"""salus.torch: PyTorch's allocations through a Salus runtime.
+
+``salus.torch.enable(runtime)``:
+
+* simulated backend (no GPU): c10's CPU allocator becomes Salus, so CPU tensors live in simulated
+  GPU memory and real training loops run under Salus's scheduling and memory accounting;
+* CUDA backend: PyTorch's CUDA allocations go through Salus (its pluggable allocator), and each
+  job's iteration runs on the stream Salus hands it, as PyTorch's current stream.
+
+Attribution: allocations inside ``with job.iteration():`` are that job's ephemeral memory
+(promoted to persistent if they survive the iteration); inside ``with job:`` its persistent
+memory; anything else is unattributed. Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Optional
+
+from .errors import Error, InvalidArgument, NotSupported
+
+if TYPE_CHECKING:
+    from ._runtime import Iteration, Runtime
+
+_glue: Any = None
+_mode: Optional[str] = None  # "cpu" or "cuda" while enabled
+
+
+def _load() -> Any:
+    global _glue
+    if _glue is None:
+        import torch  # noqa: F401  (loads libc10 before the glue)
+
+        try:
+            from . import _salus_torch
+        except ImportError as e:
+            raise NotSupported(
+                "salus was built without its PyTorch glue (libtorch was not found at build time): "
+                "install torch first, then reinstall salus with "
+                "'pip install --no-build-isolation .'") from e
+        _glue = _salus_torch
+    return _glue
+
+
+def enable(runtime: Optional["Runtime"] = None) -> None:
+    """Routes PyTorch's allocations to ``runtime`` (default: salus.default_runtime())."""
+    global _mode
+    from ._runtime import Runtime, default_runtime
+
+    if runtime is None:
+        runtime = default_runtime()
+    if not isinstance(runtime, Runtime):
+        raise TypeError(f"runtime must be a salus.Runtime, not {type(runtime).__name__}")
+    glue = _load()
+    if glue.enabled():
+        raise InvalidArgument("salus.torch is enabled already: call salus.torch.disable() first")
+    release_gil = bool(runtime._impl.python_policy)
+    if runtime.backend_name == "sim":
+        glue.enable_cpu(runtime._capsule(), release_gil)
+        _mode = "cpu"
+        return
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise InvalidArgument(
+            "PyTorch's CUDA allocator is initialized already (a CUDA tensor or call came first): "
+            "call salus.torch.enable(runtime) before any CUDA work, at the start of the process")
+    glue.enable_cuda(runtime._capsule(), release_gil)
+    try:
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            glue.library_path(), "salus_torch_cuda_malloc", "salus_torch_cuda_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+    except Exception:
+        glue.disable()
+        raise
+    _mode = "cuda"
+
+
+def disable() -> None:
+    """New tensors use PyTorch's own CPU allocator again (CUDA: PyTorch cannot swap its CUDA
+    allocator back in a running process; the glue stops routing, new allocations fail)."""
+    global _mode
+    if _glue is not None:
+        _glue.disable()
+    _mode = None
+
+
+def enabled() -> bool:
+    return _glue is not None and bool(_glue.enabled())
+
+
+def counters() -> dict[str, int]:
+    """Allocations, frees and failed frees (logged) through the glue."""
+    return dict(_load().counters())
+
+
+def record_stream(tensor: Any, stream: Any) -> None:
+    """``tensor`` is also used on ``stream`` (CUDA): its memory is not reused before the work
+    enqueued there by the time it is freed has finished."""
+    tensor.record_stream(stream)
+
+
+# --- hooks for salus._runtime ---------------------------------------------------------------------
+
+def _set_thread_job(job_id: int, device: int) -> None:
+    glue = _glue
+    if glue is None and "torch" in sys.modules:
+        try:
+            glue = _load()
+        except NotSupported:
+            return
+    if glue is not None:
+        glue.set_thread_job(job_id, device)
+
+
+def _enter_iteration(it: "Iteration") -> None:
+    if _mode != "cuda":
+        return
+    import torch
+
+    stream = torch.cuda.ExternalStream(it.stream, device=it._job.device)
+    it._torch_stream_ctx = torch.cuda.stream(stream)
+    it._torch_stream_ctx.__enter__()
+
+
+def _exit_iteration(it: "Iteration") -> None:
+    ctx = getattr(it, "_torch_stream_ctx", None)
+    if ctx is not None:
+        it._torch_stream_ctx = None
+        ctx.__exit__(None, None, None)
+
+
+def _pending_error() -> Optional[Error]:
+    """The Salus error behind PyTorch's last allocator failure on this thread, if any."""
+    if _glue is None:
+        return None
+    try:
+        _glue.raise_last_error()
+    except Error as e:
+        return e
+    return None
+
+
+__all__ = ["enable", "disable", "enabled", "counters", "record_stream"]

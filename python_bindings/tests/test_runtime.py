@@ -1,0 +1,267 @@
+"""The salus module without PyTorch: runtimes, jobs, errors with fields, Python policies."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import salus
+
+
+def test_a_job_iterates_and_reports_plain_statistics(runtime: salus.Runtime) -> None:
+    job = runtime.add_job("a", expected_iterations=3)
+    for _ in range(3):
+        with job.iteration() as it:
+            assert it.stream != 0
+            block = job.allocate("1MiB")
+            job.deallocate(block)
+    stats = job.stats()
+    assert isinstance(stats, salus.JobStats)
+    assert (stats.name, stats.kind, stats.state, stats.iterations) == ("a", "training", "idle", 3)
+    assert stats.memory.ephemeral.peak >= 1 << 20
+    assert runtime.device_stats(0).allocated == 0
+    assert [s.name for s in runtime.job_stats()] == ["a"]
+    job.leave()
+    assert job.stats().state == "left"
+
+
+def test_jobs_in_threads_take_turns_because_the_wait_releases_the_gil(
+        runtime: salus.Runtime) -> None:
+    inside = 0
+    most = 0
+    lock = threading.Lock()
+
+    def loop(job: salus.Job) -> None:
+        nonlocal inside, most
+        for _ in range(5):
+            with job.iteration():
+                with lock:
+                    inside += 1
+                    most = max(most, inside)
+                time.sleep(0.002)  # the other thread waits in begin_iteration meanwhile
+                with lock:
+                    inside -= 1
+
+    jobs = [runtime.add_job(f"j{i}") for i in range(3)]
+    threads = [threading.Thread(target=loop, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a thread is stuck (GIL held while waiting?)"
+    assert most == 1, "fair runs one iteration at a time on one lane"
+    assert all(j.stats().iterations == 5 for j in jobs)
+
+
+def test_a_cancelled_waiter_raises_job_cancelled(runtime: salus.Runtime) -> None:
+    holder, waiter = runtime.add_job("holder"), runtime.add_job("waiter")
+    errors: list[BaseException] = []
+    holder.begin_iteration()
+
+    def wait() -> None:
+        try:
+            with waiter.iteration():
+                pass
+        except BaseException as e:  # noqa: BLE001 (the test inspects it)
+            errors.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    deadline = time.monotonic() + 10
+    while waiter.stats().state != "waiting" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    waiter.cancel()
+    t.join(timeout=10)
+    holder.end_iteration()
+    assert len(errors) == 1 and isinstance(errors[0], salus.JobCancelled)
+    assert "waiter" in str(errors[0])
+    with pytest.raises(salus.JobCancelled):
+        waiter.begin_iteration()
+
+
+def test_out_of_memory_carries_its_fields_and_pickles(runtime: salus.Runtime) -> None:
+    job = runtime.add_job("greedy", limits={"total": "4MiB"})
+    with pytest.raises(salus.OutOfMemory) as info:
+        job.allocate("8MiB")
+    e = info.value
+    assert isinstance(e, MemoryError) and isinstance(e, salus.Error)
+    assert (e.job, e.job_name, e.device) == (job.id, "greedy", 0)
+    assert e.requested == 8 << 20 and e.job_limit == 4 << 20 and e.job_in_use == 0
+    assert e.device_limit == 1 << 30
+    assert e.reason
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is salus.OutOfMemory and again.job_name == "greedy"
+    # Nothing leaked, the job goes on within its limit.
+    assert runtime.device_stats(0).allocated == 0
+    job.deallocate(job.allocate("2MiB"))
+
+
+def test_device_out_of_memory_names_the_device(runtime: salus.Runtime) -> None:
+    job = runtime.add_job("big")
+    first = job.allocate("600MiB")
+    with pytest.raises(salus.OutOfMemory) as info:
+        job.allocate("600MiB")
+    assert info.value.job_limit == 0 and info.value.device_limit == 1 << 30
+    assert info.value.job_in_use == 600 << 20 and info.value.device == 0
+    job.deallocate(first)
+    # A request no device could ever hold is a bad argument, not a shortage.
+    with pytest.raises(salus.InvalidArgument, match="never fit"):
+        job.allocate("2GiB")
+
+
+def test_trace_shows_iterations(runtime: salus.Runtime, tmp_path: Path) -> None:
+    job = runtime.add_job("traced")
+    with job.iteration():
+        pass
+    path = tmp_path / "trace.json"
+    runtime.write_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e.get("cat") == "iteration" and e["name"] == "traced" for e in events)
+
+
+class NewestFirst(salus.Policy):
+    """Serves the job that arrived last first: the opposite of fifo."""
+
+    name = "newest_first"
+
+    def key(self, job: salus.JobView) -> tuple[float, float]:
+        return (-float(job.arrival), 0.0)
+
+
+def test_a_policy_written_in_python_orders_the_waiters() -> None:
+    salus.register_policy("newest_first", NewestFirst)
+    try:
+        rt = salus.Runtime("sim", memory="256MiB", policy="newest_first")
+        assert rt.policy == "newest_first"
+        holder = rt.add_job("holder")
+        waiters = [rt.add_job(f"w{i}") for i in range(3)]
+        order: list[str] = []
+        holder.begin_iteration()
+
+        def run(job: salus.Job) -> None:
+            with job.iteration():
+                order.append(job.name)
+
+        threads = []
+        for job in waiters:  # they start waiting in arrival order
+            t = threading.Thread(target=run, args=(job,))
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + 10
+            while job.stats().state != "waiting" and time.monotonic() < deadline:
+                time.sleep(0.001)
+        holder.end_iteration()
+        for t in threads:
+            t.join(timeout=10)
+        assert order == ["w2", "w1", "w0"]
+        rt.close()
+    finally:
+        salus.unregister_policy("newest_first")
+
+
+def test_python_policy_errors() -> None:
+    with pytest.raises(ValueError, match="taken"):
+        salus.register_policy("fair", NewestFirst)
+    with pytest.raises(ValueError):
+        salus.register_policy("", NewestFirst)
+    with pytest.raises(TypeError):
+        salus.register_policy("x", 42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        salus.unregister_policy("never_registered")
+
+    class MemoryAware(NewestFirst):
+        lanes = "memory_aware"
+
+    salus.register_policy("bad_lanes", MemoryAware)
+    try:
+        with pytest.raises(salus.InvalidArgument, match="single"):
+            salus.Runtime("sim", memory="64MiB", policy="bad_lanes")
+    finally:
+        salus.unregister_policy("bad_lanes")
+
+
+BAD_CALLS: list[tuple[str, Callable[[salus.Runtime], Any], type]] = [
+    ("unknown backend", lambda rt: salus.Runtime("tpu"), ValueError),
+    ("devices 0", lambda rt: salus.Runtime("sim", devices=0), ValueError),
+    ("devices not int", lambda rt: salus.Runtime("sim", devices="2"), TypeError),
+    ("memory words", lambda rt: salus.Runtime("sim", memory="lots"), ValueError),
+    ("memory float", lambda rt: salus.Runtime("sim", memory=1.5), TypeError),
+    ("memory negative", lambda rt: salus.Runtime("sim", memory=-1), ValueError),
+    ("unknown topology", lambda rt: salus.Runtime("sim", topology="ring"), ValueError),
+    ("odd islands", lambda rt: salus.Runtime("sim", devices=3, topology="two_islands"),
+     ValueError),
+    ("unknown spill", lambda rt: salus.Runtime("sim", spill="disk"), ValueError),
+    ("unknown policy", lambda rt: salus.Runtime("sim", policy="lottery"), ValueError),
+    ("policy not str", lambda rt: salus.Runtime("sim", policy=3), TypeError),
+    ("device_limits", lambda rt: salus.Runtime("sim", device_limits=["x"]), ValueError),
+    ("empty job name", lambda rt: rt.add_job(""), ValueError),
+    ("job name not str", lambda rt: rt.add_job(7), ValueError),
+    ("unknown kind", lambda rt: rt.add_job("a", kind="batch"), ValueError),
+    ("priority str", lambda rt: rt.add_job("a", priority="high"), TypeError),
+    ("device missing", lambda rt: rt.add_job("a", device=3), ValueError),
+    ("negative iterations", lambda rt: rt.add_job("a", expected_iterations=-1), ValueError),
+    ("hints field", lambda rt: rt.add_job("a", hints={"bogus": 1}), ValueError),
+    ("hints type", lambda rt: rt.add_job("a", hints=5), TypeError),
+    ("limits type", lambda rt: rt.add_job("a", limits=5), TypeError),
+    ("limit size", lambda rt: rt.add_job("a", limits={"total": "much"}), ValueError),
+    ("device_stats device", lambda rt: rt.device_stats(9), ValueError),
+    ("device_stats type", lambda rt: rt.device_stats("0"), TypeError),
+    ("write_trace path", lambda rt: rt.write_trace(123), TypeError),
+    ("allocate size", lambda rt: rt.allocate("x"), ValueError),
+    ("allocate zero", lambda rt: rt.allocate(0), ValueError),
+    ("allocate device", lambda rt: rt.allocate(1024, device=4), ValueError),
+    ("allocate lifetime", lambda rt: rt.allocate(1024, lifetime="forever"), ValueError),
+    ("deallocate unknown", lambda rt: rt.deallocate(0x1234), ValueError),
+    ("deallocate type", lambda rt: rt.deallocate("p"), TypeError),
+    ("end outside", lambda rt: rt.add_job("e").end_iteration(), ValueError),
+    ("job deallocate unknown", lambda rt: rt.add_job("d").deallocate(4096), ValueError),
+    ("job allocate lifetime", lambda rt: rt.add_job("l").allocate(10, "x"), ValueError),
+]
+
+
+@pytest.mark.parametrize("what,call,error", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_arguments_raise_clear_python_errors(runtime: salus.Runtime, what: str,
+                                                 call: Callable[[salus.Runtime], Any],
+                                                 error: type) -> None:
+    with pytest.raises(error) as info:
+        call(runtime)
+    assert str(info.value), f"{what}: the error says nothing"
+    # Nothing was lost: the runtime still works.
+    job = runtime.add_job(f"after {what}")
+    with job.iteration():
+        job.deallocate(job.allocate(4096))
+    job.leave()
+
+
+def test_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(salus.InvalidArgument, match="fair"):
+        salus.Runtime("sim", policy="lottery")
+
+
+def test_closed_runtime_refuses_clearly() -> None:
+    rt = salus.Runtime("sim", memory="64MiB")
+    rt.close()
+    assert rt.closed
+    with pytest.raises(salus.InvalidArgument, match="closed"):
+        rt.add_job("late")
+
+
+def test_cuda_backend_without_a_gpu_is_not_supported() -> None:
+    if salus.cuda_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(salus.NotSupported):
+        salus.Runtime("cuda")
+    assert salus.Runtime("auto", memory="64MiB").backend_name == "sim"
+
+
+def test_sizes_parse() -> None:
+    assert salus.parse_size("4GiB", "x") == 4 << 30
+    assert salus.parse_size("512 MiB", "x") == 512 << 20
+    assert salus.parse_size(123, "x") == 123
+    assert salus.parse_size("1.5KiB", "x") == 1536

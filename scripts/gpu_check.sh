@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Checks Salus on a real NVIDIA GPU, in one command: sets up, builds (build-gpu/), runs the CUDA
+# backend's C++ tests, the C++ demos on the GPU (--cuda), and the PyTorch tests and example on the
+# GPU (python_bindings/tests/test_gpu.py, examples/pytorch_sharing.py) through .venv.
+# Without a GPU it says so and exits 0. Exits non-zero if any step failed.
+#
+# Environment: SALUS_JOBS (build parallelism, default 2).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+JOBS=${SALUS_JOBS:-2}
+BUILD=build-gpu
+PY=.venv/bin/python
+
+log() { printf '\n[gpu-check] %s\n' "$*"; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) ||
+   ! grep -q '^GPU ' <<<"$gpus"; then
+  echo "[gpu-check] no NVIDIA GPU found: skipping"
+  exit 0
+fi
+log "GPUs:"
+printf '%s\n' "$gpus"
+
+failures=()
+# step NAME COMMAND...: runs it, records a failure without stopping.
+step() {
+  local name=$1; shift
+  log "$name"
+  if "$@"; then
+    log "ok: $name"
+  else
+    printf '[gpu-check] FAILED: %s\n' "$name" >&2
+    failures+=("$name")
+  fi
+}
+
+./scripts/setup.sh </dev/null
+
+log "configure and build $BUILD/"
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSALUS_BUILD_BENCHMARKS=OFF \
+  >"$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+cmake --build "$BUILD" -j "$JOBS"
+
+# The CUDA backend's tests run against a fake driver (tests/support/fake_driver), so they check the
+# backend's logic, not the GPU; on a machine with a driver, the "no driver here" test skips itself
+# and the loader and linkage tests see the real libcuda.
+export SALUS_LIBSALUS_PATH=$PWD/$BUILD/src/libsalus.so
+step "C++ CUDA backend tests" ctest --test-dir "$BUILD" --output-on-failure --timeout 900 -R 'Cuda'
+
+# The C++ demos on the real GPU.
+step "sharing_demo --cuda" "./$BUILD/examples/sharing_demo" --cuda --iterations 30 \
+  --trace "$BUILD/salus_trace_gpu.json"
+step "two_jobs_demo --cuda" "./$BUILD/examples/two_jobs_demo" --cuda --iterations 3
+
+# PyTorch on the GPU through Salus: needs the project's venv with a CUDA build of torch.
+if [[ ! -x $PY ]] || ! "$PY" -c 'import salus.torch, torch' 2>/dev/null; then
+  printf '[gpu-check] FAILED: %s has no salus and torch: make the venv and pip install . first\n' \
+    "$PY" >&2
+  failures+=("python environment")
+elif ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  printf '[gpu-check] FAILED: the torch in %s does not see the GPU (a CPU-only wheel?)\n' \
+    "$PY" >&2
+  failures+=("torch.cuda.is_available()")
+else
+  step "pytest python_bindings/tests/test_gpu.py" \
+    "$PY" -m pytest python_bindings/tests/test_gpu.py -v
+  step "examples/pytorch_sharing.py on the GPU" "$PY" examples/pytorch_sharing.py \
+    --iterations 20 --trace "$BUILD/salus_pytorch_trace_gpu.json"
+fi
+
+echo
+if ((${#failures[@]})); then
+  printf '[gpu-check] %d step(s) failed: %s\n' "${#failures[@]}" "$(IFS=','; echo "${failures[*]}")"
+  exit 1
+fi
+echo "[gpu-check] all GPU checks passed"
