@@ -19,17 +19,6 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   return take_locked(count, 0, out);
 }
 
-std::size_t PagePool::acquire_kept(std::size_t count, std::vector<Page>& out) {
-  std::lock_guard lock(mu_);
-  std::size_t added = 0;
-  while (added < count && !kept_.empty()) {
-    out.push_back(std::move(kept_.back()));
-    kept_.pop_back();
-    ++added;
-  }
-  return added;
-}
-
 std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
   const std::size_t added =

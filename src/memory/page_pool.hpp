@@ -34,8 +34,6 @@ class PagePool {
   // under the limit. Returns how many were added. Throws DeviceError only for driver failures
   // other than running out of memory.
   std::size_t acquire(std::size_t count, std::vector<Page>& out);
-  // As acquire, from the kept pages only: creates none.
-  std::size_t acquire_kept(std::size_t count, std::vector<Page>& out);
   // As acquire, for another device or the host tier: stops while fewer than `reserve_bytes`
   // would stay free here. The pages count as lent until take_back.
   std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out);

@@ -104,15 +104,12 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
     missing = prepare_pages(arena, first, last);
     if (missing > 0) {
       pages.reserve(missing);
-      // Pages the device holds already before new ones: the pool's, then those lying idle in
-      // this stream's free blocks (this stream's own work orders their reuse; the old address
-      // retires once that work is done). A new chunk only when neither has one: what a job
-      // keeps cached never costs the device a page more than it needs at its peak.
-      std::size_t got = device_.pool().acquire_kept(missing, pages);
+      std::size_t got = device_.pool().acquire(missing, pages);
       // The block is live now, so reclaiming cannot take pages from under it.
-      OwnFence own(*this);
-      if (got < missing) got += reclaim_locked(missing - got, pages, own, false);
-      if (got < missing) got += device_.pool().acquire(missing - got, pages);
+      if (got < missing) {
+        OwnFence own(*this);
+        got += reclaim_locked(missing - got, pages, own, false);
+      }
       if (got < missing && stash.size() >= missing - got) {
         // Borrowed pages go in front: map_pages takes pages from the back, so the local ones
         // fill the block's first pages and the borrowed ones its last.
