@@ -341,6 +341,7 @@ class Iteration:
         _bind(self._job.id, self._job.device)
         from . import torch as salus_torch
 
+        salus_torch._pending_error()  # a failure the caller caught earlier is not this block's
         salus_torch._enter_iteration(self)
         return self
 

@@ -146,6 +146,9 @@ class StreamHeap {
   Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
   Arena& arena_of(const Block& block) { return small_.contains(block.addr) ? small_ : large_; }
   Block* live_block(DevicePtr ptr, const char* what);
+  // Hands each live block of `job` to `visit` (under the lock), then forgets the job.
+  template <class F>
+  void drain_job(JobId job, F&& visit);
   void link(Block* block);
   void unlink(Block* block);
   FreedBlock free_block(Block* block);
@@ -234,14 +237,14 @@ class StreamHeap {
 };
 
 template <class F>
-void StreamHeap::release_job(JobId job, F&& on_free) {
+void StreamHeap::drain_job(JobId job, F&& visit) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job.value);
   if (it == jobs_.end()) return;
   for (Block* head : it->second.head) {
     for (Block* b = head; b != nullptr;) {
       Block* next = b->job_next;
-      on_free(free_block(b));  // remote pages under it go home
+      visit(b);
       b = next;
     }
   }
@@ -249,28 +252,30 @@ void StreamHeap::release_job(JobId job, F&& on_free) {
 }
 
 template <class F>
+void StreamHeap::release_job(JobId job, F&& on_free) {
+  drain_job(job, [&](Block* b) { on_free(free_block(b)); });  // remote pages under it go home
+}
+
+template <class F>
 void StreamHeap::orphan_job(JobId job, F&& on_move) {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return;
-  for (Block* head : it->second.head) {
-    for (Block* b = head; b != nullptr;) {
-      Block* next = b->job_next;
-      const Lifetime was = b->lifetime;
-      unlink(b);
-      if (was == Lifetime::ephemeral) {
-        --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
-        ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
-        device_.counters().on_promote(b->size);
-      }
-      b->job = kUnattributedJob;
-      b->lifetime = Lifetime::persistent;
-      link(b);
-      on_move(was, b->size);
-      b = next;
-    }
+  {
+    // The unattributed job's node first: making it while drain_job walks the map could rehash it.
+    std::lock_guard lock(mu_);
+    (void)jobs_[kUnattributedJob.value];
   }
-  jobs_.erase(job.value);
+  drain_job(job, [&](Block* b) {
+    const Lifetime was = b->lifetime;
+    unlink(b);
+    if (was == Lifetime::ephemeral) {
+      --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
+      ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
+      device_.counters().on_promote(b->size);
+    }
+    b->job = kUnattributedJob;
+    b->lifetime = Lifetime::persistent;
+    link(b);
+    on_move(was, b->size);
+  });
 }
 
 }  // namespace salus::memory
