@@ -283,10 +283,11 @@ TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream)
   });
   salus_job_stats js{};
   js.struct_size = sizeof js;
+  // (The state and the safe point are read one after the other, not as one snapshot: wait for
+  // both. The job turns waiting first, then quiescent.)
   do {
     ASSERT_EQ(salus_job_get_stats(runtime, a, &js), SALUS_OK);
-  } while (js.quiescent == 0);
-  EXPECT_EQ(js.state, SALUS_JOB_WAITING);
+  } while (js.quiescent == 0 || js.state != SALUS_JOB_WAITING);
   EXPECT_EQ(js.on_peer_bytes, 0u);
 
   // b needs more than what is left on device 0: a's pages go to device 1 for it.
