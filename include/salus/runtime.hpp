@@ -154,6 +154,9 @@ class SALUS_API Runtime {
   static Runtime& default_runtime();
   static Runtime& init_default_runtime(std::shared_ptr<DeviceBackend> backend,
                                        RuntimeOptions options = {});
+  // The default runtime (made on first use as above), held: it stays alive while the pointer
+  // does, even past salus_default_runtime_shutdown (for bindings that own their references).
+  static std::shared_ptr<Runtime> shared_default();
 
   [[nodiscard]] Job add_job(JobSpec spec);
 

@@ -168,6 +168,14 @@ class Runtime:
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
 
+    @classmethod
+    def _wrap(cls, impl: Any) -> "Runtime":
+        runtime = cls.__new__(cls)
+        runtime._impl = impl
+        runtime._jobs = []
+        runtime._jobs_lock = threading.Lock()
+        return runtime
+
     # --- life ---
     def close(self) -> None:
         """Leaves every job and frees everything (tensors Salus allocated stay valid until freed
@@ -430,13 +438,11 @@ _default_lock = threading.Lock()
 
 
 def default_runtime() -> Runtime:
-    """This process's default runtime (made on first use: CUDA where a GPU is present, else one
-    simulated GPU; policy "fair")."""
+    """The process's default runtime: the same one as the C ABI's ``salus_default_runtime()``
+    and C++ ``salus::Runtime::default_runtime()`` (made on first use: CUDA where a GPU is
+    present, else one simulated GPU; policy "fair")."""
     global _default
     with _default_lock:
         if _default is None or _default.closed:
-            _default = Runtime()
+            _default = Runtime._wrap(_salus.default_runtime())
         return _default
-
-
-

@@ -217,6 +217,8 @@ class PyRuntime {
     py::gil_scoped_release release;
     runtime_ = std::make_shared<Runtime>(std::move(backend), std::move(options));
   }
+  // Wraps a runtime made elsewhere (the process default, shared with the C ABI).
+  explicit PyRuntime(std::shared_ptr<Runtime> runtime) : runtime_(std::move(runtime)) {}
   ~PyRuntime() { close(); }
 
   void close() {
@@ -468,4 +470,12 @@ PYBIND11_MODULE(_salus, m) {
   salus::python::bind_runtime(m);
   salus::python::bind_job(m);
   m.def("cuda_available", [] { return salus::cuda_available(); });
+  m.def("default_runtime", [] {
+    std::shared_ptr<salus::Runtime> runtime;
+    {
+      py::gil_scoped_release release;  // making it may take a while (driver, simulated GPU)
+      runtime = salus::Runtime::shared_default();
+    }
+    return std::make_unique<salus::python::PyRuntime>(std::move(runtime));
+  });
 }

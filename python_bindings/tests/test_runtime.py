@@ -265,3 +265,22 @@ def test_sizes_parse() -> None:
     assert salus.parse_size("512 MiB", "x") == 512 << 20
     assert salus.parse_size(123, "x") == 123
     assert salus.parse_size("1.5KiB", "x") == 1536
+
+
+def test_the_default_runtime_is_the_c_abis() -> None:
+    import ctypes
+
+    rt = salus.default_runtime()
+    assert salus.default_runtime() is rt
+    libs = sorted((Path(salus.__file__).parent).glob("libsalus.so*"))
+    assert libs, "libsalus is not in the package"
+    lib = ctypes.CDLL(str(libs[0]))
+    lib.salus_malloc.restype = ctypes.c_void_p
+    lib.salus_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.salus_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    before = rt.device_stats(0).allocated
+    ptr = lib.salus_malloc(3 << 20, 0, None)  # the C ABI's hook, on its default runtime
+    assert ptr
+    assert rt.device_stats(0).allocated == before + (3 << 20)
+    lib.salus_free(ptr, 3 << 20, 0, None)
+    assert rt.device_stats(0).allocated == before

@@ -174,6 +174,10 @@ Runtime& Runtime::default_runtime() {
   return *default_runtime_shared();
 }
 
+std::shared_ptr<Runtime> Runtime::shared_default() {
+  return default_runtime_shared();
+}
+
 Runtime& Runtime::init_default_runtime(std::shared_ptr<DeviceBackend> backend,
                                        RuntimeOptions options) {
   return *make_default_runtime(std::move(backend), std::move(options));
