@@ -64,7 +64,8 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"a policy name must be a non-empty string, not {name!r}")
     if not callable(factory):
-        raise TypeError(f"policy factory for {name!r} must be callable, not {type(factory).__name__}")
+        raise TypeError(f"policy factory for {name!r} must be callable, "
+                        f"not {type(factory).__name__}")
     with _lock:
         if name in BUILTIN_POLICIES or name in _registry:
             raise InvalidArgument(f"policy name {name!r} is taken")

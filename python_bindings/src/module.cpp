@@ -70,7 +70,8 @@ void translate(std::exception_ptr p) {
 
 py::dict job_view(const JobView& v) {
   return py::dict(py::arg("id") = v.id.value,
-                  py::arg("kind") = std::string(to_string(v.kind)), py::arg("priority") = v.priority,
+                  py::arg("kind") = std::string(to_string(v.kind)),
+                  py::arg("priority") = v.priority,
                   py::arg("arrival") = v.arrival, py::arg("iterations_done") = v.iterations_done,
                   py::arg("expected_iterations") = v.expected_iterations,
                   py::arg("iteration_seconds") = v.iteration_seconds,
@@ -335,10 +336,12 @@ void bind_runtime(py::module_& m) {
       .def("close", &PyRuntime::close)
       .def_property_readonly("closed", &PyRuntime::closed)
       .def_property_readonly("python_policy", &PyRuntime::python_policy)
-      .def_property_readonly("device_count", [](const PyRuntime& r) { return r.get().device_count(); })
-      .def_property_readonly("backend_name",
-                             [](const PyRuntime& r) { return std::string(r.get().backend().name()); })
-      .def_property_readonly("policy", [](const PyRuntime& r) { return std::string(r.get().policy()); })
+      .def_property_readonly("device_count",
+                             [](const PyRuntime& r) { return r.get().device_count(); })
+      .def_property_readonly(
+          "backend_name", [](const PyRuntime& r) { return std::string(r.get().backend().name()); })
+      .def_property_readonly("policy",
+                             [](const PyRuntime& r) { return std::string(r.get().policy()); })
       .def(
           "add_job",
           [](PyRuntime& r, std::string name, const std::string& kind, int priority, int device,
