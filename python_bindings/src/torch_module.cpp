@@ -39,20 +39,19 @@ void without_gil(void (*call)(void*), void* arg) {
 
 PYBIND11_MODULE(_salus_torch, m) {
   m.doc() = "libsalus_torch bindings (use salus.torch, not this module)";
-  m.def(
-      "enable_cpu",
-      [](const py::capsule& runtime, bool release_gil) {
-        salus::torch::set_around(release_gil ? &without_gil : nullptr);
-        salus::torch::enable_cpu(runtime_of(runtime));
-      },
-      py::arg("runtime"), py::arg("release_gil"));
-  m.def(
-      "enable_cuda",
-      [](const py::capsule& runtime, bool release_gil) {
-        salus::torch::set_around(release_gil ? &without_gil : nullptr);
-        salus::torch::enable_cuda(runtime_of(runtime));
-      },
-      py::arg("runtime"), py::arg("release_gil"));
+  // enable_cpu (simulated backend) and enable_cuda: the GIL hook first, then the glue.
+  using Enable = void (*)(std::shared_ptr<salus::Runtime>);
+  const std::pair<const char*, Enable> enablers[] = {{"enable_cpu", &salus::torch::enable_cpu},
+                                                     {"enable_cuda", &salus::torch::enable_cuda}};
+  for (const auto& [name, enable] : enablers) {
+    m.def(
+        name,
+        [enable](const py::capsule& runtime, bool release_gil) {
+          salus::torch::set_around(release_gil ? &without_gil : nullptr);
+          enable(runtime_of(runtime));
+        },
+        py::arg("runtime"), py::arg("release_gil"));
+  }
   m.def("disable", [] {
     py::gil_scoped_release release;
     salus::torch::disable();
