@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _salus
+from . import torch as salus_torch  # the PyTorch glue's hooks (importing it does not import torch)
 from .errors import InvalidArgument
 from .policies import registered_policies
 
@@ -44,11 +45,10 @@ def _check_int(value: Any, what: str, low: Optional[int] = None) -> int:
     return value
 
 
-def _check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
+def _check_str(value: Any, what: str) -> str:
+    """Only the type: the runtime refuses unknown names itself, listing the known ones."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a string, not {type(value).__name__}")
-    if value not in choices:
-        raise InvalidArgument(f"unknown {what} {value!r} (known: {', '.join(choices)})")
     return value
 
 
@@ -151,10 +151,10 @@ class Runtime:
                  topology: str = "none", policy: str = "fair", spill: str = "none",
                  lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
                  device_limits: Optional[Sequence[Size]] = None) -> None:
-        _check_choice(backend, "backend", ("auto", "cuda", "sim"))
+        _check_str(backend, "backend")
         _check_int(devices, "devices", 1)
-        _check_choice(topology, "topology", ("none", "nvlink_mesh", "two_islands", "pcie_only"))
-        _check_choice(spill, "spill", ("none", "host_only", "peer_then_host"))
+        _check_str(topology, "topology")
+        _check_str(spill, "spill")
         if not isinstance(policy, str):
             raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
         limits = [parse_size(v, f"device_limits[{i}]") for i, v in enumerate(device_limits or [])]
@@ -221,12 +221,9 @@ class Runtime:
         under a thread still computing after a cancel)."""
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a job name must be a non-empty string, not {name!r}")
-        _check_choice(kind, "job kind", ("training", "inference"))
+        _check_str(kind, "job kind")
         _check_int(priority, "priority")
         _check_int(device, "device", 0)
-        if device >= self.device_count:
-            raise InvalidArgument(f"device {device} does not exist (the runtime has "
-                                  f"{self.device_count})")
         _check_int(expected_iterations, "expected_iterations", 0)
         h = _coerce(hints, MemoryHints, "hints")
         lim = _coerce(limits, JobLimits, "limits")
@@ -277,7 +274,7 @@ class Runtime:
         _check_int(device, "device", 0)
         _check_int(stream, "stream", 0)
         if lifetime is not None:
-            _check_choice(lifetime, "lifetime", ("persistent", "ephemeral"))
+            _check_str(lifetime, "lifetime")
         return int(self._impl.allocate(bytes=parse_size(nbytes, "nbytes"), device=device,
                                        stream=stream, job=0 if job is None else job.id,
                                        lifetime=lifetime))
@@ -324,15 +321,17 @@ def _bind(job_id: int, device: int) -> None:
     _set_thread_job(job_id, device)
 
 
+def _current_binding() -> tuple[int, int]:
+    """(job id, device) the calling thread works for; (0, 0) for nobody."""
+    return _binding.stack[-1] if _binding.stack else (0, 0)
+
+
 def _unbind() -> None:
     _binding.stack.pop()
-    job_id, device = _binding.stack[-1] if _binding.stack else (0, 0)
-    _set_thread_job(job_id, device)
+    _set_thread_job(*_current_binding())
 
 
 def _set_thread_job(job_id: int, device: int) -> None:
-    from . import torch as salus_torch  # the glue is optional; it knows whether it is built
-
     salus_torch._set_thread_job(job_id, device)
 
 
@@ -347,16 +346,12 @@ class Iteration:
     def __enter__(self) -> "Iteration":
         self.stream = self._job.begin_iteration()
         _bind(self._job.id, self._job.device)
-        from . import torch as salus_torch
-
         salus_torch._pending_error()  # a failure the caller caught earlier is not this block's
         salus_torch._enter_iteration(self)
         return self
 
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        from . import torch as salus_torch
-
         try:
             salus_torch._exit_iteration(self)
         finally:
@@ -412,7 +407,7 @@ class Job:
 
     def allocate(self, nbytes: Size, lifetime: Optional[str] = None) -> int:
         if lifetime is not None:
-            _check_choice(lifetime, "lifetime", ("persistent", "ephemeral"))
+            _check_str(lifetime, "lifetime")
         return int(self._impl.allocate(parse_size(nbytes, "nbytes"), lifetime))
 
     def deallocate(self, ptr: int) -> None:
@@ -426,8 +421,6 @@ class Job:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         _unbind()
-        from . import torch as salus_torch
-
         pending = salus_torch._pending_error() if exc is not None else None
         if pending is not None:
             raise pending from exc

@@ -14,7 +14,6 @@ memory; anything else is unattributed. Importing this module does not import tor
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import Error, InvalidArgument, NotSupported
@@ -52,6 +51,9 @@ def enable(runtime: Optional["Runtime"] = None) -> None:
     if not isinstance(runtime, Runtime):
         raise TypeError(f"runtime must be a salus.Runtime, not {type(runtime).__name__}")
     glue = _load()
+    from ._runtime import _current_binding
+
+    glue.set_thread_job(*_current_binding())  # a `with job:` entered before enable()
     if glue.enabled():
         raise InvalidArgument("salus.torch is enabled already: call salus.torch.disable() first")
     release_gil = bool(runtime._impl.python_policy)
@@ -103,14 +105,10 @@ def record_stream(tensor: Any, stream: Any) -> None:
 # --- hooks for salus._runtime ---------------------------------------------------------------------
 
 def _set_thread_job(job_id: int, device: int) -> None:
-    glue = _glue
-    if glue is None and "torch" in sys.modules:
-        try:
-            glue = _load()
-        except NotSupported:
-            return
-    if glue is not None:
-        glue.set_thread_job(job_id, device)
+    # Before the glue is loaded nothing allocates through it; enable() applies this thread's
+    # binding when it loads it.
+    if _glue is not None:
+        _glue.set_thread_job(job_id, device)
 
 
 def _enter_iteration(it: "Iteration") -> None:

@@ -375,6 +375,20 @@ void StreamHeap::unlink(Block* block) {
   --owner.usage.blocks[c];
 }
 
+Lifetime StreamHeap::disown(Block* block) {
+  const Lifetime was = block->lifetime;
+  unlink(block);
+  if (was == Lifetime::ephemeral) {
+    --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
+    ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
+    device_.counters().on_promote(block->size);
+  }
+  block->job = kUnattributedJob;
+  block->lifetime = Lifetime::persistent;
+  link(block);
+  return was;
+}
+
 FreedBlock StreamHeap::free_block(Block* block) {
   const FreedBlock freed{block->job, block->lifetime, block->size};
   unlink(block);

@@ -146,6 +146,8 @@ class StreamHeap {
   Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
   Arena& arena_of(const Block& block) { return small_.contains(block.addr) ? small_ : large_; }
   Block* live_block(DevicePtr ptr, const char* what);
+  // Makes a live block the unattributed job's, persistent; returns its old class.
+  Lifetime disown(Block* block);
   // Hands each live block of `job` to `visit` (under the lock), then forgets the job.
   template <class F>
   void drain_job(JobId job, F&& visit);
@@ -258,23 +260,11 @@ void StreamHeap::release_job(JobId job, F&& on_free) {
 
 template <class F>
 void StreamHeap::orphan_job(JobId job, F&& on_move) {
-  {
-    // The unattributed job's node first: making it while drain_job walks the map could rehash it.
-    std::lock_guard lock(mu_);
-    (void)jobs_[kUnattributedJob.value];
-  }
+  // link() may add the unattributed job's node while drain_job walks this job's lists: a rehash
+  // moves no node, so the lists it walks stay put.
   drain_job(job, [&](Block* b) {
-    const Lifetime was = b->lifetime;
-    unlink(b);
-    if (was == Lifetime::ephemeral) {
-      --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
-      ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
-      device_.counters().on_promote(b->size);
-    }
-    b->job = kUnattributedJob;
-    b->lifetime = Lifetime::persistent;
-    link(b);
-    on_move(was, b->size);
+    const std::size_t bytes = b->size;
+    on_move(disown(b), bytes);
   });
 }
 

@@ -29,6 +29,10 @@ struct State {
   std::atomic<std::int64_t> blocks{0};
   std::mutex mu;
 
+  // A block (or an allocation that made none) is done with the state.
+  void release() {
+    if (blocks.fetch_sub(1) == 1 && !enabled.load()) drop_if_unused();
+  }
   void drop_if_unused() {
     std::lock_guard lock(mu);
     if (!enabled.load() && blocks.load() == 0) keeper.reset();
@@ -61,11 +65,12 @@ void around(F&& f) {
   a([](void* arg) { (*static_cast<F*>(arg))(); }, &f);
 }
 
-// Which runtime each live block came from. A tensor's deleter gets only the address (PyTorch's
-// raw_deallocate, used by oneDNN, needs a deleter of the address alone). No address is reused
-// while a tensor holds it: jobs made for PyTorch keep their blocks after they leave or are
-// cancelled (JobSpec::blocks_outlive_job), so an entry here is never stale. Sharded by address:
-// allocations on different threads rarely meet on a lock.
+// Which runtime each live block came from, for both the CPU allocator and the CUDA functions.
+// A deleter gets only the address (PyTorch's raw_deallocate, used by oneDNN, and the pluggable
+// CUDA free), and the glue may have been disabled or re-enabled with another runtime since. No
+// address is reused while a tensor holds it: jobs made for PyTorch keep their blocks after they
+// leave or are cancelled (JobSpec::blocks_outlive_job), so an entry here is never stale. Sharded
+// by address: allocations on different threads rarely meet on a lock.
 struct Owner {
   State* state;
 };
@@ -114,24 +119,39 @@ void free_block(State& state, DevicePtr ptr, std::optional<int> device,
     g_failed_frees.fetch_add(1, std::memory_order_relaxed);
     log_failed_free(ptr, e.what());
   }
-  if (state.blocks.fetch_sub(1) == 1 && !state.enabled.load()) state.drop_if_unused();
+  state.release();
 }
 
-void delete_block(void* ptr) {
+// Frees a block allocated through the glue, through the runtime it came from (the glue may have
+// been disabled, or enabled with another runtime, since).
+void delete_block(void* ptr, std::optional<int> device = {},
+                  std::optional<std::size_t> bytes = {}) {
   const auto addr = reinterpret_cast<DevicePtr>(ptr);
   if (const std::optional<Owner> owner = g_owners.take(addr)) {
-    free_block(*owner->state, addr, std::nullopt, std::nullopt);
+    free_block(*owner->state, addr, device, bytes);
   } else if (ptr != nullptr) {
     g_failed_frees.fetch_add(1, std::memory_order_relaxed);
     log_failed_free(addr, "the address was not allocated through salus_torch");
   }
 }
 
-// Allocates `bytes` for the calling thread's job; throws salus errors.
-DevicePtr allocate_for_thread(State& state, std::size_t bytes, StreamHandle stream) {
+// c10's deleters take the address alone.
+void delete_block_at(void* ptr) {
+  delete_block(ptr);
+}
+
+// Allocates through the state's runtime and records the block's owner; throws salus errors
+// (the state's reference is released then).
+DevicePtr allocate_block(State& state, std::size_t bytes, int device, StreamHandle stream,
+                         JobId job) {
   DevicePtr ptr = 0;
-  const ThreadJob who = t_job;
-  around([&] { ptr = state.runtime->allocate(bytes, who.device, stream, who.job); });
+  try {
+    around([&] { ptr = state.runtime->allocate(bytes, device, stream, job); });
+  } catch (...) {
+    state.release();
+    throw;
+  }
+  g_owners.add(ptr, {&state});
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   return ptr;
 }
@@ -142,7 +162,7 @@ State* acquire_state(bool cpu) {
   if (state == nullptr || state->cpu != cpu) return nullptr;
   state->blocks.fetch_add(1);
   if (!state->enabled.load()) {
-    if (state->blocks.fetch_sub(1) == 1) state->drop_if_unused();
+    state->release();
     return nullptr;
   }
   return state;
@@ -166,23 +186,22 @@ class CpuAllocator final : public c10::Allocator {
     State* state = acquire_state(true);
     if (state == nullptr) return g_previous_cpu->allocate(bytes);  // disabled meanwhile
     if (bytes == 0) {
-      if (state->blocks.fetch_sub(1) == 1) state->drop_if_unused();
+      state->release();
       return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
     }
     DevicePtr ptr = 0;
     try {
-      ptr = allocate_for_thread(*state, bytes, StreamHandle{});
+      const ThreadJob who = t_job;
+      ptr = allocate_block(*state, bytes, who.device, StreamHandle{}, who.job);
     } catch (...) {
-      if (state->blocks.fetch_sub(1) == 1) state->drop_if_unused();
       report(bytes);
     }
-    g_owners.add(ptr, {state});
-    return {reinterpret_cast<void*>(ptr), reinterpret_cast<void*>(ptr), &delete_block,
+    return {reinterpret_cast<void*>(ptr), reinterpret_cast<void*>(ptr), &delete_block_at,
             c10::Device(c10::DeviceType::CPU)};
   }
 
   // The address alone frees the block (PyTorch's raw_allocate/raw_deallocate, used by oneDNN).
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_block_at; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -270,35 +289,29 @@ extern "C" {
 
 void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
   State* state = acquire_state(false);
-  if (state == nullptr || size <= 0) {
-    if (state != nullptr && state->blocks.fetch_sub(1) == 1) state->drop_if_unused();
+  if (state == nullptr) return nullptr;
+  if (size <= 0) {
+    state->release();
     return nullptr;
   }
   try {
     // The thread's job when it has one; else the job whose stream this is (a lane while its
     // iteration runs, or a bound stream), else unattributed.
-    DevicePtr ptr = 0;
     const ThreadJob who = t_job;
-    around([&] {
-      ptr = state->runtime->allocate(static_cast<std::size_t>(size), device,
-                                     StreamHandle{reinterpret_cast<std::uintptr_t>(stream)},
-                                     who.device == device ? who.job : kUnattributedJob);
-    });
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    return reinterpret_cast<void*>(ptr);
+    return reinterpret_cast<void*>(
+        allocate_block(*state, static_cast<std::size_t>(size), device,
+                       StreamHandle{reinterpret_cast<std::uintptr_t>(stream)},
+                       who.device == device ? who.job : kUnattributedJob));
   } catch (...) {
     t_last_error = std::current_exception();
-    if (state->blocks.fetch_sub(1) == 1) state->drop_if_unused();
     return nullptr;  // PyTorch raises torch.OutOfMemoryError
   }
 }
 
 void salus_torch_cuda_free(void* ptr, std::ptrdiff_t size, int device, void* /*stream*/) {
-  State* state = g_state.load();
-  if (ptr == nullptr || state == nullptr) return;
-  // The size and device are checked where the block is freed.
-  free_block(*state, reinterpret_cast<DevicePtr>(ptr), device,
-             size > 0 ? std::optional(static_cast<std::size_t>(size)) : std::nullopt);
+  // Through the runtime the block came from; the size and device are checked where it is freed.
+  delete_block(ptr, device,
+               size > 0 ? std::optional(static_cast<std::size_t>(size)) : std::nullopt);
 }
 
 }  // extern "C"
