@@ -1,6 +1,7 @@
 // Four jobs sharing one GPU at iteration granularity, under a scheduling policy of your choice.
 //
-//   sharing_demo [--policy fair] [--iterations 100] [--trace salus_trace.json] [--cuda]
+//   sharing_demo [--policy fair] [--iterations 100] [--trace salus_trace.json]
+//                [--contention processor_sharing] [--cuda]
 //
 // Two training jobs (VGG-like and ResNet-like), an inference service answering requests, and a
 // hyper-parameter trial that arrives late and leaves after a fixed number of steps. Each job is a
@@ -8,8 +9,10 @@
 // loop needs. Salus decides which iteration runs next; the weights of every job stay resident, so
 // a switch costs no checkpoint.
 //
-// The GPU is simulated by default (host threads play the streams), so "GPU work" is a host
-// function that sleeps on the job's stream, and memory is never touched. Magnitudes follow
+// The GPU is simulated by default (host threads play the streams), so "GPU work" is a simulated
+// kernel: it keeps part of the device busy for a while, and kernels of jobs that run at once share
+// the device (processor sharing). Memory is never touched. With --cuda, where this demo has no
+// real kernels to run, a host function that sleeps on the job's stream stands in. Magnitudes follow
 // measured workloads (VGG11 and ResNet-50 at batch 25, GoogLeNet for the trial) with time scaled
 // down about 4x and memory about 2x, so a run takes a few seconds.
 #include <CLI/CLI.hpp>
@@ -21,6 +24,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <salus/cuda.hpp>
 #include <salus/runtime.hpp>
 #include <salus/sim.hpp>
@@ -43,6 +47,9 @@ struct Model {
   std::size_t activation_bytes;  // per layer, ephemeral: alive from forward to backward
   int layers;
   Micros forward_per_layer;  // backward takes twice as long, as it usually does
+  // Share of the GPU its kernels keep busy when alone. Assumed, not measured: large batches of
+  // big convolutions fill the GPU, small inference batches leave most of it idle.
+  double occupancy;
 };
 
 struct Workload {
@@ -64,8 +71,15 @@ struct CountOut {
   }
 };
 
-// Sleeps on the stream: stands in for a kernel of that duration.
-void gpu_work(salus::DeviceBackend& backend, salus::StreamHandle stream, Micros duration) {
+// A kernel of that duration (when alone) on the stream: a simulated one on the sim backend; on a
+// real GPU a host function that sleeps stands in for it.
+void gpu_work(salus::DeviceBackend& backend, salus::StreamHandle stream, Micros duration,
+              double occupancy) {
+  if (backend.name() == "sim") {
+    salus::launch_sim_kernel(backend, stream, 0, std::chrono::duration<double>(duration).count(),
+                             occupancy);
+    return;
+  }
   backend.launch_host_func(stream, [duration] { std::this_thread::sleep_for(duration); });
 }
 
@@ -87,10 +101,10 @@ void train_step(salus::Job& job, salus::DeviceBackend& backend, const Model& mod
   std::vector<DevicePtr> saved;
   for (int layer = 0; layer < model.layers; ++layer) {
     saved.push_back(job.allocate(model.activation_bytes));
-    gpu_work(backend, iteration.stream(), model.forward_per_layer);
+    gpu_work(backend, iteration.stream(), model.forward_per_layer, model.occupancy);
   }
   while (!saved.empty()) {
-    gpu_work(backend, iteration.stream(), 2 * model.forward_per_layer);
+    gpu_work(backend, iteration.stream(), 2 * model.forward_per_layer, model.occupancy);
     // Freed right after enqueueing: Salus reuses the block in stream order, so this is safe.
     job.deallocate(saved.back());
     saved.pop_back();
@@ -104,7 +118,7 @@ void serve_request(salus::Job& job, salus::DeviceBackend& backend, const Model& 
   auto iteration = job.iteration();
   const DevicePtr activation = job.allocate(model.activation_bytes);
   for (int layer = 0; layer < model.layers; ++layer) {
-    gpu_work(backend, iteration.stream(), model.forward_per_layer);
+    gpu_work(backend, iteration.stream(), model.forward_per_layer, model.occupancy);
   }
   job.deallocate(activation);
   read_result(backend, iteration.stream());
@@ -118,7 +132,7 @@ std::vector<Workload> workloads(int iterations) {
       {"vgg-train",
        JobKind::training,
        0,
-       {256 * MiB, 96 * MiB, 11, 600us},
+       {256 * MiB, 96 * MiB, 11, 600us, 0.9},
        iterations,
        0us,
        0us,
@@ -126,20 +140,33 @@ std::vector<Workload> workloads(int iterations) {
       {"resnet-train",
        JobKind::training,
        0,
-       {48 * MiB, 40 * MiB, 24, 380us},
+       {48 * MiB, 40 * MiB, 24, 380us, 0.7},
        iterations,
        0us,
        0us,
        true},
-      {"infer-svc", JobKind::inference, 10, {48 * MiB, 16 * MiB, 8, 150us}, 0, 0us, 15ms},
+      {"infer-svc", JobKind::inference, 10, {48 * MiB, 16 * MiB, 8, 150us, 0.3}, 0, 0us, 15ms},
       {"hp-trial",
        JobKind::training,
        0,
-       {14 * MiB, 24 * MiB, 12, 200us},
+       {14 * MiB, 24 * MiB, 12, 200us, 0.4},
        std::max(1, iterations / 3),
        300ms,
        0us},
   };
+}
+
+// Hints seed the profiler (admission needs a guess before the first iteration); measured values
+// replace them as the job runs.
+salus::JobSpec job_spec(const Workload& w) {
+  const auto layers = static_cast<std::size_t>(w.model.layers);
+  return {.name = w.name,
+          .kind = w.kind,
+          .priority = w.priority,
+          .expected_iterations = static_cast<std::uint64_t>(w.iterations),
+          .hints = {.persistent_bytes = 2 * w.model.weight_bytes,
+                    .ephemeral_peak_bytes = layers * w.model.activation_bytes},
+          .limits = {}};
 }
 
 double mib(std::size_t bytes) {
@@ -177,11 +204,15 @@ int main(int argc, char** argv) {
   int iterations = 100;
   std::string trace_path = "salus_trace.json";
   bool use_cuda = false;
+  std::string contention = "processor_sharing";
   app.add_option("--policy", policy,
                  "fifo, srtf, fair, pack, priority or memory_aware (default fair)");
   app.add_option("--iterations", iterations, "training iterations per long job (default 100)")
       ->check(CLI::PositiveNumber);
   app.add_option("--trace", trace_path, "Chrome trace output (default salus_trace.json)");
+  app.add_option("--contention", contention,
+                 "how kernels of jobs running at once share the simulated GPU: processor_sharing "
+                 "(default), time_slicing or none");
   app.add_flag("--cuda", use_cuda, "use the real GPU 0 instead of a simulated one");
   CLI11_PARSE(app, argc, argv);
 
@@ -195,14 +226,19 @@ int main(int argc, char** argv) {
       }
       backend = salus::make_cuda_backend();
     } else {
-      backend = salus::make_sim_backend(salus::SimConfig::uniform(1, 4 * salus::GiB));
+      salus::SimConfig config = salus::SimConfig::uniform(1, 4 * salus::GiB);
+      // An unknown model name fails here, with a message that lists the known ones.
+      config.contention = salus::make_contention_model(contention);
+      backend = salus::make_sim_backend(std::move(config));
     }
     // An unknown policy name fails here, with a message that lists the known ones.
     salus::RuntimeOptions options;
     options.policy = policy;
     salus::Runtime runtime(backend, std::move(options));
-    std::printf("Salus sharing demo: policy %s on %s (%s)\n", std::string(runtime.policy()).c_str(),
-                backend->properties(0).name.c_str(), std::string(backend->name()).c_str());
+    std::printf("Salus sharing demo: policy %s on %s (%s%s%s)\n",
+                std::string(runtime.policy()).c_str(), backend->properties(0).name.c_str(),
+                std::string(backend->name()).c_str(), use_cuda ? "" : ", contention ",
+                use_cuda ? "" : contention.c_str());
 
     const std::vector<Workload> all = workloads(iterations);
     std::atomic<int> long_jobs_left = 0;
@@ -213,22 +249,20 @@ int main(int argc, char** argv) {
     {
       std::vector<std::jthread> threads;
       for (const Workload& w : all) {
-        threads.emplace_back([&, w] {
+        // Jobs there from the start register here, in the order listed: FIFO runs jobs in
+        // arrival order, and threads racing to register would make that order random (with the
+        // inference service first, FIFO would serve it alone until the training jobs end,
+        // which they then never do).
+        std::optional<salus::Job> registered;
+        if (w.arrival == Micros{0}) registered.emplace(runtime.add_job(job_spec(w)));
+        threads.emplace_back([&, w, registered = std::move(registered)]() mutable {
           const CountOut count_out{w.long_running ? &long_jobs_left : nullptr};
           try {
-            std::this_thread::sleep_for(w.arrival);
-            // Hints seed the profiler (admission needs a guess before the first iteration);
-            // measured values replace them as the job runs.
-            const auto layers = static_cast<std::size_t>(w.model.layers);
-            const salus::JobSpec spec{
-                .name = w.name,
-                .kind = w.kind,
-                .priority = w.priority,
-                .expected_iterations = static_cast<std::uint64_t>(w.iterations),
-                .hints = {.persistent_bytes = 2 * w.model.weight_bytes,
-                          .ephemeral_peak_bytes = layers * w.model.activation_bytes},
-                .limits = {}};
-            salus::Job job = runtime.add_job(spec);
+            if (!registered) {
+              std::this_thread::sleep_for(w.arrival);
+              registered.emplace(runtime.add_job(job_spec(w)));
+            }
+            salus::Job& job = *registered;
             // Weights: allocated outside any iteration, so they are persistent.
             std::vector<DevicePtr> weights{job.allocate(w.model.weight_bytes)};
             std::vector<DevicePtr> momentum;

@@ -81,7 +81,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PYTHON" -m venv .venv
   fi
 fi
-PY_REQS=(torch numpy pytest pytest-benchmark matplotlib "scikit-build-core>=0.10" "pybind11>=2.12")
+PY_REQS=(torch numpy pytest pytest-benchmark matplotlib tqdm "scikit-build-core>=0.10" "pybind11>=2.12")
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, re, sys
 for req in sys.argv[1:]:

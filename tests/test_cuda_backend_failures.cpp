@@ -32,6 +32,8 @@ struct Env {
   DevicePtr va = 0;  // two pages mapped, read-write for both devices
   StreamHandle stream{};
   EventHandle event{};
+  EventHandle timed_start{};  // timing events, both recorded (and so complete) on `stream`
+  EventHandle timed_end{};
 };
 
 struct FailureCase {
@@ -126,6 +128,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { static_cast<void>(e.backend.query_event(e.event)); }},
       {"cuEventSynchronize", CUDA_ERROR_LAUNCH_FAILED,
        [](Env& e) { e.backend.synchronize_event(e.event); }},
+      {"cuEventElapsedTime", CUDA_ERROR_LAUNCH_FAILED,
+       [](Env& e) { static_cast<void>(e.backend.elapsed_seconds(e.timed_start, e.timed_end)); }},
       {"cuLaunchHostFunc", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { e.backend.launch_host_func(e.stream, [] {}); }},
       {"cuStreamGetCtx", CUDA_ERROR_LAUNCH_FAILED, validate_framework_stream},
@@ -144,6 +148,10 @@ class CudaDriverFailure : public ::testing::TestWithParam<FailureCase> {
     backend_.set_access(env_.va, 2 * kPage, grants);
     env_.stream = backend_.create_stream(0, 0);
     env_.event = backend_.create_event(0);
+    env_.timed_start = backend_.create_timing_event(0);
+    env_.timed_end = backend_.create_timing_event(0);
+    backend_.record_event(env_.timed_start, env_.stream);
+    backend_.record_event(env_.timed_end, env_.stream);
   }
 
   FakeDriver fake_{FakeDriverConfig::uniform(2, 1 * GiB)};

@@ -35,6 +35,8 @@ TEST(PublicHeaders, SalusHppBringsTheWholeCppApi) {
   // salus/scheduler.hpp
   const auto names = salus::PolicyRegistry::with_builtins().names();
   EXPECT_NE(std::find(names.begin(), names.end(), std::string("memory_aware")), names.end());
+  // salus/simulation.hpp
+  EXPECT_EQ(salus::sched::placement_names().front(), "least_loaded");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The runtime on simulated GPUs: jobs in threads, iterations with real (host-callback) GPU work,
+// The runtime on simulated GPUs: jobs in threads, iterations with simulated kernels as GPU work,
 // the switch path, cancellation, attribution, profiling and the trace.
 #include <gtest/gtest.h>
 
@@ -21,9 +21,10 @@ std::shared_ptr<DeviceBackend> sim(std::size_t bytes = 512 * MiB) {
   return make_sim_backend(SimConfig::uniform(1, bytes));
 }
 
-// Enqueues `duration` of "GPU work" on the stream.
+// Enqueues `duration` of GPU work on the stream: a simulated kernel, which (unlike a host
+// function) counts as the job's GPU time.
 void gpu_work(DeviceBackend& backend, StreamHandle stream, std::chrono::microseconds duration) {
-  backend.launch_host_func(stream, [duration] { std::this_thread::sleep_for(duration); });
+  launch_sim_kernel(backend, stream, 0, std::chrono::duration<double>(duration).count());
 }
 
 JobSpec training(std::string name, std::uint64_t iterations = 0) {

@@ -131,7 +131,25 @@ class SALUS_API DeviceBackend {
   // whose default stream a handle of 0 is; the event may belong to any device.
   virtual void stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;
   // Runs `fn` on a host thread once prior work on `stream` has finished; later work waits for it.
+  // `fn` must not call the backend (CUDA forbids driver calls inside a host function).
   virtual void launch_host_func(StreamHandle stream, std::function<void()> fn) = 0;
+
+  // Timing events: like create_event, but elapsed_seconds can measure between two of them. They
+  // cost more to record than plain events, so Salus uses them only where it measures GPU time.
+  virtual EventHandle create_timing_event(int device) = 0;
+  // Seconds of device time between the completion of `start`'s last record and `end`'s (negative
+  // when `end` completed first). Both must be timing events whose last record has completed.
+  //  - CUDA: cuEventElapsedTime, the GPU's timeline between the two points: everything the
+  //    stream did in between counts, kernels as well as host functions and waits for other
+  //    streams.
+  //  - sim: when both were last recorded on one stream, the seconds that stream spent running
+  //    kernels (launch_sim_kernel) and copies in between, so host functions (the stand-in for
+  //    the host's own work) and waits for other streams' events do not count; otherwise the wall
+  //    time between the two completions.
+  // Throws InvalidArgument for an unknown event, one that was never recorded or was created
+  // without timing, and DeviceError with status CUDA_ERROR_NOT_READY (call cuEventElapsedTime)
+  // while a record has not completed (query_event says false).
+  [[nodiscard]] virtual double elapsed_seconds(EventHandle start, EventHandle end) = 0;
   // Copies between any two mapped ranges (device, peer or host), ordered on `stream`.
   virtual void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) = 0;
 };
@@ -158,11 +176,14 @@ class SALUS_API Stream {
   int device_ = 0;
 };
 
-// RAII owner of an event.
+enum class EventTiming : std::uint8_t { disabled, enabled };
+
+// RAII owner of an event; EventTiming::enabled makes a timing event (create_timing_event).
 class SALUS_API Event {
  public:
   Event() = default;
-  Event(std::shared_ptr<DeviceBackend> backend, int device);
+  Event(std::shared_ptr<DeviceBackend> backend, int device,
+        EventTiming timing = EventTiming::disabled);
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
   Event(const Event&) = delete;
@@ -173,6 +194,8 @@ class SALUS_API Event {
   void record(StreamHandle stream) const;
   [[nodiscard]] bool query() const;
   void synchronize() const;
+  // DeviceBackend::elapsed_seconds from `start` to this event (both timing events of one backend).
+  [[nodiscard]] double seconds_since(const Event& start) const;
 
  private:
   void reset() noexcept;

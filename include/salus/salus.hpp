@@ -1,6 +1,7 @@
 // Everything a C++ user of Salus needs: the whole public C++ API (the C ABI is salus/c_api.h).
 #pragma once
 
+#include "salus/contention.hpp"
 #include "salus/cuda.hpp"
 #include "salus/device.hpp"
 #include "salus/error.hpp"
@@ -10,3 +11,4 @@
 #include "salus/runtime.hpp"
 #include "salus/scheduler.hpp"
 #include "salus/sim.hpp"
+#include "salus/simulation.hpp"

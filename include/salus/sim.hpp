@@ -1,13 +1,16 @@
 // Simulated GPUs: a faithful host-memory stand-in for the CUDA backend. Each simulated device's
 // physical memory is a memfd; mapping a chunk is mmap(MAP_FIXED | MAP_SHARED) into a reserved range,
-// so remapping keeps addresses and real bytes move. Streams are worker threads.
+// so remapping keeps addresses and real bytes move. Streams are worker threads. Simulated kernels
+// (launch_sim_kernel) that run at once on one device share its compute as a contention model says.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "salus/contention.hpp"
 #include "salus/device.hpp"
 #include "salus/export.hpp"
 
@@ -43,6 +46,8 @@ struct SALUS_API SimConfig {
   // When false copies run at host memcpy speed; when true they take bytes / link bandwidth.
   bool throttle_copies = false;
   StreamPriorityRange priorities{0, -2};
+  // How simulated kernels running at once on one device share it; null: processor_sharing.
+  std::shared_ptr<const ContentionModel> contention;
 
   // `count` identical devices with no peer links.
   static SimConfig uniform(int count, std::size_t memory_bytes = 1 * GiB);
@@ -58,5 +63,27 @@ struct SALUS_API SimConfig {
 // Throws InvalidArgument when the configuration is inconsistent (no devices, granularity not a
 // power of two multiple of the OS page, a link naming an unknown device...).
 [[nodiscard]] SALUS_API std::shared_ptr<DeviceBackend> make_sim_backend(SimConfig config);
+
+// Enqueues on `stream` (0: `device`'s default stream) a simulated kernel: it takes `seconds` of
+// device time when it runs alone and keeps `occupancy` of the device busy. Kernels of different
+// streams of one device that run at once progress at the rates of SimConfig::contention; a
+// stream runs its work in order, so its next task starts when the kernel is done. Throws
+// InvalidArgument when `backend` is not the sim backend, `seconds` is negative or not finite,
+// `occupancy` is not in (0, 1], the device is out of range, or the stream is unknown or belongs
+// to another device.
+SALUS_API void launch_sim_kernel(DeviceBackend& backend, StreamHandle stream, int device,
+                                 double seconds, double occupancy = 1.0);
+
+// What a simulated device's compute did since the backend was made.
+struct SimDeviceActivity {
+  double busy_seconds = 0.0;         // wall time with at least one kernel running
+  double utilization_seconds = 0.0;  // integral over time of device_utilization (contention.hpp)
+  double work_seconds = 0.0;         // sum over completed kernels of seconds * occupancy
+  std::uint64_t kernels = 0;         // completed kernels
+};
+// Under processor_sharing, utilization_seconds equals work_seconds once the kernels have
+// completed (work is conserved). Throws InvalidArgument like launch_sim_kernel for a backend that
+// is not the sim backend or a device out of range.
+[[nodiscard]] SALUS_API SimDeviceActivity sim_device_activity(DeviceBackend& backend, int device);
 
 }  // namespace salus

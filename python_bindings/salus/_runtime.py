@@ -45,6 +45,13 @@ def _check_int(value: Any, what: str, low: Optional[int] = None) -> int:
     return value
 
 
+def _check_float(value: Any, what: str) -> float:
+    """Only the type: the runtime checks the range itself, naming what was wrong."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number, not {type(value).__name__}")
+    return float(value)
+
+
 def _check_str(value: Any, what: str) -> str:
     """Only the type: the runtime refuses unknown names itself, listing the known ones."""
     if not isinstance(value, str):
@@ -144,17 +151,20 @@ class Runtime:
     describe the simulated GPUs. ``policy``: a built-in ("fifo", "srtf", "fair", "pack",
     "priority", "memory_aware") or one registered with :func:`salus.register_policy`.
     ``spill``: "none", "host_only" or "peer_then_host" (memory harvesting). ``device_limits``:
-    bytes Salus may hold per device.
+    bytes Salus may hold per device. ``contention``: how simulated kernels (:meth:`sim_kernel`)
+    that run at once share a simulated GPU: "processor_sharing", "time_slicing" or "none".
     """
 
     def __init__(self, backend: str = "auto", *, devices: int = 1, memory: Size = "4GiB",
                  topology: str = "none", policy: str = "fair", spill: str = "none",
                  lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
-                 device_limits: Optional[Sequence[Size]] = None) -> None:
+                 device_limits: Optional[Sequence[Size]] = None,
+                 contention: str = "processor_sharing") -> None:
         _check_str(backend, "backend")
         _check_int(devices, "devices", 1)
         _check_str(topology, "topology")
         _check_str(spill, "spill")
+        _check_str(contention, "contention")
         if not isinstance(policy, str):
             raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
         limits = [parse_size(v, f"device_limits[{i}]") for i, v in enumerate(device_limits or [])]
@@ -164,7 +174,7 @@ class Runtime:
             topology=topology, policy=policy, spill=spill,
             lend_reserve=None if lend_reserve is None else parse_size(lend_reserve, "lend_reserve"),
             host_limit=None if host_limit is None else parse_size(host_limit, "host_limit"),
-            device_limits=limits, python_policies=python_policies)
+            device_limits=limits, python_policies=python_policies, contention=contention)
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
 
@@ -266,6 +276,32 @@ class Runtime:
     def trim(self) -> int:
         """Gives cached pages back; returns the bytes released."""
         return int(self._impl.trim())
+
+    # --- simulated GPUs ---
+    def sim_kernel(self, stream: int, seconds: float, occupancy: float = 1.0,
+                   device: int = 0) -> None:
+        """Enqueues on ``stream`` (0: the device's default stream) a simulated kernel that takes
+        ``seconds`` of GPU time alone and keeps ``occupancy`` (in (0, 1]) of the GPU busy.
+        Kernels of streams that run at once share the GPU as the ``contention`` model says. Only
+        on the sim backend (InvalidArgument elsewhere)."""
+        _check_int(stream, "stream", 0)
+        _check_int(device, "device", 0)
+        self._impl.sim_kernel(stream=stream, seconds=_check_float(seconds, "seconds"),
+                              occupancy=_check_float(occupancy, "occupancy"), device=device)
+
+    def synchronize(self, stream: int) -> None:
+        """Blocks (without the GIL) until the work enqueued on ``stream`` so far has finished,
+        as ``torch.cuda.Stream.synchronize`` does. ``stream`` 0 is device 0's default stream."""
+        _check_int(stream, "stream", 0)
+        self._impl.synchronize(stream=stream)
+
+    def device_activity(self, device: int = 0) -> dict[str, float]:
+        """What a simulated GPU's compute did so far: ``busy_seconds`` (time with a kernel
+        running), ``utilization_seconds`` (busy share of the GPU integrated over time),
+        ``work_seconds`` (seconds * occupancy of completed kernels) and ``kernels`` (completed
+        ones). Only on the sim backend."""
+        _check_int(device, "device", 0)
+        return dict(self._impl.device_activity(device))
 
     # --- raw memory (tests, frameworks without salus.torch) ---
     def allocate(self, nbytes: Size, *, device: int = 0, stream: int = 0,
@@ -377,6 +413,9 @@ class Job:
         self.device = device
         self.id = int(impl.id)
         self.name = str(impl.name)
+        # The running iteration's stream; None outside an iteration. Only the thread that runs
+        # the job's iterations sets it.
+        self._iteration_stream: Optional[int] = None
 
     def __repr__(self) -> str:
         return f"salus.Job(id={self.id}, name={self.name!r})"
@@ -385,10 +424,34 @@ class Job:
         return Iteration(self)
 
     def begin_iteration(self) -> int:
-        return int(self._impl.begin_iteration())
+        stream = int(self._impl.begin_iteration())
+        self._iteration_stream = stream
+        return stream
 
     def end_iteration(self) -> None:
-        self._impl.end_iteration()
+        try:
+            self._impl.end_iteration()
+        finally:
+            self._iteration_stream = None
+
+    def sim_kernel(self, seconds: float, occupancy: float = 1.0) -> None:
+        """A simulated kernel (see :meth:`Runtime.sim_kernel`) on the running iteration's
+        stream: it counts as this job's GPU time. Only inside an iteration."""
+        stream = self._iteration_stream
+        if stream is None:
+            raise InvalidArgument(f"sim_kernel: job '{self.name}' is not inside an iteration")
+        self._runtime.sim_kernel(stream, seconds, occupancy, device=self.device)
+
+    def synchronize(self) -> None:
+        """Waits until the work this job enqueued on its stream (the running iteration's, else its
+        lane's) has finished: reading a result at the end of an iteration does this, and it keeps
+        the host from running ahead of the GPU. Its GPU time is charged once the stream is past
+        the iteration's end. A no-op before the job's first iteration."""
+        stream = self._iteration_stream
+        if stream is None:
+            stream = self.stream
+        if stream:
+            self._runtime.synchronize(stream)
 
     def cancel(self) -> None:
         """From any thread: the job stops; a wait for its turn raises JobCancelled."""

@@ -18,6 +18,7 @@
 #include "salus/error.hpp"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
+#include "bindings.hpp"
 
 namespace py = pybind11;
 
@@ -178,6 +179,7 @@ struct RuntimeArgs {
   std::optional<std::size_t> host_limit;
   std::vector<std::size_t> device_limits;
   std::vector<std::pair<std::string, py::object>> python_policies;
+  std::string contention;  // simulated GPUs only
 };
 
 // One Python-visible runtime. Destroyed without the GIL: its stream threads may be waiting for it
@@ -186,7 +188,12 @@ class PyRuntime {
  public:
   explicit PyRuntime(RuntimeArgs args) {
     std::shared_ptr<DeviceBackend> backend;
-    const SimConfig sim = sim_config(args.devices, args.memory, args.topology);
+    SimConfig sim = sim_config(args.devices, args.memory, args.topology);
+    sim.contention = make_contention_model(args.contention);  // refuses unknown names
+    if (args.backend == "cuda" && args.contention != "processor_sharing") {
+      throw InvalidArgument("contention '" + args.contention +
+                            "' needs simulated GPUs: the cuda backend runs real kernels");
+    }
     if (args.backend == "auto") {
       backend = make_default_backend(sim);
     } else if (args.backend == "cuda") {
@@ -324,15 +331,17 @@ void bind_runtime(py::module_& m) {
                        std::optional<std::size_t> lend_reserve,
                        std::optional<std::size_t> host_limit,
                        std::vector<std::size_t> device_limits,
-                       std::vector<std::pair<std::string, py::object>> python_policies) {
+                       std::vector<std::pair<std::string, py::object>> python_policies,
+                       std::string contention) {
              return std::make_unique<PyRuntime>(RuntimeArgs{
                  std::move(backend), devices, memory, std::move(topology), std::move(policy),
                  std::move(spill), lend_reserve, host_limit, std::move(device_limits),
-                 std::move(python_policies)});
+                 std::move(python_policies), std::move(contention)});
            }),
            py::arg("backend"), py::arg("devices"), py::arg("memory"), py::arg("topology"),
            py::arg("policy"), py::arg("spill"), py::arg("lend_reserve"), py::arg("host_limit"),
-           py::arg("device_limits"), py::arg("python_policies"))
+           py::arg("device_limits"), py::arg("python_policies"),
+           py::arg("contention") = "processor_sharing")
       .def("close", &PyRuntime::close)
       .def_property_readonly("closed", &PyRuntime::closed)
       .def_property_readonly("python_policy", &PyRuntime::python_policy)
@@ -405,6 +414,35 @@ void bind_runtime(py::module_& m) {
              py::gil_scoped_release release;
              return r.get().memory().trim();
            })
+      .def(
+          "sim_kernel",
+          [](const PyRuntime& r, std::uintptr_t stream, double seconds, double occupancy,
+             int device) {
+            py::gil_scoped_release release;
+            launch_sim_kernel(r.get().backend(), StreamHandle{stream}, device, seconds, occupancy);
+          },
+          py::arg("stream"), py::arg("seconds"), py::arg("occupancy") = 1.0, py::arg("device") = 0)
+      .def(
+          "synchronize",
+          [](const PyRuntime& r, std::uintptr_t stream) {
+            py::gil_scoped_release release;
+            r.get().backend().synchronize_stream(StreamHandle{stream});
+          },
+          py::arg("stream"))
+      .def(
+          "device_activity",
+          [](const PyRuntime& r, int device) {
+            SimDeviceActivity a;
+            {
+              py::gil_scoped_release release;
+              a = sim_device_activity(r.get().backend(), device);
+            }
+            return py::dict(py::arg("busy_seconds") = a.busy_seconds,
+                            py::arg("utilization_seconds") = a.utilization_seconds,
+                            py::arg("work_seconds") = a.work_seconds,
+                            py::arg("kernels") = a.kernels);
+          },
+          py::arg("device") = 0)
       .def("set_current_job", [](const PyRuntime& r, std::uint32_t job) {
              r.get().set_current_job(JobId{job});
            })
@@ -472,6 +510,7 @@ PYBIND11_MODULE(_salus, m) {
   py::register_exception_translator(&salus::python::translate);
   salus::python::bind_runtime(m);
   salus::python::bind_job(m);
+  salus::python::bind_simulation(m);
   m.def("cuda_available", [] { return salus::cuda_available(); });
   m.def("default_runtime", [] {
     std::shared_ptr<salus::Runtime> runtime;

@@ -284,3 +284,87 @@ def test_the_default_runtime_is_the_c_abis() -> None:
     assert rt.device_stats(0).allocated == before + (3 << 20)
     lib.salus_free(ptr, 3 << 20, 0, None)
     assert rt.device_stats(0).allocated == before
+
+
+def test_sim_kernels_count_as_the_jobs_gpu_time_and_share_the_gpu() -> None:
+    with salus.Runtime("sim", memory="256MiB", policy="pack") as rt:
+        job = rt.add_job("k", expected_iterations=2)
+        for _ in range(2):
+            with job.iteration() as it:
+                job.sim_kernel(0.03, occupancy=0.5)
+                time.sleep(0.02)  # host work: not GPU time
+                rt.sim_kernel(it.stream, 0.02, 0.5)
+        # GPU time is known once the GPU got through the work: until then it is not charged.
+        deadline = time.monotonic() + 10
+        while (stats := job.stats()).attained_seconds < 0.09 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stats.attained_seconds == pytest.approx(0.1, rel=0.05)
+        assert stats.iteration_seconds == pytest.approx(0.05, rel=0.05)
+        activity = rt.device_activity(0)
+        assert set(activity) == {"busy_seconds", "utilization_seconds", "work_seconds", "kernels"}
+        assert activity["kernels"] == 4
+        assert activity["work_seconds"] == pytest.approx(0.05, rel=1e-6)
+        assert activity["utilization_seconds"] == pytest.approx(0.05, rel=0.02)
+
+
+def test_job_synchronize_waits_for_its_kernels_and_settles_its_gpu_time() -> None:
+    with salus.Runtime("sim", memory="256MiB") as rt:
+        job = rt.add_job("s")
+        job.synchronize()  # before any iteration: nothing to wait for
+        start = time.monotonic()
+        with job.iteration():
+            job.sim_kernel(0.05)
+            job.synchronize()  # inside: the iteration's stream
+            assert time.monotonic() - start >= 0.049
+        job.synchronize()  # after: past the iteration's end marker, so it is charged
+        assert job.stats().attained_seconds == pytest.approx(0.05, rel=0.05)
+        with pytest.raises(salus.errors.InvalidArgument):
+            rt.synchronize(12345)  # no such stream
+
+
+def test_contention_is_chosen_by_name() -> None:
+    def busy_seconds_of_two_kernels_at_once(contention: str) -> float:
+        with salus.Runtime("sim", memory="256MiB", contention=contention) as rt:
+            job = rt.add_job("j")
+            with job.iteration():
+                job.sim_kernel(0.05)  # on the job's lane stream...
+                rt.sim_kernel(0, 0.05)  # ...and on the default stream, at the same time
+            deadline = time.monotonic() + 10
+            while rt.device_activity()["kernels"] < 2:
+                assert time.monotonic() < deadline, "the kernels never finished"
+                time.sleep(0.005)
+            return float(rt.device_activity()["busy_seconds"])
+
+    # Without contention both run at full speed; shared, the GPU needs twice as long.
+    assert busy_seconds_of_two_kernels_at_once("none") == pytest.approx(0.05, rel=0.3)
+    assert busy_seconds_of_two_kernels_at_once("processor_sharing") == pytest.approx(0.1, rel=0.05)
+    with pytest.raises(salus.InvalidArgument, match="processor_sharing"):
+        salus.Runtime("sim", memory="256MiB", contention="bogus")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda rt: rt.sim_kernel(0, -1.0), "seconds"),
+    (lambda rt: rt.sim_kernel(0, float("nan")), "seconds"),
+    (lambda rt: rt.sim_kernel(0, 0.01, occupancy=0.0), "occupancy"),
+    (lambda rt: rt.sim_kernel(0, 0.01, occupancy=1.5), "occupancy"),
+    (lambda rt: rt.sim_kernel(0, 0.01, device=3), "device 3"),
+    (lambda rt: rt.sim_kernel(12345, 0.01), "12345|0x3039"),
+    (lambda rt: rt.device_activity(7), "device 7"),
+])
+def test_bad_sim_kernel_input_raises_invalid_argument(runtime: salus.Runtime,
+                                                       call: Callable[[salus.Runtime], Any],
+                                                       match: str) -> None:
+    with pytest.raises(salus.errors.InvalidArgument, match=match):
+        call(runtime)
+
+
+def test_job_sim_kernel_outside_an_iteration_is_an_error(runtime: salus.Runtime) -> None:
+    job = runtime.add_job("idle")
+    with pytest.raises(salus.errors.InvalidArgument, match="not inside an iteration"):
+        job.sim_kernel(0.01)
+    with job.iteration():
+        job.sim_kernel(0.0)
+    with pytest.raises(salus.errors.InvalidArgument, match="not inside an iteration"):
+        job.sim_kernel(0.01)
+    with pytest.raises(TypeError):
+        runtime.sim_kernel(0, "1s")  # type: ignore[arg-type]

@@ -68,6 +68,8 @@ class CudaBackend final : public DeviceBackend {
   void stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
   void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
   void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+  EventHandle create_timing_event(int device) override;
+  [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end) override;
 
  private:
   // One retained primary context; released on destruction.
@@ -118,6 +120,8 @@ class CudaBackend final : public DeviceBackend {
   // The device whose primary context is `context`, or -1 (a context the application made).
   [[nodiscard]] int device_of(CUcontext context) const noexcept;
   [[nodiscard]] int device_of(EventHandle event) const;
+  // cuEventCreate with `flags` on `device`, registered for device_of.
+  EventHandle make_event(int device, unsigned flags, std::string_view what);
   [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
   // The smallest granularity of any location: every address and size the driver can accept for
   // map, unmap or set_access is a multiple of it.

@@ -138,12 +138,11 @@ bool CudaBackend::query_stream(StreamHandle stream, int device) {
   throw driver_error(api_, "cuStreamQuery", rc);
 }
 
-EventHandle CudaBackend::create_event(int device) {
-  check_device(device, "create_event");
+EventHandle CudaBackend::make_event(int device, unsigned flags, std::string_view what) {
+  check_device(device, what);
   const auto scope = bind(device);
   CUevent event = nullptr;
-  // Salus only orders work with events; timing would make every record heavier.
-  SALUS_CU(api_, cuEventCreate, &event, CU_EVENT_DISABLE_TIMING);
+  SALUS_CU(api_, cuEventCreate, &event, flags);
   const EventHandle handle{std::bit_cast<std::uint64_t>(event)};
   try {
     const std::scoped_lock lock(mutex_);
@@ -153,6 +152,38 @@ EventHandle CudaBackend::create_event(int device) {
     throw;
   }
   return handle;
+}
+
+EventHandle CudaBackend::create_event(int device) {
+  // Salus mostly orders work with events; timing would make every record heavier.
+  return make_event(device, CU_EVENT_DISABLE_TIMING, "create_event");
+}
+
+EventHandle CudaBackend::create_timing_event(int device) {
+  return make_event(device, CU_EVENT_DEFAULT, "create_timing_event");
+}
+
+double CudaBackend::elapsed_seconds(EventHandle start, EventHandle end) {
+  const int device = device_of(start);
+  (void)device_of(end);  // refuses unknown events before any driver call
+  const auto scope = bind(device);
+  float milliseconds = 0.0F;
+  const CUresult rc = api_.cuEventElapsedTime(&milliseconds, to_cu(start), to_cu(end));
+  if (rc == CUDA_ERROR_NOT_READY) {
+    throw driver_error(api_, "cuEventElapsedTime", rc,
+                       fmt::format("event {:#x} or {:#x} has not completed yet", start.value,
+                                   end.value));
+  }
+  if (rc == CUDA_ERROR_INVALID_HANDLE) {
+    // Both handles are live events (device_of said so), so the driver means one was never
+    // recorded or was made without timing: the caller's mistake, not the driver's.
+    throw InvalidArgument(fmt::format(
+        "elapsed_seconds: event {:#x} or {:#x} was never recorded or is no timing event (use "
+        "create_timing_event); cuEventElapsedTime returned {}",
+        start.value, end.value, error_name(api_, rc)));
+  }
+  if (rc != CUDA_SUCCESS) throw driver_error(api_, "cuEventElapsedTime", rc);
+  return static_cast<double>(milliseconds) / 1e3;
 }
 
 void CudaBackend::destroy_event(EventHandle event) {

@@ -56,8 +56,10 @@ void Stream::reset() noexcept {
 
 void Stream::synchronize() const { backend_->synchronize_stream(handle_); }
 
-Event::Event(std::shared_ptr<DeviceBackend> backend, int device) : backend_(std::move(backend)) {
-  handle_ = backend_->create_event(device);
+Event::Event(std::shared_ptr<DeviceBackend> backend, int device, EventTiming timing)
+    : backend_(std::move(backend)) {
+  handle_ = timing == EventTiming::enabled ? backend_->create_timing_event(device)
+                                           : backend_->create_event(device);
 }
 
 Event::Event(Event&& other) noexcept
@@ -89,5 +91,12 @@ void Event::reset() noexcept {
 void Event::record(StreamHandle stream) const { backend_->record_event(handle_, stream); }
 bool Event::query() const { return backend_->query_event(handle_); }
 void Event::synchronize() const { backend_->synchronize_event(handle_); }
+double Event::seconds_since(const Event& start) const {
+  if (!backend_ || !start.backend_) throw InvalidArgument("Event::seconds_since: an empty event");
+  if (backend_ != start.backend_) {
+    throw InvalidArgument("Event::seconds_since: the two events belong to different backends");
+  }
+  return backend_->elapsed_seconds(start.handle_, handle_);
+}
 
 }  // namespace salus

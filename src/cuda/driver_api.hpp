@@ -50,6 +50,7 @@
   X(cuEventRecord)                   \
   X(cuEventQuery)                    \
   X(cuEventSynchronize)              \
+  X(cuEventElapsedTime)              \
   X(cuLaunchHostFunc)                \
   X(cuMemcpyAsync)
 

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <string>
 
+#include "cuda/sim_compute.hpp"
+
 namespace salus::sim {
 namespace {
 
@@ -44,6 +46,9 @@ SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
   }
   add_pool(Location::host(), config_.host_memory_bytes, config_.host_granularity);
   default_streams_.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    engines_.push_back(std::make_unique<ComputeEngine>(config_.contention));
+  }
 }
 
 SimBackend::~SimBackend() {

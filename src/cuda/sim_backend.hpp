@@ -30,6 +30,7 @@ namespace salus::sim {
 // CUDA driver status codes mirrored by the simulator so both backends raise the same errors.
 inline constexpr int kCudaErrorInvalidValue = 1;
 inline constexpr int kCudaErrorOutOfMemory = 2;
+inline constexpr int kCudaErrorNotReady = 600;
 
 // A failed syscall as a DeviceError: call = the syscall, status = errno's name, detail = its text.
 [[noreturn]] void throw_errno(const char* syscall, int err, std::string_view context = {});
@@ -73,6 +74,8 @@ class AddressRange {
   std::size_t bytes_ = 0;
 };
 
+class ComputeEngine;
+
 class SimBackend final : public DeviceBackend {
  public:
   explicit SimBackend(SimConfig config);  // expects a validated config
@@ -109,6 +112,12 @@ class SimBackend final : public DeviceBackend {
   void stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
   void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
   void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+  EventHandle create_timing_event(int device) override;
+  [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end) override;
+
+  // Simulated compute (salus::launch_sim_kernel, salus::sim_device_activity check the arguments).
+  void launch_kernel(StreamHandle stream, int device, double seconds, double occupancy);
+  [[nodiscard]] SimDeviceActivity activity(int device);
 
   // Introspection (tests, layers above). Out-of-range devices raise InvalidArgument.
   // Access that `device` was granted to the mapped page holding `va`; none when unmapped.
@@ -146,6 +155,7 @@ class SimBackend final : public DeviceBackend {
   };
   struct Stream;
   struct Event;
+  struct EventCapture;
   using Task = std::function<void(std::stop_token)>;
 
   using PageIt = std::map<DevicePtr, Page>::iterator;
@@ -169,6 +179,11 @@ class SimBackend final : public DeviceBackend {
   void check_device(int device, const char* what) const;
   std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
   std::shared_ptr<Event> event_for(EventHandle event) const;
+  EventHandle make_event(int device, bool timing, const char* what);
+  // The newest completed record of a timing event, or the error elapsed_seconds raises; `role`
+  // ("start" or "end") names the event in messages.
+  static EventCapture timing_capture(const std::shared_ptr<Event>& ev, EventHandle handle,
+                                     const char* role);
   void enqueue(StreamHandle stream, int device, Task task);
   void shutdown_streams() noexcept;
 
@@ -182,6 +197,10 @@ class SimBackend final : public DeviceBackend {
   std::map<DevicePtr, AddressRange> reservations_;  // base -> range
   std::map<DevicePtr, Page> pages_;                 // page base -> mapped page
   std::size_t mapped_bytes_ = 0;
+
+  // One compute engine per device (sim_compute.hpp), each with its own lock; the vector itself
+  // is fixed at construction.
+  std::vector<std::unique_ptr<ComputeEngine>> engines_;
 
   mutable std::mutex stream_mutex_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Stream>> streams_;

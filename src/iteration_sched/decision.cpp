@@ -77,6 +77,7 @@ struct DecisionCore::State {
   std::set<JobId> running;
   std::size_t committed = 0;         // sum of lane quotas
   std::size_t persistent_total = 0;  // of admitted jobs
+  std::size_t pending_total = 0;     // persistent + peak of the pending jobs
   // Memory-aware: every admitted waiting job (the extra candidates), and the extras running.
   std::set<WaitKey> waiting_admitted;
   std::set<JobId> extras;
@@ -158,7 +159,9 @@ struct DecisionCore::State {
     waiting_admitted.erase(rec.wait_key());
   }
 
+  // Every caller takes `rec` out of `pending` (admission is the only way out besides remove()).
   void admit(JobRecord& rec, int lane_id) {
+    pending_total -= rec.persistent + rec.peak;
     Lane& lane = lanes[lane_id];
     const std::size_t before = lane.quota();
     lane.persistent += rec.persistent;
@@ -427,6 +430,7 @@ void DecisionCore::add(const JobView& job) {
   rec.persistent = job.persistent_bytes;
   rec.peak = ephemeral_peak(rec.view);
   s.pending.emplace(job.arrival, job.id);
+  s.pending_total += rec.persistent + rec.peak;
   s.admit_pending();
 }
 
@@ -459,8 +463,10 @@ void DecisionCore::update(const JobView& job) {
     if (s.committed > s.budget && !rec.running && lane.owner != job.id) {
       s.unadmit(rec);
       s.pending.emplace(arrival, job.id);
+      s.pending_total += rec.persistent + rec.peak;
     }
   } else {
+    s.pending_total = s.pending_total - (rec.persistent + rec.peak) + (persistent + peak);
     rec.persistent = persistent;
     rec.peak = peak;
   }
@@ -475,6 +481,7 @@ void DecisionCore::remove(JobId job) {
     s.unadmit(rec);
   } else {
     s.pending.erase({rec.view.arrival, job});
+    s.pending_total -= rec.persistent + rec.peak;
   }
   s.jobs.erase(job);
   s.admit_pending();
@@ -510,6 +517,15 @@ void DecisionCore::finish(JobId job, double now) {
   s.stop(rec);
   s.refresh(*rec.lane);
   if (s.plan == LanePlan::memory_aware && !s.pending.empty()) s.admission_dirty = true;
+}
+
+void DecisionCore::progressed(JobId job, double now, double work_seconds) {
+  JobRecord& rec = state_->find(job, "progressed");
+  if (!rec.running) return;
+  // The plans read progress as now - started_at: move the start so that it reads work_seconds.
+  // Later only, so finish() still sees an iteration that ended after it started.
+  const double elapsed = now - rec.started_at;
+  rec.started_at = now - std::clamp(work_seconds, 0.0, std::max(elapsed, 0.0));
 }
 
 Decision DecisionCore::decide(double now) {
@@ -562,6 +578,14 @@ int DecisionCore::lane_count() const {
 
 std::size_t DecisionCore::committed_bytes() const {
   return state_->committed;
+}
+
+std::size_t DecisionCore::persistent_bytes() const {
+  return state_->persistent_total;
+}
+
+std::size_t DecisionCore::pending_bytes() const {
+  return state_->pending_total;
 }
 
 const JobView* DecisionCore::view(JobId job) const {

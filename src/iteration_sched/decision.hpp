@@ -49,6 +49,12 @@ class DecisionCore {
   void wait(JobId job);
   // A running iteration ended `now` (seconds on the caller's clock).
   void finish(JobId job, double now);
+  // A running iteration has done `work_seconds` of its work by `now`. Without this the core takes
+  // the wall time since its start as its progress; a mechanism that knows better (the simulator,
+  // whose iterations slow down under contention) says so before deciding, and memory-aware plans
+  // then predict each running curve from where the iteration really is. Ignored for a job that
+  // is not running; `work_seconds` is clamped to [0, now - start].
+  void progressed(JobId job, double now, double work_seconds);
   // Starts every iteration that may start at `now` under the policy and marks them running.
   Decision decide(double now);
 
@@ -62,6 +68,10 @@ class DecisionCore {
   // Bytes the admitted jobs are accounted for: per lane, sum of persistent + largest ephemeral
   // peak (the memory-aware plan's lanes are the packed ones; its extras use what is left).
   [[nodiscard]] std::size_t committed_bytes() const;
+  // Persistent bytes of the admitted jobs (resident on the device between iterations).
+  [[nodiscard]] std::size_t persistent_bytes() const;
+  // Persistent + ephemeral peak of the registered jobs not admitted yet (what they will ask for).
+  [[nodiscard]] std::size_t pending_bytes() const;
   [[nodiscard]] const JobView* view(JobId job) const;
   [[nodiscard]] std::size_t job_count() const;
 

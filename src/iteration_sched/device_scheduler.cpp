@@ -16,7 +16,6 @@ namespace {
 thread_local JobRecordState* current_job = nullptr;
 
 constexpr std::size_t kCurveSamples = 64;
-constexpr double kEstimateWeight = 0.5;  // weight of the newest measurement
 
 // With harvesting, jobs are admitted against what the device can reach (its own memory, what
 // peers lend, the host); where their pages live is the memory manager's business.
@@ -47,6 +46,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       device_(device),
       policy_(std::move(policy)),
       epoch_(trace_->epoch()),
+      timers_(backend_, device),
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
@@ -108,7 +108,16 @@ void DeviceScheduler::check_usable(const JobRecordState& job, const char* what) 
   }
 }
 
+void DeviceScheduler::check_running(const JobRecordState& job, const char* what) const {
+  check_usable(job, what);
+  if (job.state != JobState::running) {
+    throw InvalidArgument(fmt::format("{}: job '{}' is not inside an iteration (it is {})", what,
+                                      job.spec.name, to_string(job.state)));
+  }
+}
+
 StreamHandle DeviceScheduler::begin(JobRecordState& job) {
+  settle_timings();  // the decisions below see the GPU time of iterations done so far
   std::unique_lock lock(mu_);
   check_usable(job, "begin_iteration");
   if (job.state != JobState::idle) {
@@ -127,17 +136,7 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   core_.wait(job.id);
   wake(run_decisions());
   if (!job.started) prefetch_next(core_.lane_of(job.id));
-  while (!job.started && job.state == JobState::waiting) {
-    if (recheck_at_) {
-      job.wakeup.wait_until(lock, *recheck_at_);
-      if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
-        recheck_at_.reset();
-        wake(run_decisions());
-      }
-    } else {
-      job.wakeup.wait(lock);
-    }
-  }
+  wait_for_start(job, lock);
   if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   const StreamHandle stream = job.stream;
@@ -151,8 +150,14 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
     rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
     throw;
   }
+  // GPU time counts from here, where the stream reaches this iteration's work.
+  const std::optional<IterationTimers::Pair> timer = start_timer(job, stream);
   lock.lock();
-  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  if (job.state == JobState::cancelled) {
+    if (timer) timers_.release(*timer);
+    throw JobCancelled(job.spec.name);
+  }
+  job.timer = timer;
   const auto now = SteadyClock::now();
   const double waited = std::chrono::duration<double>(now - job.wait_started).count();
   job.waiting_seconds += waited;
@@ -163,6 +168,20 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   job.samples.clear();
   current_job = &job;
   return job.stream;
+}
+
+void DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+  while (!job.started && job.state == JobState::waiting) {
+    if (recheck_at_) {
+      job.wakeup.wait_until(lock, *recheck_at_);
+      if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
+        recheck_at_.reset();
+        wake(run_decisions());
+      }
+    } else {
+      job.wakeup.wait(lock);
+    }
+  }
 }
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
@@ -233,13 +252,17 @@ StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_
 }
 
 void DeviceScheduler::end(JobRecordState& job) {
+  settle_timings();
   std::unique_lock lock(mu_);
-  check_usable(job, "end_iteration");
-  if (job.state != JobState::running) {
-    throw InvalidArgument(
-        fmt::format("end_iteration: job '{}' is not inside an iteration (it is {})", job.spec.name,
-                    to_string(job.state)));
-  }
+  check_running(job, "end_iteration");
+  const StreamHandle stream = job.stream;
+  const std::optional<IterationTimers::Pair> timer = job.timer;
+  lock.unlock();
+  // The end event goes on the stream before the decision below lets the next job of this lane
+  // enqueue behind it: only this iteration's work lies between the two events.
+  const bool timed = timer && stop_timer(job, *timer, stream);
+  lock.lock();
+  check_running(job, "end_iteration");  // a cancel meanwhile released the timer
   // The switch first: decide and let the next job in; this iteration's bookkeeping comes after.
   const auto now = SteadyClock::now();
   const double host_seconds = std::chrono::duration<double>(now - job.iteration_started).count();
@@ -250,8 +273,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   if (current_job == &job) current_job = nullptr;
   core_.finish(job.id, seconds_since_start(now));
   const auto to_wake = run_decisions();
-  const StreamHandle stream = job.stream;
-  const SteadyClock::time_point began = job.iteration_started;
+  hand_off_timer(job, timed);
   TraceRecorder::Span span{job.spec.name,
                            device_,
                            std::max(job.lane, 0),
@@ -267,12 +289,8 @@ void DeviceScheduler::end(JobRecordState& job) {
   // thread's bookkeeping below.
   if (!to_wake.empty()) std::this_thread::yield();
 
-  // GPU time: the stream reaches this marker when the iteration's work is done.
-  const JobId id = job.id;
-  backend_->launch_host_func(stream, [sink = marker_sink_, id, stream, began] {
-    std::lock_guard sink_lock(sink->mu);
-    if (sink->scheduler) sink->scheduler->record_gpu_end(id, stream, began, SteadyClock::now());
-  });
+  // The stream reaches this marker once the iteration's work (and its end event) is done.
+  if (timed) launch_marker(stream, timer->end);
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   memory_->promote_ephemeral(job.id);
   const JobMemoryStats mem = memory_->job_stats(job.id);
@@ -283,6 +301,11 @@ void DeviceScheduler::end(JobRecordState& job) {
   lock.unlock();
 
   trace_->span(std::move(span));
+  trace_memory(job, mem, now);
+}
+
+void DeviceScheduler::trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
+                                   SteadyClock::time_point now) {
   const DeviceMemoryStats device = memory_->device_stats(device_);
   constexpr double kMiB = 1 << 20;
   const double at_us = seconds_since_start(now) * 1e6;
@@ -303,31 +326,6 @@ void DeviceScheduler::end(JobRecordState& job) {
                    {{"local_MiB", tier_mib(Tier::local)},
                     {"peer_MiB", tier_mib(Tier::peer)},
                     {"host_MiB", tier_mib(Tier::host)}}});
-}
-
-void DeviceScheduler::record_gpu_end(JobId id, StreamHandle stream, SteadyClock::time_point began,
-                                     SteadyClock::time_point at) {
-  std::lock_guard lock(mu_);
-  // Markers run in stream order, so the previous iteration's marker on this stream has run: the
-  // GPU reached this iteration's work at the later of that and the job's begin. What the previous
-  // job left draining on a shared lane stream is not charged to this one.
-  SteadyClock::time_point& previous_end = stream_reached_[stream.value];
-  const SteadyClock::time_point started = std::max(began, previous_end);
-  previous_end = at;
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  JobRecordState& job = *it->second;
-  const double seconds = std::chrono::duration<double>(at - started).count();
-  job.attained_seconds += seconds;
-  JobProfile& p = job.profile;
-  p.iteration_seconds =
-      p.measured ? (1 - kEstimateWeight) * p.iteration_seconds + kEstimateWeight * seconds
-                 : seconds;
-  p.measured = true;
-  if (job.state == JobState::idle || job.state == JobState::waiting ||
-      job.state == JobState::running) {
-    core_.update(view_of(job));
-  }
 }
 
 void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
@@ -476,6 +474,11 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
       release_slot(job.lane);
     }
     job.state = cancelled ? JobState::cancelled : JobState::left;
+    if (job.timer) {
+      // Re-recording supersedes its pending records, so the pair can serve another job now.
+      timers_.release(*job.timer);
+      job.timer.reset();
+    }
     if (current_job == &job) current_job = nullptr;
     core_.remove(job.id);
     jobs_.erase(job.id);
@@ -494,7 +497,8 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   }
 }
 
-JobStats DeviceScheduler::stats(const JobRecordState& job) const {
+JobStats DeviceScheduler::stats(const JobRecordState& job) {
+  settle_timings();
   JobStats s;
   {
     std::lock_guard lock(mu_);
@@ -522,7 +526,7 @@ StreamHandle DeviceScheduler::stream_of(const JobRecordState& job) const {
   return job.stream;
 }
 
-std::vector<JobStats> DeviceScheduler::all_stats() const {
+std::vector<JobStats> DeviceScheduler::all_stats() {
   std::vector<std::shared_ptr<JobRecordState>> jobs;
   {
     std::lock_guard lock(mu_);

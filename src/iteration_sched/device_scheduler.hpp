@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "iteration_sched/decision.hpp"
+#include "iteration_sched/iteration_timers.hpp"
 #include "iteration_sched/trace.hpp"
 #include "salus/runtime.hpp"
 
@@ -49,7 +50,10 @@ struct JobRecordState {
   double waiting_seconds = 0.0;
   double max_wait_seconds = 0.0;
   SteadyClock::time_point wait_started{};
-  SteadyClock::time_point iteration_started{};
+  SteadyClock::time_point iteration_started{};  // host time: the memory curve's and trace's clock
+  // The running iteration's timing events (its start is recorded on its stream); none when the
+  // backend could not record them.
+  std::optional<IterationTimers::Pair> timer;
   JobProfile profile;
   // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
   std::size_t ephemeral_now = 0;
@@ -92,9 +96,10 @@ class DeviceScheduler {
   // Throws JobCancelled when `id` is a job of this device that was cancelled.
   void throw_if_cancelled(JobId id) const;
 
-  [[nodiscard]] JobStats stats(const JobRecordState& job) const;
+  // Both first charge the GPU time of iterations whose work has finished since.
+  [[nodiscard]] JobStats stats(const JobRecordState& job);
   [[nodiscard]] StreamHandle stream_of(const JobRecordState& job) const;
-  [[nodiscard]] std::vector<JobStats> all_stats() const;
+  [[nodiscard]] std::vector<JobStats> all_stats();
   [[nodiscard]] std::string_view policy_name() const { return policy_->name(); }
   [[nodiscard]] int device() const { return device_; }
 
@@ -102,7 +107,12 @@ class DeviceScheduler {
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
   [[nodiscard]] JobView view_of(const JobRecordState& job) const;
   void check_usable(const JobRecordState& job, const char* what) const;  // with mu_ held
+  // With mu_ held: check_usable, and the job must be inside an iteration.
+  void check_running(const JobRecordState& job, const char* what) const;
   void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
+  // With mu_ held (by `lock`): waits until the core starts the job, or it is cancelled; a waiter
+  // also watches the clock for a decision that asked to be made again later.
+  void wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock);
   // With mu_ held: starts what the core decides; returns the jobs to wake (after unlocking, so
   // they do not wake only to block on mu_).
   std::vector<std::shared_ptr<JobRecordState>> run_decisions();
@@ -112,10 +122,37 @@ class DeviceScheduler {
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();  // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
-  // Runs (as a host function) when `stream` has finished an iteration that began at `began`.
-  void record_gpu_end(JobId job, StreamHandle stream, SteadyClock::time_point began,
-                      SteadyClock::time_point at);
+  // GPU time (gpu_time.cpp). An ended iteration's timer waits in pending_timings_ until its
+  // stream reaches the end-of-iteration marker (timing_reached, a host function), then the next
+  // settle_timings reads it and charges the job. Reading happens on an ordinary thread, never in
+  // the marker: CUDA forbids driver calls inside host functions.
+  struct PendingTiming {
+    std::shared_ptr<JobRecordState> job;
+    IterationTimers::Pair timer;
+    bool reached = false;  // the stream ran the marker behind the end event
+  };
+  // Takes mu_, then calls the backend without it.
+  void settle_timings();
+  // Takes mu_: the marker for the timer whose end event is `end` has run.
+  void timing_reached(EventHandle end);
+  // With mu_ held: adds one iteration's GPU time to the job's attained time and profile.
+  void charge_gpu_time(JobRecordState& job, double seconds);
+  // A timer whose start is recorded on `stream` (no lock held); none when the backend refused,
+  // and the iteration is then not measured.
+  std::optional<IterationTimers::Pair> start_timer(const JobRecordState& job, StreamHandle stream);
+  // Records the end event of the job's timer on `stream` (no lock held); false when the backend
+  // refused, and the iteration is then not measured.
+  bool stop_timer(const JobRecordState& job, const IterationTimers::Pair& timer,
+                  StreamHandle stream);
+  // With mu_ held, as the job's iteration ends: its timer waits to be read when `timed` (its end
+  // event was recorded), else goes back to the pool.
+  void hand_off_timer(JobRecordState& job, bool timed);
+  // After end() let the next job in: the marker behind the end event, on `stream`.
+  void launch_marker(StreamHandle stream, EventHandle end);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
+  // The memory counters of the trace, as an iteration of `job` ends at `now`.
+  void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
+                    SteadyClock::time_point now);
   void finish_profile(JobRecordState& job, double host_seconds,
                       const std::vector<std::pair<double, std::size_t>>& samples,
                       std::size_t persistent_bytes);
@@ -126,6 +163,7 @@ class DeviceScheduler {
   const int device_;
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
+  IterationTimers timers_;  // its own lock
 
   // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.
   // Markers hold the sink, not the scheduler, so the last reference to a scheduler is never
@@ -145,8 +183,7 @@ class DeviceScheduler {
   std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job
   std::unordered_map<std::uint64_t, JobId> bound_streams_;      // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
-  // When each lane stream last finished an iteration's work (its end marker ran).
-  std::unordered_map<std::uint64_t, SteadyClock::time_point> stream_reached_;
+  std::vector<PendingTiming> pending_timings_;  // ended iterations whose GPU time is not read yet
   std::uint64_t arrivals_ = 0;
 };
 

@@ -128,6 +128,9 @@ CUresult fake_cuEventQuery(CUevent event) {
 CUresult fake_cuEventSynchronize(CUevent event) {
   return forward([&](auto& s) { return s.event_synchronize(event); });
 }
+CUresult fake_cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
+  return forward([&](auto& s) { return s.event_elapsed_time(milliseconds, start, end); });
+}
 CUresult fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
   return forward([&](auto& s) { return s.launch_host_func(stream, fn, user_data); });
 }
@@ -183,6 +186,9 @@ void FakeDriver::hold_events(bool hold) {
 }
 void FakeDriver::complete_events() {
   state_->complete_events();
+}
+void FakeDriver::advance_clock(double milliseconds) {
+  state_->advance_clock(milliseconds);
 }
 std::uint64_t FakeDriver::enqueue_work(CUstream stream, DevicePtr va, std::size_t bytes) {
   return state_->enqueue_work(stream, va, bytes);

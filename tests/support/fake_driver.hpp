@@ -22,6 +22,10 @@
 //  - cuEventRecord captures the stream's work so far: the event is complete once that is (never
 //    recorded, or recorded on an idle stream: complete). cuEventQuery says CUDA_ERROR_NOT_READY
 //    while it is pending.
+//  - The fake GPU has a clock that only the test moves (advance_clock). A record completes at the
+//    clock's reading then, and cuEventElapsedTime reports the clock time between two completed
+//    records: CUDA_ERROR_NOT_READY while one is pending, CUDA_ERROR_INVALID_HANDLE for an event
+//    never recorded or created with CU_EVENT_DISABLE_TIMING, as the driver does.
 //  - cuEventSynchronize and cuStreamSynchronize model the host waiting until the GPU got there:
 //    what they wait for completes at once, with everything it depends on. Nothing in the fake
 //    ever blocks, so neither a wait nor tearing the fake down can hang on unfinished work.
@@ -120,6 +124,8 @@ class FakeDriver {
   void hold_events(bool hold);
   // Releases every held marker; each completes once the work before it has.
   void complete_events();
+  // Moves the fake GPU's clock on (see the top of this file).
+  void advance_clock(double milliseconds);
 
   // --- queued work (see the top of this file) ---
   // Enqueues a kernel on `stream` (nullptr or StreamHandle{0}: the legacy stream) that reads and

@@ -61,6 +61,7 @@ class FakeDriver::State {
   CUresult event_record(CUevent event, CUstream stream);
   CUresult event_query(CUevent event);
   CUresult event_synchronize(CUevent event);
+  CUresult event_elapsed_time(float* milliseconds, CUevent start, CUevent end);
   CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
   CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
 
@@ -69,6 +70,7 @@ class FakeDriver::State {
   void set_peer(int from, int to, FakePeerConfig peer);
   void hold_events(bool hold);
   void complete_events();
+  void advance_clock(double milliseconds);
   std::uint64_t enqueue_work(CUstream stream, CUdeviceptr va, std::size_t bytes);
   void finish_work(std::uint64_t id);
   void finish_all_work();
@@ -104,6 +106,8 @@ class FakeDriver::State {
   struct Event {
     int device = 0;
     std::uint64_t captured = 0;  // the item its last record captured; 0: none (complete)
+    bool timing = false;         // created without CU_EVENT_DISABLE_TIMING
+    bool recorded = false;
   };
   // One entry of a stream's queue (fake_driver_work.cpp).
   enum class ItemKind : std::uint8_t { kernel, copy, wait, record };
@@ -154,6 +158,8 @@ class FakeDriver::State {
                         std::uint64_t also = 0, bool held = false);
   // Finishes every auto-completing item (not a kernel, not held) whose predecessors are done.
   void settle();
+  // Erases a finished item; a record's completion time is kept for cuEventElapsedTime.
+  std::map<std::uint64_t, Item>::iterator retire(std::map<std::uint64_t, Item>::iterator it);
   // The host waited for `id`: it finishes with everything it follows, transitively.
   void complete(std::uint64_t id);
   // The host waited for `stream`'s work so far (the legacy stream's includes blocking streams').
@@ -188,6 +194,9 @@ class FakeDriver::State {
   std::map<std::uintptr_t, Event> events_;
   std::uintptr_t next_object_ = 0x10000;
   bool hold_events_ = false;
+  double clock_ms_ = 0.0;  // the fake GPU's clock (advance_clock)
+  // Completion times of finished records that an event's last record captured (item -> ms).
+  std::map<std::uint64_t, double> record_times_;
   std::map<std::uint64_t, Item> items_;            // unfinished items, in enqueue order
   std::uint64_t next_item_ = 1;                    // ids are never reused
   std::map<std::uintptr_t, std::uint64_t> tails_;  // stream (0: legacy) -> its last item

@@ -91,7 +91,7 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
     const int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
     next_object_ += 0x10;
-    events_.emplace(next_object_, Event{device, 0});
+    events_.emplace(next_object_, Event{device, 0, (flags & CU_EVENT_DISABLE_TIMING) == 0, false});
     *event = std::bit_cast<CUevent>(next_object_);
     return CUDA_SUCCESS;
   });
@@ -99,8 +99,11 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
 
 CUresult FakeDriver::State::event_destroy(CUevent event) {
   return run("cuEventDestroy", {as_int(event)}, [&] {
-    return events_.erase(std::bit_cast<std::uintptr_t>(event)) == 1 ? CUDA_SUCCESS
-                                                                    : CUDA_ERROR_INVALID_HANDLE;
+    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    record_times_.erase(it->second.captured);
+    events_.erase(it);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -110,7 +113,9 @@ CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
     if (it == events_.end() || !valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     // The record is an item of its own: it completes after the stream's work so far (at once on
     // an idle stream), or when released, while events are held.
+    record_times_.erase(it->second.captured);  // nothing reads the previous record any more
     it->second.captured = enqueue(ItemKind::record, stream, {}, 0, hold_events_);
+    it->second.recorded = true;
     return CUDA_SUCCESS;
   });
 }
@@ -128,6 +133,24 @@ CUresult FakeDriver::State::event_synchronize(CUevent event) {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     complete(it->second.captured);  // the wait is over: the GPU got there
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::event_elapsed_time(float* milliseconds, CUevent start, CUevent end) {
+  return run("cuEventElapsedTime", {as_int(start), as_int(end)}, [&] {
+    if (milliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto from = events_.find(std::bit_cast<std::uintptr_t>(start));
+    const auto to = events_.find(std::bit_cast<std::uintptr_t>(end));
+    if (from == events_.end() || to == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    for (const auto* e : {&from->second, &to->second}) {
+      if (!e->timing || !e->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (!finished(from->second.captured) || !finished(to->second.captured)) {
+      return CUDA_ERROR_NOT_READY;
+    }
+    *milliseconds = static_cast<float>(record_times_.at(to->second.captured) -
+                                       record_times_.at(from->second.captured));
     return CUDA_SUCCESS;
   });
 }

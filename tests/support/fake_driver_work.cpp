@@ -59,7 +59,7 @@ void FakeDriver::State::settle() {
     const bool runs_alone = item.kind != ItemKind::kernel && !item.held;
     if (runs_alone && std::all_of(item.after.begin(), item.after.end(),
                                   [&](std::uint64_t id) { return finished(id); })) {
-      it = items_.erase(it);
+      it = retire(it);
     } else {
       ++it;
     }
@@ -73,9 +73,15 @@ void FakeDriver::State::complete(std::uint64_t id) {
     todo.pop_back();
     if (it == items_.end()) continue;
     todo.insert(todo.end(), it->second.after.begin(), it->second.after.end());
-    items_.erase(it);
+    retire(it);
   }
   settle();
+}
+
+std::map<std::uint64_t, FakeDriver::State::Item>::iterator FakeDriver::State::retire(
+    std::map<std::uint64_t, Item>::iterator it) {
+  if (it->second.kind == ItemKind::record) record_times_[it->first] = clock_ms_;
+  return items_.erase(it);
 }
 
 void FakeDriver::State::complete_stream(CUstream stream) {
@@ -164,7 +170,12 @@ void FakeDriver::State::finish_work(std::uint64_t id) {
 
 void FakeDriver::State::finish_all_work() {
   const std::scoped_lock lock(mutex_);
-  items_.clear();
+  for (auto it = items_.begin(); it != items_.end();) it = retire(it);
+}
+
+void FakeDriver::State::advance_clock(double milliseconds) {
+  const std::scoped_lock lock(mutex_);
+  clock_ms_ += milliseconds;
 }
 
 bool FakeDriver::State::work_finished(std::uint64_t id) const {

@@ -1,0 +1,128 @@
+// SimBackend events: records (markers on a stream that capture its busy clock and the time),
+// queries, waits and the elapsed time between timing events.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "cuda/sim_stream.hpp"
+
+namespace salus::sim {
+
+SimBackend::EventCapture SimBackend::timing_capture(const std::shared_ptr<Event>& ev,
+                                                    EventHandle handle, const char* role) {
+  std::lock_guard lock(ev->mutex);
+  if (!ev->timing) {
+    throw InvalidArgument(fmt::format(
+        "elapsed_seconds: {} event {} was created without timing (use create_timing_event)", role,
+        handle.value));
+  }
+  if (ev->recorded == 0) {
+    throw InvalidArgument(
+        fmt::format("elapsed_seconds: {} event {} was never recorded", role, handle.value));
+  }
+  if (!ev->done()) {
+    throw DeviceError("cuEventElapsedTime", "CUDA_ERROR_NOT_READY", kCudaErrorNotReady,
+                      fmt::format("the {} event {} has not completed yet", role, handle.value));
+  }
+  return *ev->last;
+}
+
+std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) const {
+  std::lock_guard lock(stream_mutex_);
+  auto it = events_.find(event.value);
+  if (it == events_.end()) {
+    throw InvalidArgument(
+        fmt::format("unknown event {} (never created or destroyed)", event.value));
+  }
+  return it->second;
+}
+
+EventHandle SimBackend::make_event(int device, bool timing, const char* what) {
+  check_device(device, what);
+  std::lock_guard lock(stream_mutex_);
+  const std::uint64_t id = next_event_++;
+  events_.emplace(id, std::make_shared<Event>(device, timing));
+  return EventHandle{id};
+}
+
+EventHandle SimBackend::create_event(int device) {
+  return make_event(device, false, "create_event");
+}
+
+EventHandle SimBackend::create_timing_event(int device) {
+  return make_event(device, true, "create_timing_event");
+}
+
+void SimBackend::destroy_event(EventHandle event) {
+  // Pending records and waits hold their own reference, so they still complete.
+  std::lock_guard lock(stream_mutex_);
+  if (events_.erase(event.value) == 0) {
+    throw InvalidArgument(fmt::format("destroy_event: unknown event {}", event.value));
+  }
+}
+
+void SimBackend::record_event(EventHandle event, StreamHandle stream) {
+  auto ev = event_for(event);
+  auto target = stream_for(stream, ev->device);
+  // Holding the event lock across push keeps generations in record order and lets a refused
+  // push leave the event untouched.
+  std::lock_guard lock(ev->mutex);
+  const std::uint64_t generation = ev->recorded + 1;
+  // The marker runs on `on`'s worker, which outlives it (a raw pointer: a stream's queue must not
+  // own the stream). It reads the busy clock there, where only that thread writes it.
+  target->push([ev, generation, on = target.get()](std::stop_token) {
+    const EventCapture capture{on->device, on->id, on->busy_seconds(),
+                               std::chrono::steady_clock::now()};
+    {
+      std::lock_guard done(ev->mutex);
+      // Records on different streams may complete out of order; the newest one counts.
+      if (generation > ev->completed) {
+        ev->completed = generation;
+        ev->last = capture;
+      }
+    }
+    ev->cv.notify_all();
+  });
+  ev->recorded = generation;
+}
+
+bool SimBackend::query_event(EventHandle event) {
+  auto ev = event_for(event);
+  std::lock_guard lock(ev->mutex);
+  return ev->done();
+}
+
+void SimBackend::synchronize_event(EventHandle event) {
+  auto ev = event_for(event);
+  std::unique_lock lock(ev->mutex);
+  const std::uint64_t target = ev->recorded;
+  ev->cv.wait(lock, [&] { return ev->completed >= target; });
+}
+
+void SimBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+  auto ev = event_for(event);
+  auto waiter = stream_for(stream, device);
+  std::lock_guard lock(ev->mutex);
+  // The wait is for the record captured now; later records must not move it (as in CUDA).
+  const std::uint64_t target = ev->recorded;
+  if (ev->completed >= target) return;
+  waiter->push([ev, target](std::stop_token st) {
+    std::unique_lock wait_lock(ev->mutex);
+    // Shutdown (a stop request) releases the wait even if the event never completes.
+    ev->cv.wait(wait_lock, st, [&] { return ev->completed >= target; });
+  });
+}
+
+double SimBackend::elapsed_seconds(EventHandle start, EventHandle end) {
+  const EventCapture from = timing_capture(event_for(start), start, "start");
+  const EventCapture to = timing_capture(event_for(end), end, "end");
+  if (from.device == to.device && from.stream == to.stream) {
+    // One stream: the device time its kernels and copies took in between.
+    return to.busy_seconds - from.busy_seconds;
+  }
+  return std::chrono::duration<double>(to.at - from.at).count();
+}
+
+}  // namespace salus::sim

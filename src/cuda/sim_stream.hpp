@@ -1,0 +1,76 @@
+// Internal: the sim backend's streams and events, shared by sim_streams.cpp and sim_events.cpp.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <thread>
+
+#include "cuda/sim_backend.hpp"
+
+namespace salus::sim {
+
+// One worker thread running the stream's tasks in order.
+struct SimBackend::Stream {
+  // `id` is the stream's handle value (0 for a device's default stream); ids are never reused.
+  Stream(int device_index, int priority_value, std::uint64_t id_value);
+
+  // Throws when the stream is being destroyed: its worker may already have left.
+  void push(Task task);
+  [[nodiscard]] bool idle();
+  void synchronize();
+  // Runs what is queued, then joins. With `cancel_waits`, event waits give up at once (shutdown).
+  void close(bool cancel_waits);
+  void join();
+
+  // The stream's busy clock: seconds it has spent running kernels and copies (not host functions,
+  // not waits for other streams). Only tasks touch it, and they all run on the worker thread, so
+  // it needs no lock: read it from a task of this stream.
+  [[nodiscard]] double busy_seconds() const noexcept { return busy; }
+  void add_busy(double seconds) noexcept { busy += seconds; }
+
+  const int device;
+  const int priority;  // recorded only: host threads have no GPU scheduler to honour it
+  const std::uint64_t id;
+
+ private:
+  void run(const std::stop_token& st);
+
+  std::mutex mutex;
+  std::condition_variable_any work_cv;
+  std::condition_variable done_cv;
+  std::deque<Task> queue;
+  std::uint64_t enqueued = 0;
+  std::uint64_t completed = 0;
+  bool closing = false;
+  double busy = 0.0;    // worker thread only (see busy_seconds)
+  std::jthread worker;  // last: starts once the state above exists, joins before it goes
+};
+
+// Where and when a stream reached an event's record.
+struct SimBackend::EventCapture {
+  int device = 0;
+  std::uint64_t stream = 0;   // Stream::id
+  double busy_seconds = 0.0;  // the stream's busy clock then
+  std::chrono::steady_clock::time_point at{};
+};
+
+// Generation counters: each record bumps `recorded`; the marker's task raises `completed`.
+struct SimBackend::Event {
+  Event(int device_index, bool timing_event) : device(device_index), timing(timing_event) {}
+  [[nodiscard]] bool done() const { return completed >= recorded; }
+
+  const int device;
+  const bool timing;  // made by create_timing_event: elapsed_seconds may read it
+  std::mutex mutex;   // guards everything below
+  std::condition_variable_any cv;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+  std::optional<EventCapture> last;  // of the newest completed record
+};
+
+}  // namespace salus::sim
