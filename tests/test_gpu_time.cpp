@@ -19,6 +19,7 @@
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 #include "support/fake_driver.hpp"
+#include "support/expect_throw.hpp"
 
 namespace salus {
 namespace {
@@ -26,15 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-template <class E, class F>
-void expect_throw_with(F&& f, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning '" << needle << "'";
-  } catch (const E& e) {
-    EXPECT_THAT(e.what(), HasSubstr(std::string(needle)));
-  }
-}
+using salus::test_support::expect_throw_with;
 
 std::shared_ptr<DeviceBackend> sim(bool throttle_copies = false) {
   SimConfig config = SimConfig::uniform(1, 512 * MiB);

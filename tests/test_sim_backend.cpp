@@ -16,11 +16,11 @@
 
 #include "cuda/sim_backend.hpp"
 #include "salus/sim.hpp"
+#include "support/expect_throw.hpp"
 
 namespace salus::sim {
 namespace {
 
-using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 constexpr std::size_t kPage = 2 * MiB;
@@ -33,15 +33,7 @@ constexpr bool kSlowMemcpy = true;
 constexpr bool kSlowMemcpy = false;
 #endif
 
-template <class E, class F>
-void expect_throw_with(F&& f, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning '" << needle << "'";
-  } catch (const E& e) {
-    EXPECT_THAT(e.what(), HasSubstr(std::string(needle)));
-  }
-}
+using salus::test_support::expect_throw_with;
 
 std::shared_ptr<SimBackend> make(SimConfig config) {
   auto backend = std::dynamic_pointer_cast<SimBackend>(make_sim_backend(std::move(config)));

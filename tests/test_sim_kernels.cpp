@@ -19,24 +19,16 @@
 #include "cuda/cuda_backend.hpp"
 #include "salus/sim.hpp"
 #include "support/fake_driver.hpp"
+#include "support/expect_throw.hpp"
 
 namespace salus {
 namespace {
 
-using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 constexpr double kTolerance = 0.015;  // seconds
 
-template <class E, class F>
-void expect_throw_with(F&& f, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning '" << needle << "'";
-  } catch (const E& e) {
-    EXPECT_THAT(e.what(), HasSubstr(std::string(needle)));
-  }
-}
+using salus::test_support::expect_throw_with;
 
 std::shared_ptr<DeviceBackend> sim(const std::string& contention = "processor_sharing",
                                    int devices = 1) {

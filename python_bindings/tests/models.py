@@ -8,42 +8,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-
-class SmallCnn(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
-
-
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 128, dim: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=128, dropout=0.0,
-                                           batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)))
-
-
-class LstmLm(nn.Module):
-    def __init__(self, vocab: int = 128, dim: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embed(tokens))
-        return self.head(out)
+# The models are the harness's (salus-bench torch mode): one definition of each.
+from salus.bench.torch_models import LstmLm, SmallCnn, TinyTransformer
 
 
 @dataclass

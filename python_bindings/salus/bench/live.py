@@ -8,7 +8,6 @@ measured back into simulated seconds and bytes, so their results read like the s
 
 from __future__ import annotations
 
-import inspect
 import math
 import threading
 import time
@@ -26,27 +25,6 @@ from .jobs import JobSpec
 from .results import DeviceResult, JobResult, Timeline, VariantResult
 
 PAGE = 2 << 20
-# Whether the installed salus can wait for a job's stream (else live.py paces by time).
-HAS_SYNC = hasattr(salus.Job, "synchronize")
-
-
-def missing_features() -> list[str]:
-    """What the installed salus lacks for running jobs on simulated compute."""
-    missing = []
-    if not hasattr(salus.Job, "sim_kernel"):
-        missing.append("salus.Job.sim_kernel (simulated kernels on a job's stream)")
-    if not hasattr(salus.Runtime, "device_activity"):
-        missing.append("salus.Runtime.device_activity (what a simulated device's compute did)")
-    if "contention" not in inspect.signature(salus.Runtime.__init__).parameters:
-        missing.append("salus.Runtime(contention=...)")
-    return missing
-
-
-def check_features(exp: Experiment, mode: str) -> None:
-    missing = missing_features()
-    if missing:
-        raise ModeNotSupported(exp.name, mode, "this build of salus lacks "
-                               + ", ".join(missing) + ": reinstall it from a newer checkout")
 
 
 def devices_for(exp: Experiment, mode: str, variant: Variant,
@@ -142,36 +120,18 @@ class LiveRun:
         """One iteration: waits for the job's turn, runs the body, waits until the GPU got
         through the iteration's work, and times it as a request (asked to end)."""
         asked = self.now()
-        attained = job.handle.stats().attained_seconds if not HAS_SYNC else 0.0
         with job.handle.iteration() as it:
             if math.isnan(job.first_start):
                 job.first_start = self.now()
             yield it
-            if HAS_SYNC:
-                job.handle.synchronize()
-        if not HAS_SYNC:
-            self._await_gpu(job, attained)
+            job.handle.synchronize()
         if job.spec.kind == "inference":
             job.latencies.append(self.now() - asked)
 
-    def wait_for_gpu(self, job: LiveJob, seconds: float) -> None:
-        """Inside an iteration, after enqueuing ``seconds`` (real) of kernels: waits for the
-        job's stream, so that what the host does next (freeing activations in backward)
-        happens at GPU pace. Without Job.synchronize in this build, waits ``seconds``: the
-        pace of the GPU when nothing else runs."""
-        if HAS_SYNC:
-            job.handle.synchronize()
-        elif seconds > 0:
-            time.sleep(seconds)
-
-    def _await_gpu(self, job: LiveJob, attained_before: float) -> None:
-        """Without Job.synchronize: the runtime charges an iteration's GPU time once the
-        stream got through its work, so its attained time growing says the work is done."""
-        deadline = time.monotonic() + 60.0
-        while job.handle.stats().attained_seconds <= attained_before:
-            if time.monotonic() > deadline:
-                raise Error(f"job {job.spec.name}: the GPU never finished an iteration's work")
-            time.sleep(0.0005)
+    def wait_for_gpu(self, job: LiveJob) -> None:
+        """Inside an iteration, after enqueuing kernels: waits for the job's stream, so that
+        what the host does next (freeing activations in backward) happens at GPU pace."""
+        job.handle.synchronize()
 
     def think(self, job: LiveJob) -> None:
         if job.spec.think_seconds > 0:

@@ -45,9 +45,9 @@ class Summary:
                 self.notes.append(
                     f"{r.variant.label}: the jobs' combined memory was over the GPU's budget for "
                     f"{over:.3g} s (peak {peak:.2f} GiB of "
-                    f"{self.experiment.gpu_memory / (1 << 30):g} GiB): the plan predicted memory "
-                    "from the time since an iteration started, and contention stretched "
-                    "iterations; the real mechanism would wait for memory or fail there")
+                    f"{self.experiment.gpu_memory / (1 << 30):g} GiB): the scheduler's prediction "
+                    "of the running iterations' memory missed there; the real mechanism "
+                    "would wait for memory or fail")
             failed = [j for j in r.jobs if j.error]
             if failed:
                 self.notes.append(f"{r.variant.label}: {len(failed)} job(s) failed and are left "

@@ -17,13 +17,12 @@ from typing import Callable
 
 from .experiment import Experiment, Variant
 from .jobs import JobSet
-from .live import HAS_SYNC, LiveJob, LiveRun, check_features, devices_for, scaled_for_run
+from .live import LiveJob, LiveRun, devices_for, scaled_for_run
 from .results import VariantResult, trace_name
 
 
 def run_variants(exp: Experiment, jobset: JobSet, variants: list[Variant], folder: Path,
                  progress: Callable[[str], None]) -> tuple[list[VariantResult], list[str]]:
-    check_features(exp, "run")
     cfg = exp.section("run")
     time_scale = float(cfg.get("time_scale", 0.01))
     memory_scale = float(cfg.get("memory_scale", 1 / 256))
@@ -48,11 +47,6 @@ def run_variants(exp: Experiment, jobset: JobSet, variants: list[Variant], folde
              "coarsened to the same work in fewer steps, inference jobs answer fewer requests)",
              "host overhead (Python threads on this machine) adds to each iteration's time, "
              "more so the smaller the time scale"]
-    if not HAS_SYNC:
-        notes.append("this build of salus cannot wait for a job's stream (no Job.synchronize):"
-                     " within an iteration the host frees activations at the pace of the GPU "
-                     "alone, and waits for the GPU at the end of each iteration by watching "
-                     "the job's attained GPU time")
     return results, notes
 
 
@@ -75,10 +69,10 @@ def _train(run: LiveRun, job: LiveJob, layers: int) -> None:
                 if block:
                     activations.append(handle.allocate(block))  # inside: ephemeral
                 handle.sim_kernel(forward, spec.occupancy)
-                run.wait_for_gpu(job, forward)
+                run.wait_for_gpu(job)
             for _layer in range(layers):
                 handle.sim_kernel(backward, spec.occupancy)
-                run.wait_for_gpu(job, backward)
+                run.wait_for_gpu(job)
                 if activations:
                     handle.deallocate(activations.pop())
         run.think(job)

@@ -110,19 +110,11 @@ def run(experiment: str, mode: str, *, out: Optional[Path] = None, seed: int = D
 
 
 def _preflight(exp: Experiment, mode: str) -> None:
-    """Says now, before any output, when this build of salus cannot run the mode."""
-    if mode == "simulate":
-        from .simulate import check_simulator
-
-        check_simulator(exp)
-    elif exp.is_harvesting:
+    """Says now, before any output, when the harvesting study cannot run (its binary)."""
+    if exp.is_harvesting:
         from .harvest import check_harvest
 
         check_harvest(exp, mode)
-    else:
-        from .live import check_features
-
-        check_features(exp, mode)
 
 
 def _run_mode(exp: Experiment, mode: str, jobset: JobSet, variants: list[Variant],

@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from .. import _salus
-from .errors import ModeNotSupported
 from .experiment import Experiment, Variant
 from .jobs import JobSet, JobSpec
 from .results import DeviceResult, JobResult, Timeline, VariantResult
@@ -19,19 +18,9 @@ from .results import DeviceResult, JobResult, Timeline, VariantResult
 Progress = Callable[[str], None]
 
 
-def check_simulator(exp: Experiment) -> Any:
-    """The native simulator, or ModeNotSupported when this build has none."""
-    simulate = getattr(_salus, "simulate", None)
-    if simulate is None:
-        raise ModeNotSupported(exp.name, "simulate", "this build of salus has no "
-                               "salus._salus.simulate: reinstall the package from a checkout "
-                               "that has the discrete-event simulator bound")
-    return simulate
-
-
 def simulate_variants(exp: Experiment, jobset: JobSet, variants: list[Variant],
                       progress: Optional[Progress] = None) -> list[VariantResult]:
-    simulate = check_simulator(exp)
+    simulate = _salus.simulate
     out = []
     for variant in variants:
         if progress is not None:

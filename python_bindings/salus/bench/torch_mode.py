@@ -18,14 +18,13 @@ from typing import Callable
 from .errors import ModeNotSupported
 from .experiment import Experiment, Variant
 from .jobs import JobSet, JobSpec
-from .live import LiveJob, LiveRun, check_features, devices_for, scaled_for_run
+from .live import LiveJob, LiveRun, devices_for, scaled_for_run
 from .results import VariantResult, trace_name
 
 
 def torch_variants(exp: Experiment, jobset: JobSet, variants: list[Variant], folder: Path,
                    seed: int, progress: Callable[[str], None],
                    ) -> tuple[list[VariantResult], list[str]]:
-    check_features(exp, "torch")
     try:
         import torch
     except ImportError as e:
