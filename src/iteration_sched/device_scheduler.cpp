@@ -292,8 +292,14 @@ void DeviceScheduler::end(JobRecordState& job) {
   // The stream reaches this marker once the iteration's work (and its end event) is done.
   if (timed) launch_marker(stream, timer->end);
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
-  memory_->promote_ephemeral(job.id);
-  const JobMemoryStats mem = memory_->job_stats(job.id);
+  JobMemoryStats mem;
+  try {
+    memory_->promote_ephemeral(job.id);
+    mem = memory_->job_stats(job.id);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(job);  // cancelled since it became idle above: its memory is gone
+    throw;
+  }
   lock.lock();
   finish_profile(job, host_seconds, samples,
                  mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
