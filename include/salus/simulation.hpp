@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -183,6 +184,9 @@ class SALUS_API Simulation {
 // row is malformed.
 [[nodiscard]] SALUS_API std::vector<SimJob> jobs_from_workloads_csv(
     const std::string& path, std::uint64_t max_iterations = 0);
+// The same from a stream (a file's contents or a string); messages name `source`.
+[[nodiscard]] SALUS_API std::vector<SimJob> jobs_from_workloads_csv(
+    std::istream& in, std::uint64_t max_iterations = 0, const std::string& source = "<stream>");
 
 // The same job in at most `max_steps` longer iterations ("steps") of iteration_seconds *
 // iterations / steps each: its total work and memory curve shape are kept, the number of

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -67,6 +68,18 @@ void require(const void* ptr, const char* what);
 // names it). Later versions will accept the sizes of earlier ones.
 void require_struct_size(std::size_t given, std::size_t expected, const char* type,
                          const char* call);
+
+// The int a C caller stored in an enum field or argument. The C ABI's enums take any int (see
+// c_api.h), but in C++ an enum whose enumerators are all >= 0 cannot hold a negative value:
+// reading one as the enum is undefined (UBSan's -fsanitize=enum; found by fuzz_runtime_options).
+// So the C ABI reads its enums' bytes as an int and compares ints.
+template <class Enum>
+int enum_value(const Enum& field) noexcept {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
 
 inline StreamHandle stream_of(const void* native) {
   return StreamHandle{reinterpret_cast<std::uintptr_t>(native)};

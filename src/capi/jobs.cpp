@@ -12,9 +12,10 @@ salus::JobSpec job_spec(const salus_job_spec& s) {
   salus::capi::require_struct_size(s.struct_size, sizeof(salus_job_spec), "salus_job_spec",
                                    "salus_job_add");
   require(s.name, "salus_job_add: spec->name");
-  if (s.kind != SALUS_JOB_TRAINING && s.kind != SALUS_JOB_INFERENCE) {
+  const int kind = salus::capi::enum_value(s.kind);
+  if (kind != SALUS_JOB_TRAINING && kind != SALUS_JOB_INFERENCE) {
     throw salus::InvalidArgument(
-        fmt::format("salus_job_add: kind {} is not a salus_job_kind", static_cast<int>(s.kind)));
+        fmt::format("salus_job_add: kind {} is not a salus_job_kind", kind));
   }
   if (s.hint_iteration_seconds < 0.0 || !(s.hint_iteration_seconds == s.hint_iteration_seconds)) {
     throw salus::InvalidArgument("salus_job_add: hint_iteration_seconds must be >= 0");
@@ -22,7 +23,7 @@ salus::JobSpec job_spec(const salus_job_spec& s) {
   const auto limit = [](std::size_t bytes) { return bytes == 0 ? salus::kUnlimited : bytes; };
   salus::JobSpec spec;
   spec.name = s.name;
-  spec.kind = s.kind == SALUS_JOB_INFERENCE ? salus::JobKind::inference : salus::JobKind::training;
+  spec.kind = kind == SALUS_JOB_INFERENCE ? salus::JobKind::inference : salus::JobKind::training;
   spec.priority = s.priority;
   spec.device = s.device;
   spec.expected_iterations = s.expected_iterations;

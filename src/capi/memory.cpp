@@ -12,7 +12,8 @@ using salus::capi::stream_of;
 
 namespace {
 
-std::optional<salus::Lifetime> lifetime_of(salus_lifetime lifetime) {
+std::optional<salus::Lifetime> lifetime_of(salus_lifetime given) {
+  const int lifetime = salus::capi::enum_value(given);
   switch (lifetime) {
     case SALUS_PERSISTENT: return salus::Lifetime::persistent;
     case SALUS_EPHEMERAL: return salus::Lifetime::ephemeral;
@@ -21,7 +22,7 @@ std::optional<salus::Lifetime> lifetime_of(salus_lifetime lifetime) {
   }
   throw salus::InvalidArgument(fmt::format(
       "salus_allocate: lifetime {} is not SALUS_PERSISTENT, SALUS_EPHEMERAL or SALUS_LIFETIME_AUTO",
-      static_cast<int>(lifetime)));
+      lifetime));
 }
 
 // An explicit job that this handle cancelled is reported as cancelled, not unknown (the

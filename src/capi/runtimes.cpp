@@ -44,7 +44,8 @@ salus::SimConfig sim_config(const salus_runtime_options& o) {
   }
   if (o.sim_device_memory_bytes == 0) throw salus::InvalidArgument("sim_device_memory_bytes is 0");
   const std::size_t bytes = o.sim_device_memory_bytes;
-  switch (o.sim_topology) {
+  const int topology = salus::capi::enum_value(o.sim_topology);
+  switch (topology) {
     case SALUS_SIM_NO_LINKS: return salus::SimConfig::uniform(n, bytes);
     case SALUS_SIM_NVLINK_MESH: return salus::SimConfig::nvlink_mesh(n, bytes);
     case SALUS_SIM_TWO_ISLANDS:
@@ -57,7 +58,7 @@ salus::SimConfig sim_config(const salus_runtime_options& o) {
     default: break;
   }
   throw salus::InvalidArgument(
-      fmt::format("sim_topology {} is not a salus_sim_topology", static_cast<int>(o.sim_topology)));
+      fmt::format("sim_topology {} is not a salus_sim_topology", topology));
 }
 
 salus::RuntimeOptions runtime_options(const salus_runtime_options& o) {
@@ -67,13 +68,14 @@ salus::RuntimeOptions runtime_options(const salus_runtime_options& o) {
   limits.assign(std::begin(o.device_limits), std::end(o.device_limits));
   while (!limits.empty() && limits.back() == 0) limits.pop_back();
   auto& harvest = options.memory.harvest;
-  switch (o.spill) {
+  const int spill = salus::capi::enum_value(o.spill);
+  switch (spill) {
     case SALUS_SPILL_NONE: harvest.spill = salus::SpillPolicy::none; break;
     case SALUS_SPILL_HOST_ONLY: harvest.spill = salus::SpillPolicy::host_only; break;
     case SALUS_SPILL_PEER_THEN_HOST: harvest.spill = salus::SpillPolicy::peer_then_host; break;
     default:
       throw salus::InvalidArgument(
-          fmt::format("spill {} is not a salus_spill_policy", static_cast<int>(o.spill)));
+          fmt::format("spill {} is not a salus_spill_policy", spill));
   }
   if (o.lend_reserve_bytes != SALUS_DEFAULT_SIZE) harvest.lend_reserve_bytes = o.lend_reserve_bytes;
   if (o.host_limit_bytes != SALUS_DEFAULT_SIZE) harvest.host_limit_bytes = o.host_limit_bytes;
@@ -81,14 +83,15 @@ salus::RuntimeOptions runtime_options(const salus_runtime_options& o) {
 }
 
 std::shared_ptr<salus::DeviceBackend> backend_for(const salus_runtime_options& o) {
-  switch (o.backend) {
+  const int backend = salus::capi::enum_value(o.backend);
+  switch (backend) {
     case SALUS_BACKEND_AUTO: return salus::make_default_backend(sim_config(o));
     case SALUS_BACKEND_CUDA: return salus::make_cuda_backend();
     case SALUS_BACKEND_SIM: return salus::make_sim_backend(sim_config(o));
     default: break;
   }
   throw salus::InvalidArgument(
-      fmt::format("backend {} is not a salus_backend_kind", static_cast<int>(o.backend)));
+      fmt::format("backend {} is not a salus_backend_kind", backend));
 }
 
 // The options a caller passed, or the defaults for NULL.

@@ -64,8 +64,8 @@ const char* salus_last_error(void) {
   return salus::capi::last_error.c_str();
 }
 
-const char* salus_status_name(salus_status status) {
-  switch (status) {
+const char* salus_status_name(salus_status given) {
+  switch (salus::capi::enum_value(given)) {
     case SALUS_OK: return "SALUS_OK";
     case SALUS_ERROR_INVALID_ARGUMENT: return "SALUS_ERROR_INVALID_ARGUMENT";
     case SALUS_ERROR_OUT_OF_MEMORY: return "SALUS_ERROR_OUT_OF_MEMORY";

@@ -35,11 +35,22 @@ MemoryCurve training_curve(double seconds, std::size_t peak_bytes, std::size_t s
 
 SimJob workload_job(std::string name, double jct_seconds, double peak_memory_mb,
                     std::uint64_t iterations) {
-  if (!(jct_seconds > 0.0) || !(peak_memory_mb > 0.0) || iterations == 0) {
-    throw InvalidArgument(
-        fmt::format("workload '{}': needs jct > 0, peak memory > 0 and iterations > 0", name));
+  if (!(jct_seconds > 0.0) || !(peak_memory_mb > 0.0) || iterations == 0 ||
+      !std::isfinite(jct_seconds) || !std::isfinite(peak_memory_mb)) {
+    throw InvalidArgument(fmt::format(
+        "workload '{}': needs a finite jct > 0, a finite peak memory > 0 and iterations > 0", name));
   }
   const double peak = peak_memory_mb * 1024.0 * 1024.0;
+  // Byte counts are size_t: a larger peak would not convert (found by fuzz_workloads_csv).
+  if (!(peak < 0x1p62)) {
+    throw InvalidArgument(fmt::format("workload '{}': peak memory of {} MB is too large", name,
+                                      peak_memory_mb));
+  }
+  if (!(jct_seconds / static_cast<double>(iterations) > 0.0)) {
+    throw InvalidArgument(fmt::format(
+        "workload '{}': {} s over {} iterations leaves no time per iteration", name, jct_seconds,
+        iterations));
+  }
   SimJob job;
   job.name = std::move(name);
   job.iterations = iterations;
@@ -52,6 +63,12 @@ SimJob workload_job(std::string name, double jct_seconds, double peak_memory_mb,
 std::vector<SimJob> jobs_from_workloads_csv(const std::string& path, std::uint64_t max_iterations) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument(fmt::format("workloads: cannot read '{}'", path));
+  return jobs_from_workloads_csv(in, max_iterations, path);
+}
+
+std::vector<SimJob> jobs_from_workloads_csv(std::istream& in, std::uint64_t max_iterations,
+                                            const std::string& source) {
+  const std::string& path = source;  // what the messages name
   const auto split = [](const std::string& line) {
     std::vector<std::string> cells;
     std::stringstream stream(line);
@@ -83,7 +100,9 @@ std::vector<SimJob> jobs_from_workloads_csv(const std::string& path, std::uint64
       const double seconds = jct * static_cast<double>(iterations) / full_iterations;
       jobs.push_back(workload_job(cells[column["workload"]], seconds,
                                   std::stod(cells[column["peak_memory_mb"]]), iterations));
-    } catch (const std::logic_error& e) {
+    } catch (const std::logic_error& e) {  // std::stoull / std::stod, a short row
+      throw InvalidArgument(fmt::format("workloads: '{}' row {}: {}", path, row, e.what()));
+    } catch (const InvalidArgument& e) {  // workload_job: the message names the file and row too
       throw InvalidArgument(fmt::format("workloads: '{}' row {}: {}", path, row, e.what()));
     }
   }

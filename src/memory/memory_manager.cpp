@@ -249,6 +249,10 @@ class MemoryManager::Impl {
 
   static std::size_t round_up(std::size_t bytes) {
     constexpr std::size_t a = kBlockAlignment;
+    // Within an alignment of SIZE_MAX the sum wraps to a tiny block (found by fuzz_c_api).
+    if (bytes > std::numeric_limits<std::size_t>::max() - (a - 1)) {
+      throw InvalidArgument(fmt::format("allocate: {} bytes is more than any block can hold", bytes));
+    }
     return (bytes + a - 1) / a * a;
   }
 
