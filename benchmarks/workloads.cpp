@@ -28,6 +28,10 @@ std::size_t draw_size(std::mt19937_64& rng) {
   return log_uniform(rng, 4.0 * 1024 * 1024, 64.0 * 1024 * 1024);
 }
 
+std::size_t draw_small_size(std::mt19937_64& rng) {
+  return log_uniform(rng, 8.0, 4.0 * 1024);
+}
+
 // One layer of a network as the allocator sees it.
 struct Layer {
   std::vector<std::size_t> params;   // trainable: each gets a gradient and a momentum buffer
@@ -148,6 +152,13 @@ std::vector<std::size_t> dl_size_mix(std::size_t count, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<std::size_t> sizes(count);
   for (auto& size : sizes) size = draw_size(rng);
+  return sizes;
+}
+
+std::vector<std::size_t> small_size_mix(std::size_t count, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::size_t> sizes(count);
+  for (auto& size : sizes) size = draw_small_size(rng);
   return sizes;
 }
 

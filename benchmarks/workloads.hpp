@@ -15,6 +15,12 @@ namespace salus::bench {
 //   15%  4 MiB .. 64 MiB   large weights (conv/fc), early-layer activations, workspaces
 std::vector<std::size_t> dl_size_mix(std::size_t count, std::uint64_t seed);
 
+// Small requests only, 8 B .. 4 KiB, log-uniform, each a multiple of 4: scalars, biases, norm
+// parameters, index tensors and small staging buffers (issue 12's small-size mix). Salus rounds
+// each to its 512 B block alignment, so there are only eight block sizes, and no page is mapped in
+// the steady state: what is timed is the allocator's bookkeeping alone.
+std::vector<std::size_t> small_size_mix(std::size_t count, std::uint64_t seed);
+
 // One step of the random-allocations workload: allocate `size`, or free the live block at index
 // `victim` (the live set is a vector; the freed slot is filled by the last live block).
 struct RandomOp {

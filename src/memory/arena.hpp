@@ -16,6 +16,8 @@
 
 namespace salus::memory {
 
+struct JobBlocks;  // a stream heap's per-job lists (stream_heap.hpp)
+
 struct Block {
   DevicePtr addr = 0;
   std::size_t size = 0;
@@ -29,6 +31,7 @@ struct Block {
   Lifetime lifetime = Lifetime::persistent;
   Block* job_prev = nullptr;  // the owner's intrusive list of its live blocks of one class
   Block* job_next = nullptr;
+  JobBlocks* owner = nullptr;  // the lists job_prev/job_next belong to
   std::vector<StreamHandle> other_streams;  // record_stream_use
   // Work of streams retired while the block was live (streams recorded on it, or its job's): on
   // free, its reuse waits for this instead of recording on a destroyed stream.
@@ -92,15 +95,26 @@ class Arena {
 
   Block* new_block();
   void recycle(Block* block);
+  // The free set's insert and erase recycle one tree node through `spare_node_`, so that the
+  // steady state of carve and release makes no call to the node allocator.
+  void insert_free(Block* block);
+  void erase_free(Block* block);
 
   DevicePtr base_;
   std::size_t bytes_;
   std::size_t page_bytes_;
+  // log2(page_bytes_) when it is a power of two (it is on every GPU so far), else -1: page
+  // indices on the hot path are then shifts, not 64-bit divisions.
+  int page_shift_;
+  [[nodiscard]] std::size_t pages_in(std::size_t bytes) const {
+    return page_shift_ >= 0 ? bytes >> page_shift_ : bytes / page_bytes_;
+  }
   std::deque<Block> storage_;  // owns every Block; a deque never moves its elements
   std::vector<Block*> spare_;  // recycled storage
   Block* head_ = nullptr;
   std::pmr::unsynchronized_pool_resource node_pool_;  // tree nodes, recycled without malloc
   std::pmr::set<Block*, BySizeThenAddress> free_{&node_pool_};
+  std::pmr::set<Block*, BySizeThenAddress>::node_type spare_node_;  // see insert_free
   std::vector<PageSlot> pages_;
 };
 

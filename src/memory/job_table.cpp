@@ -11,13 +11,22 @@ constexpr std::size_t index(Lifetime lifetime) {
   return static_cast<std::size_t>(lifetime);
 }
 
-// Adds `bytes` to `counter` unless that would pass `limit`.
-bool try_add(std::atomic<std::size_t>& counter, std::size_t bytes, std::size_t limit) {
+// Adds `bytes` to `counter` unless that would pass `limit`; returns the new value, or nullopt
+// when refused (nothing added).
+std::optional<std::size_t> try_add(std::atomic<std::size_t>& counter, std::size_t bytes,
+                                   std::size_t limit) {
+  if (limit == kUnlimited) {
+    // Nothing to refuse: one fetch_add instead of a load and a compare-and-swap loop. The count
+    // cannot wrap: it is the bytes of live blocks, far below 2^64.
+    return counter.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  }
+  // A budget: compare-and-swap, so that a refused request never shows in the count (a fetch_add
+  // rolled back on refusal could make a concurrent request that fits fail).
   std::size_t seen = counter.load(std::memory_order_relaxed);
   do {
-    if (bytes > limit || seen > limit - bytes) return false;
+    if (bytes > limit || seen > limit - bytes) return std::nullopt;
   } while (!counter.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed));
-  return true;
+  return seen + bytes;
 }
 }  // namespace
 
@@ -34,18 +43,19 @@ void JobRecord::set_limits(const JobMemoryLimits& limits) {
 
 std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t bytes) {
   const std::size_t total_limit = limit_total.load(std::memory_order_relaxed);
-  if (!try_add(in_use_total, bytes, total_limit)) {
-    return fmt::format("job budget of {} bytes would be exceeded", total_limit);
-  }
+  const std::optional<std::size_t> total = try_add(in_use_total, bytes, total_limit);
+  if (!total) return fmt::format("job budget of {} bytes would be exceeded", total_limit);
   auto& by_class = in_use_by_class[index(lifetime)];
   const std::size_t class_limit = limit_by_class[index(lifetime)].load(std::memory_order_relaxed);
-  if (!try_add(by_class, bytes, class_limit)) {
+  const std::optional<std::size_t> in_class = try_add(by_class, bytes, class_limit);
+  if (!in_class) {
     in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
     return fmt::format("job {} budget of {} bytes would be exceeded", to_string(lifetime),
                        class_limit);
   }
-  raise_peak(peak_total, in_use_total.load(std::memory_order_relaxed));
-  raise_peak(peak_by_class[index(lifetime)], by_class.load(std::memory_order_relaxed));
+  // Each charge raises the peaks to the counts it produced: the peak of the counts' history.
+  raise_peak(peak_total, *total);
+  raise_peak(peak_by_class[index(lifetime)], *in_class);
   return std::nullopt;
 }
 
@@ -113,10 +123,13 @@ std::shared_ptr<const Event> JobTable::quiet_mark(JobId job, int device, StreamH
 }
 
 void JobTable::streams_of(JobId job, int device, std::vector<StreamHandle>& out) const {
-  const JobRecord* record = find(job);
-  if (record == nullptr || !record->has_streams.load(std::memory_order_acquire)) return;
-  std::lock_guard lock(record->streams_mu);
-  for (const auto& [d, stream] : record->streams) {
+  if (const JobRecord* record = find(job)) streams_of(*record, device, out);
+}
+
+void JobTable::streams_of(const JobRecord& record, int device, std::vector<StreamHandle>& out) {
+  if (!record.has_streams.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(record.streams_mu);
+  for (const auto& [d, stream] : record.streams) {
     if (d == device) out.push_back(stream);
   }
 }

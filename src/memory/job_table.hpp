@@ -76,6 +76,8 @@ class JobTable final : public JobGate {
 
   // Appends the streams `job` works on on `device` (add_job_stream); none for unknown ids.
   void streams_of(JobId job, int device, std::vector<StreamHandle>& out) const;
+  // The same for a record in hand (the free path has it: no lookup by id).
+  static void streams_of(const JobRecord& record, int device, std::vector<StreamHandle>& out);
   void add_stream(JobId job, int device, StreamHandle stream);
   // `stream` of `device` is retired: no job works on it any more. Returns the jobs that did.
   std::vector<JobId> remove_stream(int device, StreamHandle stream);

@@ -146,8 +146,8 @@ class MemoryManager::Impl {
     const std::size_t bytes = round_up(request.bytes);
     JobRecord& job = jobs_.live(request.job);
     // The stream is checked (and its heap made) before anything is charged: a refused stream
-    // leaves every count as it was.
-    (void)device.heap_for(request.stream);
+    // leaves every count as it was. Looked up once: place() works on this heap.
+    StreamHeap& heap = device.heap_for(request.stream);
     if (auto refusal = job.try_charge(request.lifetime, bytes)) {
       device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
       throw OutOfMemory(oom_info(job, device, request, *refusal, true));
@@ -155,7 +155,7 @@ class MemoryManager::Impl {
     std::string why_not;
     DevicePtr ptr = 0;
     try {
-      ptr = place(device, request, bytes, why_not);
+      ptr = place(device, heap, request, bytes, why_not);
     } catch (...) {
       job.uncharge(request.lifetime, bytes);
       throw;
@@ -179,8 +179,8 @@ class MemoryManager::Impl {
 
   // Finds pages for a charged request: the device's own first, then (when harvesting) what
   // recalling, demoting and borrowing give. Returns 0 with `why_not` set when nothing fits.
-  DevicePtr place(DeviceHeap& device, const AllocationRequest& request, std::size_t bytes,
-                  std::string& why_not) {
+  DevicePtr place(DeviceHeap& device, StreamHeap& heap, const AllocationRequest& request,
+                  std::size_t bytes, std::string& why_not) {
     std::vector<memory::Page> stash;
     struct GiveBack {
       memory::Tiers& tiers;
@@ -188,7 +188,6 @@ class MemoryManager::Impl {
       std::vector<memory::Page>& pages;
       ~GiveBack() { tiers.give_back(device, pages); }
     } give_back{tiers_, device.device(), stash};
-    StreamHeap& heap = device.heap_for(request.stream);
     std::optional<std::chrono::steady_clock::time_point> deadline;
     // Pages held by other streams' free blocks are taken only when the pool has none; a second
     // try covers pages that another thread took between our reclaim and our retry.
@@ -198,7 +197,8 @@ class MemoryManager::Impl {
     constexpr int kHarvestAttempts = 64;
     std::size_t short_by = 0;
     for (int attempt = 0; attempt < kHarvestAttempts; ++attempt) {
-      const memory::CarveResult r = device.try_allocate(request, bytes, stash);
+      const memory::CarveResult r =
+          heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash);
       if (r.ptr != 0) return r.ptr;
       if (r.out_of_address_space) {
         why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
@@ -229,7 +229,7 @@ class MemoryManager::Impl {
                                         owner->device(), *device));
     }
     const FreedBlock freed = heap->deallocate(ptr, bytes, job);
-    jobs_.any(freed.job).uncharge(freed.lifetime, freed.bytes);
+    freed.record->uncharge(freed.lifetime, freed.bytes);  // no lookup by id on the free path
     harvester_->on_free();
   }
 

@@ -138,7 +138,7 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   block->job = job;
   block->lifetime = lifetime;
   link(block);
-  live_.emplace(block->addr, block);
+  live_.insert(block->addr, block);
   ++tally_.allocations;
   ++tally_.blocks[static_cast<std::size_t>(lifetime)];
   device_.counters().on_allocate(lifetime, block->size);
@@ -340,18 +340,37 @@ void StreamHeap::unmap_retired(Arena& arena, std::size_t index) {
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
-  auto it = live_.find(ptr);
-  if (it == live_.end()) {
+  Block* block = live_.find(ptr);
+  if (block == nullptr) {
     throw InvalidArgument(fmt::format(
         "{}: {:#x} is not a live Salus block on device {} (never allocated, already freed, or "
         "not the start of a block)",
         what, ptr, device_.device()));
   }
-  return it->second;
+  return block;
+}
+
+JobBlocks& StreamHeap::owner_for(JobId job) {
+  if (last_owner_ != nullptr && last_owner_job_ == job.value) return *last_owner_;
+  JobBlocks& owner = jobs_[job.value];
+  if (owner.record == nullptr) owner.record = device_.jobs().find(job);
+  last_owner_ = &owner;
+  last_owner_job_ = job.value;
+  return owner;
+}
+
+void StreamHeap::forget_jobs(std::optional<JobId> job) {
+  if (job) {
+    jobs_.erase(job->value);
+  } else {
+    jobs_.clear();
+  }
+  last_owner_ = nullptr;
 }
 
 void StreamHeap::link(Block* block) {
-  JobBlocks& owner = jobs_[block->job.value];
+  JobBlocks& owner = owner_for(block->job);
+  block->owner = &owner;
   const auto c = static_cast<std::size_t>(block->lifetime);
   block->job_prev = nullptr;
   block->job_next = owner.head[c];
@@ -362,7 +381,7 @@ void StreamHeap::link(Block* block) {
 }
 
 void StreamHeap::unlink(Block* block) {
-  JobBlocks& owner = jobs_[block->job.value];
+  JobBlocks& owner = *block->owner;  // set by link: no lookup by job on the free path
   const auto c = static_cast<std::size_t>(block->lifetime);
   if (block->job_prev) {
     block->job_prev->job_next = block->job_next;
@@ -371,6 +390,7 @@ void StreamHeap::unlink(Block* block) {
   }
   if (block->job_next) block->job_next->job_prev = block->job_prev;
   block->job_prev = block->job_next = nullptr;
+  block->owner = nullptr;
   owner.usage.bytes[c] -= block->size;
   --owner.usage.blocks[c];
 }
@@ -390,7 +410,7 @@ Lifetime StreamHeap::disown(Block* block) {
 }
 
 FreedBlock StreamHeap::free_block(Block* block) {
-  const FreedBlock freed{block->job, block->lifetime, block->size};
+  const FreedBlock freed{block->job, block->lifetime, block->size, block->owner->record};
   unlink(block);
   live_.erase(block->addr);
   ++tally_.frees;
@@ -421,7 +441,11 @@ void StreamHeap::streams_using(const Block& block, std::vector<StreamHandle>& ou
   // The common case, a block used on its own stream only by a job that named no other, costs a
   // check of two empty lists.
   out = block.other_streams;
-  device_.jobs().streams_of(block.job, device_.device(), out);
+  if (block.owner != nullptr) {  // live: its job's record is at hand
+    JobTable::streams_of(*block.owner->record, device_.device(), out);
+  } else {
+    device_.jobs().streams_of(block.job, device_.device(), out);
+  }
   if (out.empty()) return;
   std::erase(out, stream());
   std::sort(out.begin(), out.end());
@@ -525,9 +549,9 @@ std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
 
 std::optional<BlockInfo> StreamHeap::find(DevicePtr ptr) {
   std::lock_guard lock(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return std::nullopt;
-  const Block& b = *it->second;
+  const Block* found = live_.find(ptr);
+  if (found == nullptr) return std::nullopt;
+  const Block& b = *found;
   return BlockInfo{b.addr, b.size, b.requested, device_.device(), stream(), b.job, b.lifetime};
 }
 

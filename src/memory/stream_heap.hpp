@@ -8,13 +8,13 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
-#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/live_index.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
 #include "memory/tiers.hpp"
@@ -25,11 +25,28 @@ namespace salus::memory {
 
 class DeviceHeap;
 
+struct JobRecord;
+
 // What a free or release took back, for the job's accounting.
 struct FreedBlock {
   JobId job;
   Lifetime lifetime;
   std::size_t bytes;
+  JobRecord* record;  // the job's record in the JobTable (never null)
+};
+
+// Live bytes and blocks of one job in one stream heap, by class.
+struct JobUsage {
+  std::size_t bytes[kLifetimeCount] = {};
+  std::size_t blocks[kLifetimeCount] = {};
+};
+
+// One job's live blocks in one stream heap: an intrusive list per class, and their usage. Each
+// block points at its owner's entry (Block::owner), so a free needs no lookup by job.
+struct JobBlocks {
+  Block* head[kLifetimeCount] = {};
+  JobUsage usage;
+  JobRecord* record = nullptr;  // the job's record in the JobTable, looked up once
 };
 
 struct CarveResult {
@@ -131,17 +148,10 @@ class StreamHeap {
   };
   [[nodiscard]] Tally tally();
   // Live bytes and blocks of `job` here, by class.
-  struct JobUsage {
-    std::size_t bytes[kLifetimeCount] = {};
-    std::size_t blocks[kLifetimeCount] = {};
-  };
+  using JobUsage = memory::JobUsage;
   [[nodiscard]] JobUsage job_usage(JobId job);
 
  private:
-  struct JobBlocks {
-    Block* head[kLifetimeCount] = {};
-    JobUsage usage;
-  };
 
   Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
   Arena& arena_of(const Block& block) { return small_.contains(block.addr) ? small_ : large_; }
@@ -153,6 +163,10 @@ class StreamHeap {
   void drain_job(JobId job, F&& visit);
   void link(Block* block);
   void unlink(Block* block);
+  // The lists of `job` here, made on first use. The last one found is remembered: a stream's
+  // allocations mostly come from one job. Whatever erases from jobs_ calls forget_jobs.
+  JobBlocks& owner_for(JobId job);
+  void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
   // A free block of `bytes`, preferring addresses that need not wait for retiring pages.
   Block* carve(Arena& arena, std::size_t bytes);
@@ -227,10 +241,12 @@ class StreamHeap {
   Arena large_;
   std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
-  // Map nodes come from a pool owned by this heap: no trip to malloc on the hot path.
-  std::pmr::unsynchronized_pool_resource node_pool_;
-  std::pmr::unordered_map<DevicePtr, Block*> live_{&node_pool_};
+  LiveIndex live_;  // entries inline: no trip to malloc on the hot path
+  // Blocks point at their entry here (Block::owner): a node-based map, whose elements never
+  // move, and an entry is erased only once no block points at it.
   std::unordered_map<std::uint32_t, JobBlocks> jobs_;
+  JobBlocks* last_owner_ = nullptr;  // owner_for's last answer (an entry of jobs_), or null
+  std::uint32_t last_owner_job_ = 0;
   // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
   std::vector<std::pair<Arena*, std::size_t>> retiring_;
   // Blocks set aside because their addresses were still retiring (see carve); neither free nor
@@ -250,7 +266,7 @@ void StreamHeap::drain_job(JobId job, F&& visit) {
       b = next;
     }
   }
-  jobs_.erase(job.value);
+  forget_jobs(job);
 }
 
 template <class F>

@@ -48,7 +48,7 @@ bool StreamHeap::rebind(StreamHandle stream) {
   if (!retiring_.empty()) return false;
   retired_ = false;
   retire_fence_.reset();
-  jobs_.clear();
+  forget_jobs();
   stream_.store(stream.value, std::memory_order_release);
   return true;
 }

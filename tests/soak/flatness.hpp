@@ -29,7 +29,7 @@ struct FlatnessRule {
 struct FlatnessVerdict {
   bool judged = false;  // enough samples after warm-up (at least 6)
   bool flat = false;
-  std::size_t samples = 0;  // after warm-up
+  std::size_t samples = 0;     // after warm-up
   double at_warmup_end = 0.0;  // the first sample after warm-up
   double first_third_max = 0.0;
   double last_third_max = 0.0;

@@ -87,7 +87,9 @@ Population::Population(Runtime& runtime, Watchdog& watchdog, PopulationConfig co
       config_(config),
       slots_(static_cast<std::size_t>(config.slots)) {}
 
-Population::~Population() { stop(std::chrono::milliseconds(0)); }
+Population::~Population() {
+  stop(std::chrono::milliseconds(0));
+}
 
 void Population::start() {
   started_ns_ = now_ns();
@@ -196,8 +198,8 @@ void Population::run_job(int index, std::mt19937_64& rng, Heartbeat& beat) {
     wedge(beat);
   }
   Slot& slot = slots_[static_cast<std::size_t>(index)];
-  const std::string name = "slot" + std::to_string(index) + ".job" +
-                           std::to_string(counters_.arrived.fetch_add(1) + 1);
+  const std::string name =
+      "slot" + std::to_string(index) + ".job" + std::to_string(counters_.arrived.fetch_add(1) + 1);
   const JobSpec spec = random_spec(name, rng);
   beat.device.store(spec.device);
   beat.beat(Phase::working);
@@ -209,39 +211,8 @@ void Population::run_job(int index, std::mt19937_64& rng, Heartbeat& beat) {
     slot.cancelled = false;
     slot.device = spec.device;
   }
-  const int iterations = 1 + static_cast<int>(rng() % static_cast<std::uint64_t>(
-                                                          config_.max_iterations_per_job));
-  const std::uint64_t fate_roll = rng() % 100;
-  const Fate fate = fate_roll < 70   ? Fate::leave
-                    : fate_roll < 85 ? Fate::leave_mid_iteration
-                                     : Fate::drop_mid_iteration;
-  const int fate_at = static_cast<int>(rng() % static_cast<std::uint64_t>(iterations));
-  std::vector<Block> persistent;
   try {
-    slot.step = "allocate (persistent)";
-    for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) {
-      const std::size_t bytes = random_block_size(rng, config_.max_persistent_block);
-      gated(slot, name, [&] {
-        if (auto block = allocate_block(*slot.job, bytes, std::nullopt)) persistent.push_back(*block);
-      });
-    }
-    bool ended_inside = false;
-    for (int it = 0; it < iterations && !stopping_.load() && !ended_inside; ++it) {
-      const bool end_inside = fate != Fate::leave && it == fate_at;
-      ended_inside = !run_iteration(slot, name, rng, beat, persistent, end_inside, fate);
-    }
-    if (!ended_inside) {
-      // Free some persistent blocks by hand; leave() frees the rest.
-      slot.step = "deallocate and leave";
-      gated(slot, name, [&] {
-        for (const Block& block : persistent) {
-          check_block(block, name);
-          if (rng() % 2 == 0) slot.job->deallocate(block.ptr);
-        }
-        slot.job->leave();
-      });
-      counters_.left_normally.fetch_add(1);
-    }
+    live(slot, name, rng, beat);
   } catch (const JobCancelled&) {
     // The cancel freed everything the job held; the canceller counted it.
   } catch (const std::exception& e) {
@@ -258,6 +229,43 @@ void Population::run_job(int index, std::mt19937_64& rng, Heartbeat& beat) {
   }
   watchdog_.progress(spec.device);
   beat.beat(Phase::working);
+}
+
+// The job's life between arrival and its end: persistent blocks, iterations, and its fate (leave
+// normally, or end inside an iteration). Throws JobCancelled when the canceller got it first.
+void Population::live(Slot& slot, const std::string& name, std::mt19937_64& rng, Heartbeat& beat) {
+  const int iterations =
+      1 + static_cast<int>(rng() % static_cast<std::uint64_t>(config_.max_iterations_per_job));
+  const std::uint64_t fate_roll = rng() % 100;
+  const Fate fate = fate_roll < 70   ? Fate::leave
+                    : fate_roll < 85 ? Fate::leave_mid_iteration
+                                     : Fate::drop_mid_iteration;
+  const int fate_at = static_cast<int>(rng() % static_cast<std::uint64_t>(iterations));
+  std::vector<Block> persistent;
+  slot.step = "allocate (persistent)";
+  for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) {
+    const std::size_t bytes = random_block_size(rng, config_.max_persistent_block);
+    gated(slot, name, [&] {
+      if (auto block = allocate_block(*slot.job, bytes, std::nullopt)) persistent.push_back(*block);
+    });
+  }
+  bool ended_inside = false;
+  for (int it = 0; it < iterations && !stopping_.load() && !ended_inside; ++it) {
+    const bool end_inside = fate != Fate::leave && it == fate_at;
+    ended_inside = !run_iteration(slot, name, rng, beat, persistent, end_inside, fate);
+  }
+  if (!ended_inside) {
+    // Free some persistent blocks by hand; leave() frees the rest.
+    slot.step = "deallocate and leave";
+    gated(slot, name, [&] {
+      for (const Block& block : persistent) {
+        check_block(block, name);
+        if (rng() % 2 == 0) slot.job->deallocate(block.ptr);
+      }
+      slot.job->leave();
+    });
+    counters_.left_normally.fetch_add(1);
+  }
 }
 
 bool Population::run_iteration(Slot& slot, const std::string& name, std::mt19937_64& rng,
@@ -278,7 +286,8 @@ bool Population::run_iteration(Slot& slot, const std::string& name, std::mt19937
     for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) {
       const std::size_t bytes = random_block_size(rng, config_.max_ephemeral_block);
       gated(slot, name, [&] {
-        if (auto block = allocate_block(*slot.job, bytes, std::nullopt)) ephemeral.push_back(*block);
+        if (auto block = allocate_block(*slot.job, bytes, std::nullopt))
+          ephemeral.push_back(*block);
       });
     }
     if (config_.kernels) {

@@ -29,7 +29,7 @@ struct PopulationConfig {
   std::size_t max_persistent_block = 6 * MiB;
   std::size_t max_ephemeral_block = 4 * MiB;
   bool kernels = true;
-  std::chrono::milliseconds cancel_interval_max{250};  // between two cancels: uniform in [1, max]
+  std::chrono::milliseconds cancel_interval_max{500};  // between two cancels: uniform in [1, max]
   // Test only: after this many seconds, slot 0's thread wedges (the watchdog must fire).
   std::optional<double> simulate_hang_after;
 };
@@ -38,9 +38,9 @@ struct PopulationConfig {
 struct Counters {
   std::atomic<std::uint64_t> arrived{0};
   std::atomic<std::uint64_t> left_normally{0};
-  std::atomic<std::uint64_t> left_mid_iteration{0};  // leave() inside an iteration
+  std::atomic<std::uint64_t> left_mid_iteration{0};     // leave() inside an iteration
   std::atomic<std::uint64_t> dropped_mid_iteration{0};  // the Job handle destroyed inside one
-  std::atomic<std::uint64_t> cancelled{0};             // by the canceller
+  std::atomic<std::uint64_t> cancelled{0};              // by the canceller
   std::atomic<std::uint64_t> cancelled_at_shutdown{0};  // stragglers after the grace period
   std::atomic<std::uint64_t> iterations{0};
   std::atomic<std::uint64_t> allocations{0};
@@ -86,6 +86,7 @@ class Population {
 
   void worker(int index);
   void run_job(int index, std::mt19937_64& rng, Heartbeat& beat);
+  void live(Slot& slot, const std::string& name, std::mt19937_64& rng, Heartbeat& beat);
   // One iteration; false when the job ended inside it (its fate).
   bool run_iteration(Slot& slot, const std::string& name, std::mt19937_64& rng, Heartbeat& beat,
                      std::vector<Block>& persistent, bool end_inside, Fate fate);

@@ -6,7 +6,8 @@
 // command line; 3 the watchdog found a stuck thread (stacks on stderr).
 //
 //   salus_soak --seconds 40 [--seed N] [--csv PATH] [--stuck-seconds 30] [--warmup-seconds W]
-//              [--slots 16] [--policy fair] [--device-limit-mib 24] [--host-limit-mib 256]
+//              [--slots 16] [--max-iterations-per-job 24] [--policy fair] [--device-limit-mib 24]
+//              [--host-limit-mib 256]
 //              [--sample-ms 1000] [--rss-tolerance-mib 8] [--no-kernels] [--simulate-hang S]
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ struct Options {
   double stuck_seconds = 30.0;
   std::optional<double> warmup_seconds;  // default: a quarter of the run, at least 10 s
   int slots = 16;
+  int max_iterations_per_job = 24;
   std::string policy = "fair";
   std::size_t device_limit_mib = 24;
   std::size_t host_limit_mib = 256;
@@ -68,21 +70,38 @@ Options parse_options(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
     const char* value = argv[++i];
-    if (flag == "--seconds") o.seconds = parse_number(flag, value);
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(std::strtoull(value, nullptr, 0));
-    else if (flag == "--csv") o.csv = value;
-    else if (flag == "--stuck-seconds") o.stuck_seconds = parse_number(flag, value);
-    else if (flag == "--warmup-seconds") o.warmup_seconds = parse_number(flag, value);
-    else if (flag == "--slots") o.slots = static_cast<int>(parse_number(flag, value));
-    else if (flag == "--policy") o.policy = value;
-    else if (flag == "--device-limit-mib") o.device_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
-    else if (flag == "--host-limit-mib") o.host_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
-    else if (flag == "--sample-ms") o.sample_ms = static_cast<int>(parse_number(flag, value));
-    else if (flag == "--rss-tolerance-mib") o.rss_tolerance_mib = parse_number(flag, value);
-    else if (flag == "--simulate-hang") o.simulate_hang_after = parse_number(flag, value);
-    else throw std::invalid_argument("unknown option " + flag);
+    if (flag == "--seconds")
+      o.seconds = parse_number(flag, value);
+    else if (flag == "--seed")
+      o.seed = static_cast<std::uint64_t>(std::strtoull(value, nullptr, 0));
+    else if (flag == "--csv")
+      o.csv = value;
+    else if (flag == "--stuck-seconds")
+      o.stuck_seconds = parse_number(flag, value);
+    else if (flag == "--warmup-seconds")
+      o.warmup_seconds = parse_number(flag, value);
+    else if (flag == "--slots")
+      o.slots = static_cast<int>(parse_number(flag, value));
+    else if (flag == "--max-iterations-per-job")
+      o.max_iterations_per_job = static_cast<int>(parse_number(flag, value));
+    else if (flag == "--policy")
+      o.policy = value;
+    else if (flag == "--device-limit-mib")
+      o.device_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
+    else if (flag == "--host-limit-mib")
+      o.host_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
+    else if (flag == "--sample-ms")
+      o.sample_ms = static_cast<int>(parse_number(flag, value));
+    else if (flag == "--rss-tolerance-mib")
+      o.rss_tolerance_mib = parse_number(flag, value);
+    else if (flag == "--simulate-hang")
+      o.simulate_hang_after = parse_number(flag, value);
+    else
+      throw std::invalid_argument("unknown option " + flag);
   }
   if (o.slots < 1) throw std::invalid_argument("--slots wants at least 1");
+  if (o.max_iterations_per_job < 1)
+    throw std::invalid_argument("--max-iterations-per-job wants at least 1");
   if (o.sample_ms < 10) throw std::invalid_argument("--sample-ms wants at least 10");
   if (o.device_limit_mib < 8) throw std::invalid_argument("--device-limit-mib wants at least 8");
   if (o.stuck_seconds <= 0.0) throw std::invalid_argument("--stuck-seconds wants more than 0");
@@ -103,9 +122,12 @@ Resident resident_memory() {
   std::string key;
   std::size_t kib = 0;
   while (status >> key) {
-    if (key == "VmRSS:" && status >> kib) r.total = kib * KiB;
-    else if (key == "RssAnon:" && status >> kib) r.anon = kib * KiB;
-    else if (key == "RssShmem:" && status >> kib) r.shmem = kib * KiB;
+    if (key == "VmRSS:" && status >> kib)
+      r.total = kib * KiB;
+    else if (key == "RssAnon:" && status >> kib)
+      r.anon = kib * KiB;
+    else if (key == "RssShmem:" && status >> kib)
+      r.shmem = kib * KiB;
     status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
   return r;
@@ -160,19 +182,21 @@ Sample take_sample(double seconds, Runtime& runtime, Population& population) {
 }
 
 void write_csv_header(std::FILE* csv) {
-  std::fprintf(csv, "seconds,rss_bytes,rss_anon_bytes,rss_shmem_bytes,reserved_bytes,device_reserved_bytes,host_spill_bytes,"
-                    "allocated_bytes,lent_bytes,borrowed_peer_bytes,borrowed_host_bytes,"
-                    "pages_moved,recalled_pages,jobs_arrived,iterations,jobs_cancelled,live_jobs\n");
+  std::fprintf(csv,
+               "seconds,rss_bytes,rss_anon_bytes,rss_shmem_bytes,reserved_bytes,device_reserved_"
+               "bytes,host_spill_bytes,"
+               "allocated_bytes,lent_bytes,borrowed_peer_bytes,borrowed_host_bytes,"
+               "pages_moved,recalled_pages,jobs_arrived,iterations,jobs_cancelled,live_jobs\n");
 }
 
 void write_csv_row(std::FILE* csv, const Sample& s) {
-  std::fprintf(csv, "%.3f,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%d\n", s.seconds,
-               s.rss, s.rss_anon, s.rss_shmem, s.reserved, s.device_reserved, s.host_spill, s.allocated, s.lent,
-               s.borrowed_peer, s.borrowed_host, static_cast<unsigned long long>(s.pages_moved),
-               static_cast<unsigned long long>(s.recalled_pages),
-               static_cast<unsigned long long>(s.arrived),
-               static_cast<unsigned long long>(s.iterations),
-               static_cast<unsigned long long>(s.cancelled), s.live_jobs);
+  std::fprintf(
+      csv, "%.3f,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%d\n", s.seconds,
+      s.rss, s.rss_anon, s.rss_shmem, s.reserved, s.device_reserved, s.host_spill, s.allocated,
+      s.lent, s.borrowed_peer, s.borrowed_host, static_cast<unsigned long long>(s.pages_moved),
+      static_cast<unsigned long long>(s.recalled_pages), static_cast<unsigned long long>(s.arrived),
+      static_cast<unsigned long long>(s.iterations), static_cast<unsigned long long>(s.cancelled),
+      s.live_jobs);
   std::fflush(csv);
 }
 
@@ -232,7 +256,8 @@ std::vector<Sample> run_and_sample(const Options& o, Runtime& runtime, Populatio
     harvest.observe(runtime);
     if (std::chrono::steady_clock::now() < next_sample) continue;
     next_sample += period;
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     samples.push_back(take_sample(t, runtime, population));
     if (csv != nullptr) write_csv_row(csv, samples.back());
     if (t >= o.seconds) break;
@@ -252,15 +277,16 @@ void judge_series(const Options& o, const std::vector<Sample>& samples, Report& 
   // RSS: a few MiB of allocator and sanitizer noise, or 5%. Reserved: pages are pooled, not given
   // back (until trim), so reserved is a high-water mark of demand, and rarer peaks come with time;
   // a tenth of all Salus may hold (device limits and the host spill limit) is allowed for that.
-  const FlatnessVerdict rss_verdict = judge_flatness(
-      rss, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
-  const FlatnessVerdict anon_verdict = judge_flatness(
-      anon, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
+  const FlatnessVerdict rss_verdict =
+      judge_flatness(rss, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
+  const FlatnessVerdict anon_verdict =
+      judge_flatness(anon, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
   const double reservable = double((kDevices * o.device_limit_mib + o.host_limit_mib) * MiB);
   const FlatnessVerdict reserved_verdict =
       judge_flatness(reserved, {warmup, 0.10 * reservable, 0.0});
   std::printf("flatness (warm-up %.1f s):\n", warmup);
-  report.check(rss_verdict.judged && rss_verdict.flat, describe("RSS", rss_verdict, double(MiB), "MiB"));
+  report.check(rss_verdict.judged && rss_verdict.flat,
+               describe("RSS", rss_verdict, double(MiB), "MiB"));
   report.check(anon_verdict.judged && anon_verdict.flat,
                describe("RSS anonymous (heap)", anon_verdict, double(MiB), "MiB"));
   report.check(reserved_verdict.judged && reserved_verdict.flat,
@@ -268,15 +294,19 @@ void judge_series(const Options& o, const std::vector<Sample>& samples, Report& 
 }
 
 void print_counters(const Counters& c) {
-  auto n = [](const std::atomic<std::uint64_t>& v) { return static_cast<unsigned long long>(v.load()); };
-  std::printf("jobs: %llu arrived, %llu left normally, %llu left mid-iteration, %llu dropped "
-              "mid-iteration, %llu cancelled (+%llu at shutdown)\n",
-              n(c.arrived), n(c.left_normally), n(c.left_mid_iteration), n(c.dropped_mid_iteration),
-              n(c.cancelled), n(c.cancelled_at_shutdown));
-  std::printf("work: %llu iterations, %llu allocations (%llu out of memory), %llu kernels, %llu "
-              "block checks, %llu mismatches, %llu cancel races, %llu errors\n",
-              n(c.iterations), n(c.allocations), n(c.out_of_memory), n(c.kernels),
-              n(c.blocks_checked), n(c.mismatches), n(c.cancel_races), n(c.errors));
+  auto n = [](const std::atomic<std::uint64_t>& v) {
+    return static_cast<unsigned long long>(v.load());
+  };
+  std::printf(
+      "jobs: %llu arrived, %llu left normally, %llu left mid-iteration, %llu dropped "
+      "mid-iteration, %llu cancelled (+%llu at shutdown)\n",
+      n(c.arrived), n(c.left_normally), n(c.left_mid_iteration), n(c.dropped_mid_iteration),
+      n(c.cancelled), n(c.cancelled_at_shutdown));
+  std::printf(
+      "work: %llu iterations, %llu allocations (%llu out of memory), %llu kernels, %llu "
+      "block checks, %llu mismatches, %llu cancel races, %llu errors\n",
+      n(c.iterations), n(c.allocations), n(c.out_of_memory), n(c.kernels), n(c.blocks_checked),
+      n(c.mismatches), n(c.cancel_races), n(c.errors));
 }
 
 // After every job left: nothing allocated, lent or borrowed; after trim nothing reserved.
@@ -311,28 +341,53 @@ void check_run(const Options& o, const std::vector<Sample>& samples, const Harve
                Population& population, Report& report) {
   const Counters& c = population.counters();
   const Sample& last = samples.back();
-  std::printf("harvesting: %llu pages moved, %llu recalled; at most %s lent, %s borrowed from "
-              "peers, %s borrowed from the host at once (watched every 100 ms)\n",
-              static_cast<unsigned long long>(last.pages_moved),
-              static_cast<unsigned long long>(last.recalled_pages), mib(harvest.lent).c_str(),
-              mib(harvest.borrowed_peer).c_str(), mib(harvest.borrowed_host).c_str());
+  std::printf(
+      "harvesting: %llu pages moved, %llu recalled; at most %s lent, %s borrowed from "
+      "peers, %s borrowed from the host at once (watched every 100 ms)\n",
+      static_cast<unsigned long long>(last.pages_moved),
+      static_cast<unsigned long long>(last.recalled_pages), mib(harvest.lent).c_str(),
+      mib(harvest.borrowed_peer).c_str(), mib(harvest.borrowed_host).c_str());
   report.check(c.iterations.load() > 0, "iterations ran");
-  report.check(last.pages_moved > 0 && harvest.lent > 0 && harvest.borrowed_peer > 0 &&
-                   harvest.borrowed_host > 0,
-               "spilling happened (pages moved; pages lent, borrowed from peers and from the host)");
+  report.check(
+      last.pages_moved > 0 && harvest.lent > 0 && harvest.borrowed_peer > 0 &&
+          harvest.borrowed_host > 0,
+      "spilling happened (pages moved; pages lent, borrowed from peers and from the host)");
   report.check(c.mismatches.load() == 0, "every block read back its stamps");
   report.check(c.errors.load() == 0, "no unexplained errors");
   for (const std::string& m : population.messages()) std::printf("    %s\n", m.c_str());
   judge_series(o, samples, report);
 }
 
+// Spilling on, peer first then host, with devices small enough that it happens all the time.
+RuntimeOptions runtime_options(const Options& o) {
+  RuntimeOptions options;
+  options.policy = o.policy;
+  options.memory.device_limits.assign(kDevices, o.device_limit_mib * MiB);
+  options.memory.harvest.spill = SpillPolicy::peer_then_host;
+  options.memory.harvest.host_limit_bytes = o.host_limit_mib * MiB;
+  options.memory.harvest.recall_wait = std::chrono::milliseconds(200);
+  return options;
+}
+
+PopulationConfig population_config(const Options& o, std::uint64_t seed) {
+  PopulationConfig config;
+  config.slots = o.slots;
+  config.devices = kDevices;
+  config.seed = seed;
+  config.kernels = o.kernels;
+  config.max_iterations_per_job = o.max_iterations_per_job;
+  config.simulate_hang_after = o.simulate_hang_after;
+  return config;
+}
+
 int run(const Options& o) {
   const std::uint64_t seed = o.seed.value_or(
       static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
-  std::printf("salus_soak: seed %llu, %.0f s, %d slots, policy %s, %zu MiB per device, host "
-              "spill limit %zu MiB, stuck after %.0f s\n",
-              static_cast<unsigned long long>(seed), o.seconds, o.slots, o.policy.c_str(),
-              o.device_limit_mib, o.host_limit_mib, o.stuck_seconds);
+  std::printf(
+      "salus_soak: seed %llu, %.0f s, %d slots, policy %s, %zu MiB per device, host "
+      "spill limit %zu MiB, stuck after %.0f s\n",
+      static_cast<unsigned long long>(seed), o.seconds, o.slots, o.policy.c_str(),
+      o.device_limit_mib, o.host_limit_mib, o.stuck_seconds);
   std::fflush(stdout);
   WatchdogOptions watch;
   watch.stuck = std::chrono::milliseconds(static_cast<std::int64_t>(o.stuck_seconds * 1000));
@@ -343,23 +398,10 @@ int run(const Options& o) {
   Report report;
   {
     auto backend = make_sim_backend(SimConfig::nvlink_mesh(kDevices, 256 * MiB));
-    RuntimeOptions options;
-    options.policy = o.policy;
-    options.memory.device_limits.assign(kDevices, o.device_limit_mib * MiB);
-    options.memory.harvest.spill = SpillPolicy::peer_then_host;
-    options.memory.harvest.host_limit_bytes = o.host_limit_mib * MiB;
-    options.memory.harvest.recall_wait = std::chrono::milliseconds(200);
-    Runtime runtime(backend, options);
-    PopulationConfig config;
-    config.slots = o.slots;
-    config.devices = kDevices;
-    config.seed = seed;
-    config.kernels = o.kernels;
-    config.simulate_hang_after = o.simulate_hang_after;
-    Population population(runtime, watchdog, config);
+    Runtime runtime(backend, runtime_options(o));
+    Population population(runtime, watchdog, population_config(o, seed));
     HarvestMaxima harvest;
-    const std::vector<Sample> samples =
-        run_and_sample(o, runtime, population, main_beat, harvest);
+    const std::vector<Sample> samples = run_and_sample(o, runtime, population, main_beat, harvest);
     watchdog.expect_system_progress(false);  // from here on, jobs only leave
     main_beat.beat(Phase::working);
     population.stop(std::chrono::seconds(10));
@@ -379,6 +421,15 @@ int run(const Options& o) {
 
 }  // namespace
 }  // namespace salus::soak
+
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) before reuse, so
+// resident memory would climb for minutes whatever Salus does. A small quarantine keeps the RSS
+// verdict about Salus; ASAN_OPTIONS=quarantine_size_mb=... still overrides it.
+extern "C" const char* __asan_default_options() {
+  return "quarantine_size_mb=16";
+}
+#endif
 
 int main(int argc, char** argv) {
   salus::soak::Options options;

@@ -29,7 +29,9 @@ constexpr int kMaxFrames = 64;
 // The tid whose handler finished last; the watchdog waits for it.
 std::atomic<pid_t> g_dumped_tid{0};
 
-pid_t current_tid() noexcept { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+pid_t current_tid() noexcept {
+  return static_cast<pid_t>(::syscall(SYS_gettid));
+}
 
 // Async-signal-safe writes: no stdio in the handler.
 void write_all(const char* text, std::size_t length) noexcept {
@@ -116,10 +118,14 @@ void dump_stack_of(pid_t tid, const std::string& label) {
 
 const char* to_string(Phase phase) noexcept {
   switch (phase) {
-    case Phase::working: return "working";
-    case Phase::waiting_turn: return "waiting for a turn";
-    case Phase::idle: return "idle";
-    case Phase::done: return "done";
+    case Phase::working:
+      return "working";
+    case Phase::waiting_turn:
+      return "waiting for a turn";
+    case Phase::idle:
+      return "idle";
+    case Phase::done:
+      return "done";
   }
   return "unknown";
 }
@@ -135,11 +141,14 @@ Watchdog::Watchdog(WatchdogOptions options)
       device_progress_ns_(new std::atomic<std::int64_t>[static_cast<std::size_t>(
           options.devices > 0 ? options.devices : 1)]),
       system_progress_ns_(now_ns()) {
-  for (int d = 0; d < options_.devices; ++d) device_progress_ns_[static_cast<std::size_t>(d)] = now_ns();
+  for (int d = 0; d < options_.devices; ++d)
+    device_progress_ns_[static_cast<std::size_t>(d)] = now_ns();
   install_dump_handler();
 }
 
-Watchdog::~Watchdog() { stop(); }
+Watchdog::~Watchdog() {
+  stop();
+}
 
 Heartbeat& Watchdog::enroll(const std::string& name) {
   auto beat = std::make_unique<Heartbeat>();
@@ -191,8 +200,8 @@ void Watchdog::run() {
 std::optional<std::string> Watchdog::find_stuck(std::int64_t now) const {
   const std::int64_t stuck_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options_.stuck).count();
-  const auto starved_ns = static_cast<std::int64_t>(static_cast<double>(stuck_ns) *
-                                                    options_.starvation_factor);
+  const auto starved_ns =
+      static_cast<std::int64_t>(static_cast<double>(stuck_ns) * options_.starvation_factor);
   char text[512];
   for (const auto& beat : beats_) {
     const std::int64_t age = now - beat->beat_ns.load(std::memory_order_relaxed);
@@ -239,8 +248,7 @@ void Watchdog::fire(const std::string& why) const {
     std::lock_guard lock(mu_);
     for (const auto& beat : beats_) {
       std::fprintf(stderr, "  %-16s tid %-7d %-20s last beat %.1f s ago, device %d\n",
-                   beat->name.c_str(), beat->tid,
-                   to_string(static_cast<Phase>(beat->phase.load())),
+                   beat->name.c_str(), beat->tid, to_string(static_cast<Phase>(beat->phase.load())),
                    seconds_between(beat->beat_ns.load(), now), beat->device.load());
     }
   }
