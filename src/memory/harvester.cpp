@@ -79,11 +79,19 @@ bool Harvester::make_room(DeviceHeap& device, std::size_t short_pages, JobId req
 }
 
 std::size_t Harvester::take_local(DeviceHeap& device, std::size_t pages, std::vector<Page>& out) {
-  std::size_t got = device.pool().acquire(pages, out);
-  if (got < pages && device.reclaim_from_others(nullptr, pages - got) > 0) {
-    got += device.pool().acquire(pages - got, out);
+  // Best effort: what it took stays in `out` for the caller to use or give back, also when a
+  // step fails (reclaiming records fences, and that may fail).
+  const std::size_t before = out.size();
+  try {
+    const std::size_t got = device.pool().acquire(pages, out);
+    if (got < pages && device.reclaim_from_others(nullptr, pages - got) > 0) {
+      device.pool().acquire(pages - got, out);
+    }
+  } catch (const Error& e) {
+    spdlog::warn("salus: device {}: taking pages for a move failed: {}", device.device(),
+                 e.what());
   }
-  return got;
+  return out.size() - before;
 }
 
 std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {

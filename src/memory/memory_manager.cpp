@@ -154,6 +154,7 @@ class MemoryManager::Impl {
     }
     std::string why_not;
     DevicePtr ptr = 0;
+    (void)memory::take_driver_refusal();  // only this request's refusals are its reason
     try {
       ptr = place(device, heap, request, bytes, why_not);
     } catch (...) {
@@ -162,6 +163,9 @@ class MemoryManager::Impl {
     }
     if (ptr == 0) {
       job.uncharge(request.lifetime, bytes);
+      if (std::string refusal = memory::take_driver_refusal(); !refusal.empty()) {
+        why_not += "; " + refusal;
+      }
       throw OutOfMemory(oom_info(job, device, request, why_not, false));
     }
     // A release_job that raced with this allocation may have walked past the new block, or
@@ -261,10 +265,17 @@ class MemoryManager::Impl {
       throw InvalidArgument("release_job: the unattributed job is permanent");
     JobRecord& job = jobs_.live(id);
     job.alive.store(false, std::memory_order_release);
-    for (const auto& device : heaps_) {
-      device->for_each_stream_heap([&](StreamHeap& heap) {
-        heap.release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
-      });
+    try {
+      for (const auto& device : heaps_) {
+        device->for_each_stream_heap([&](StreamHeap& heap) {
+          heap.release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
+        });
+      }
+    } catch (...) {
+      // A block whose free failed (its fence could not be recorded) is still the job's, and so
+      // is everything after it: the job stays registered with them, and a later call finishes.
+      job.alive.store(true, std::memory_order_release);
+      throw;
     }
   }
 

@@ -6,6 +6,30 @@
 
 namespace salus::memory {
 
+namespace {
+
+// How often putting a page back under its address is tried. A map or an access grant that the
+// driver refused a moment ago (for want of a resource then) succeeds when asked again, and giving
+// up would leave a live block's address without its page; a driver that refuses every time has
+// lost the context, and then the tries cost microseconds.
+constexpr int kRestoreAttempts = 16;
+
+template <class F>
+void retried(F&& step) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      step();
+      return;
+    } catch (const DeviceError& e) {
+      if (attempt == kRestoreAttempts) throw;
+      spdlog::warn("salus: putting a page back failed (try {} of {}): {}", attempt,
+                   kRestoreAttempts, e.what());
+    }
+  }
+}
+
+}  // namespace
+
 PageMover::PageMover(std::shared_ptr<DeviceBackend> backend, int device, std::size_t page_bytes,
                      std::size_t window_pages)
     : backend_(std::move(backend)),
@@ -101,8 +125,8 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
         // Put the old page back under its address; its bytes are intact. When the new page got
         // mapped but not its access, it has to come off first (the caller takes it back as unused).
         if (new_mapped) backend.unmap(move.va, page_bytes_);
-        backend.map(move.va, page_bytes_, move.slot->chunk, 0);
-        backend.set_access(move.va, page_bytes_, grants);
+        retried([&] { backend.map(move.va, page_bytes_, move.slot->chunk, 0); });
+        retried([&] { backend.set_access(move.va, page_bytes_, grants); });
         throw;
       }
       old.push_back({move.slot->chunk, nullptr, move.slot->where});

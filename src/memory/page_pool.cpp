@@ -1,10 +1,21 @@
 #include "memory/page_pool.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <utility>
 
 #include "memory/job_table.hpp"
 
 namespace salus::memory {
+
+namespace {
+thread_local std::string t_driver_refusal;
+}  // namespace
+
+std::string take_driver_refusal() {
+  return std::exchange(t_driver_refusal, std::string());
+}
 
 PagePool::PagePool(DeviceBackend& backend, Location where, std::size_t page_bytes,
                    std::size_t limit_bytes)
@@ -53,7 +64,11 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
     } catch (const DeviceError& e) {
       // The device may hold less than its nominal size (other processes, fragmentation in the
       // driver): treat its refusal as the real limit and let the caller reclaim or fail cleanly.
-      if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") break;
+      if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") {
+        t_driver_refusal = fmt::format("the driver refused {} at {}: {}", e.call(),
+                                       to_string(where_), e.status());
+        break;
+      }
       throw;
     }
     out.push_back({chunk, nullptr, where_});

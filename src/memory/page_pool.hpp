@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "memory/fence.hpp"
@@ -76,5 +77,11 @@ class PagePool {
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::size_t> lent_{0};  // pages
 };
+
+// The driver's last refusal of a chunk (a cuMemCreate that failed for want of memory) on the
+// calling thread, as words, and forgets it; "" when there was none since the last call. An
+// allocation that ends in OutOfMemory names it, so that a failure the driver reported is told
+// from a budget that said no.
+[[nodiscard]] std::string take_driver_refusal();
 
 }  // namespace salus::memory

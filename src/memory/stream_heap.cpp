@@ -410,21 +410,23 @@ Lifetime StreamHeap::disown(Block* block) {
 }
 
 FreedBlock StreamHeap::free_block(Block* block) {
+  // Other streams may still read or write it: whoever reuses, moves or takes its pages waits
+  // for their work so far (this stream's own work is ordered by the stream itself). Streams
+  // retired meanwhile left their fence on the block. The fence comes first: recording its events
+  // may fail, and then the free fails with the block still live and nothing changed.
+  std::vector<StreamHandle> others;
+  streams_using(*block, others);
+  FencePtr fence = block->fence;
+  if (!others.empty()) {
+    fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
+  }
   const FreedBlock freed{block->job, block->lifetime, block->size, block->owner->record};
   unlink(block);
   live_.erase(block->addr);
   ++tally_.frees;
   --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
   device_.counters().on_free(block->lifetime, block->size);
-  std::vector<StreamHandle> others;
-  streams_using(*block, others);
-  // Other streams may still read or write it: whoever reuses, moves or takes its pages waits
-  // for their work so far (this stream's own work is ordered by the stream itself). Streams
-  // retired meanwhile left their fence on the block.
-  FencePtr fence = std::move(block->fence);
-  if (!others.empty()) {
-    fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
-  }
+  block->fence.reset();
   if (fence != nullptr) {
     Arena& arena = arena_of(*block);
     auto [first, last] = arena.pages_touched(*block);
@@ -433,7 +435,15 @@ FreedBlock StreamHeap::free_block(Block* block) {
     }
   }
   release_block(block);
-  if (retired_) drain_retired();
+  if (retired_) {
+    try {
+      drain_retired();
+    } catch (const Error& e) {
+      // As above: the free is done; the retired stream's pages go on a later free or rebind.
+      spdlog::warn("salus: device {}: draining a retired stream after a free failed: {}",
+                   device_.device(), e.what());
+    }
+  }
   return freed;
 }
 
@@ -493,12 +503,19 @@ void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_
                                      const Block& merged) {
   std::vector<Page> pages;
   OwnFence own(*this);
-  for (std::size_t i = first; i < last; ++i) {
-    const PageSlot& slot = arena.page(i);
-    if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
-        !live_touches(arena, i, merged)) {
-      pages.push_back(hand_off(arena, i, own));
+  try {
+    for (std::size_t i = first; i < last; ++i) {
+      const PageSlot& slot = arena.page(i);
+      if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
+          !live_touches(arena, i, merged)) {
+        pages.push_back(hand_off(arena, i, own));
+      }
     }
+  } catch (const Error& e) {
+    // The free is done; handing borrowed pages back early is not part of it. A page whose fence
+    // could not be recorded stays here as free space, and a later free, trim or recall returns it.
+    spdlog::warn("salus: device {}: returning borrowed pages after a free failed: {}",
+                 device_.device(), e.what());
   }
   device_.tiers().give_back(device_.device(), pages);
 }
@@ -600,6 +617,7 @@ std::size_t StreamHeap::reclaim_pages(std::size_t wanted, bool idle_only) {
   OwnFence own(*this);
   // Work enqueued on this stream before its blocks were freed may still touch their pages.
   if (idle_only && own.get() != nullptr) return 0;
+  if (!idle_only) return_stray_remote_pages(own);
   std::vector<Page> pages;
   const std::size_t taken = reclaim_locked(wanted, pages, own, idle_only);
   device_.pool().put(pages);

@@ -203,6 +203,8 @@ class StreamHeap {
   // Pages [first, last) of a block just released into `merged` that live on other tiers and that
   // no live block touches go home, fenced by this stream's work so far.
   void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
+  // Pages of other tiers still in free space (their return after a free failed) go home.
+  void return_stray_remote_pages(OwnFence& own);
   // Whether a live block touches page `index`; `from` is a block touching it.
   [[nodiscard]] bool live_touches(Arena& arena, std::size_t index, const Block& from) const;
   // Other streams that may use `block`: those recorded on it and the streams its job works on.

@@ -1,6 +1,7 @@
 // StreamHeap: moving pages between tiers behind fixed addresses (remap, demote, recall, fetch,
 // prefetch) and the per-tier view of a job's blocks. The allocator itself is in stream_heap.cpp.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <unordered_set>
@@ -46,6 +47,13 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
   for (std::size_t i = first; i < last; ++i) {
     if (arena.page(i).where != where) moves.push_back({arena.page_addr(i), &arena.page(i), {}});
   }
+  // The copies' marks come first: recording them may fail, and then no page has been taken.
+  std::vector<StreamHandle> streams;
+  streams_using(*block, streams);
+  streams.push_back(stream());
+  auto after = marks_now(streams);
+  add_page_fences(moves, after);
+  add_fence(block->fence, after);
   std::vector<Page> fresh;
   if (device_.tiers().borrow_from(device_.device(), where, moves.size(), fresh) < moves.size()) {
     device_.tiers().give_back(device_.device(), fresh);
@@ -64,12 +72,6 @@ void StreamHeap::remap(DevicePtr ptr, Location where) {
     move.to = std::move(fresh.back());
     fresh.pop_back();
   }
-  std::vector<StreamHandle> streams;
-  streams_using(*block, streams);
-  streams.push_back(stream());
-  auto after = marks_now(streams);
-  add_page_fences(moves, after);
-  add_fence(block->fence, after);
   run_moves(MoveReason::remap, moves, after);
   // The caller asked for its bytes where they now are: ordered after all work so far, the host
   // included.
@@ -224,12 +226,14 @@ std::size_t StreamHeap::move_pages(const MoveSpec& spec, std::vector<Page>& dest
   // Best destinations first: callers list them in order of preference (lenders best first, then
   // the host; the borrower's own memory, then the host). When fewer pages can move than were
   // counted (some share a page with a running job), the worse ones are what is left over.
-  for (std::size_t i = 0; i < moves.size(); ++i) moves[i].to = std::move(destinations[i]);
-  destinations.erase(destinations.begin(),
-                     destinations.begin() + static_cast<std::ptrdiff_t>(moves.size()));
   std::exception_ptr failure;
   try {
-    run_moves(spec.reason, moves, move_marks(moves, held, gate, touches_free));
+    // The marks come first: recording them may fail, and then the destinations stay the caller's.
+    const auto marks = move_marks(moves, held, gate, touches_free);
+    for (std::size_t i = 0; i < moves.size(); ++i) moves[i].to = std::move(destinations[i]);
+    destinations.erase(destinations.begin(),
+                       destinations.begin() + static_cast<std::ptrdiff_t>(moves.size()));
+    run_moves(spec.reason, moves, marks);
   } catch (...) {
     failure = std::current_exception();
   }
@@ -301,6 +305,28 @@ void StreamHeap::add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]) {
       }
     }
   }
+}
+
+void StreamHeap::return_stray_remote_pages(OwnFence& own) {
+  if (remote_pages_ == 0) return;
+  std::vector<Page> pages;
+  try {
+    for (Arena* arena : {&large_, &small_}) {
+      arena->for_each_free_largest_first([&](const Block& free_block) {
+        auto [first, last] = arena->pages_inside(free_block);
+        for (std::size_t i = first; i < last; ++i) {
+          const PageSlot& slot = arena->page(i);
+          if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
+            pages.push_back(hand_off(*arena, i, own));
+          }
+        }
+      });
+    }
+  } catch (const Error& e) {
+    spdlog::warn("salus: device {}: returning borrowed pages failed: {}", device_.device(),
+                 e.what());
+  }
+  device_.tiers().give_back(device_.device(), pages);
 }
 
 }  // namespace salus::memory

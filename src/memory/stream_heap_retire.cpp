@@ -34,6 +34,7 @@ void StreamHeap::drain_retired() {
   // the old addresses stay mapped here until that work has finished (hand_off).
   std::vector<Page> pages;
   OwnFence own(*this);
+  return_stray_remote_pages(own);
   reclaim_locked(std::numeric_limits<std::size_t>::max(), pages, own, false);
   device_.pool().put(pages);
 }

@@ -178,6 +178,24 @@ cuda::DriverApi FakeDriver::api() const {
 void FakeDriver::fail_next(std::string call, CUresult code, int skip) {
   state_->fail_next(std::move(call), code, skip);
 }
+void FakeDriver::fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt) {
+  state_->fail_randomly(rate, seed, std::move(exempt));
+}
+std::uint64_t FakeDriver::random_failures() const {
+  return state_->random_failures();
+}
+std::vector<std::pair<std::string, std::uint64_t>> FakeDriver::random_failures_by_call() const {
+  return state_->random_failures_by_call();
+}
+void FakeDriver::record_calls(bool record) {
+  state_->record_calls(record);
+}
+void FakeDriver::write_word(DevicePtr va, std::uint64_t value) {
+  state_->write_word(va, value);
+}
+std::uint64_t FakeDriver::read_word(DevicePtr va) const {
+  return state_->read_word(va);
+}
 void FakeDriver::set_peer(int from, int to, FakePeerConfig peer) {
   state_->set_peer(from, to, peer);
 }

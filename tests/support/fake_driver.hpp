@@ -31,6 +31,11 @@
 //    ever blocks, so neither a wait nor tearing the fake down can hang on unfinished work.
 //  - The legacy stream (nullptr) is ordered against streams created without
 //    CU_STREAM_NON_BLOCKING, as with the driver; Salus creates only non-blocking streams.
+//  - Bytes are modelled sparsely, as 64-bit words the test writes and reads through a mapped
+//    address (write_word, read_word): they live in the physical chunk mapped there, so they follow
+//    the chunk through remaps, and a copy (cuMemcpyAsync) carries the words of its source range
+//    to its destination when the copy completes, from the chunks mapped under both ranges when it
+//    was enqueued (as the GPU's copy engine would). Words never written read as 0.
 //  - Host functions (cuLaunchHostFunc) run at once, even while earlier work on their stream is
 //    unfinished, and do not enter the queue.
 //  - Kernels and copies reference the virtual range they were enqueued against and the physical
@@ -117,6 +122,17 @@ class FakeDriver {
   // The (skip+1)-th next call of `call` (a base name, e.g. "cuMemMap") returns `code` without
   // doing anything. Several injections queue up; each fires once.
   void fail_next(std::string call, CUresult code, int skip = 0);
+  // From now on every call fails with probability `rate` (0 turns it off), drawn from a generator
+  // seeded with `seed`: calls that take a resource (cuMemCreate, cuMemAddressReserve,
+  // cuStreamCreateWithPriority, cuEventCreate) with CUDA_ERROR_OUT_OF_MEMORY, the others with
+  // CUDA_ERROR_UNKNOWN. Calls named in `exempt` never fail this way. fail_next injections come
+  // first. The failed call does nothing, as with fail_next.
+  void fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt = {});
+  // Failures fail_randomly injected so far, in all, and per call name.
+  [[nodiscard]] std::uint64_t random_failures() const;
+  [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> random_failures_by_call() const;
+  // Stops (false) or resumes recording calls for calls(): a long run would keep millions.
+  void record_calls(bool record);
   void set_peer(int from, int to, FakePeerConfig peer);
   // While held, each cuEventRecord also enqueues a marker that stays unfinished (and with it the
   // event and later work on that stream) until complete_events(), cuEventSynchronize on the event,
@@ -147,6 +163,11 @@ class FakeDriver {
   // still referenced it, in the order they happened.
   [[nodiscard]] std::vector<std::string> violations() const;
   void clear_violations();
+
+  // --- bytes (see the top of this file) ---
+  // `va` must be 8-byte aligned and mapped; else std::invalid_argument. Not driver calls.
+  void write_word(DevicePtr va, std::uint64_t value);
+  [[nodiscard]] std::uint64_t read_word(DevicePtr va) const;
 
   // --- what happened ---
   [[nodiscard]] std::vector<FakeCall> calls() const;

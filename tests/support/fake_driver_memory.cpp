@@ -117,7 +117,7 @@ CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size
     }
     if (!range_reserved(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
     if (!range_unmapped(ptr, size)) return CUDA_ERROR_ALREADY_MAPPED;
-    mappings_.emplace(ptr, Mapping{size, handle});
+    mappings_.emplace(ptr, Mapping{size, handle, offset});
     for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
       // A fresh mapping is inaccessible until cuMemSetAccess, as with the driver.
       pages_.emplace(
@@ -208,10 +208,11 @@ CUresult FakeDriver::State::memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::
                    (!range_mapped(dst, bytes) || !range_mapped(src, bytes))) {
                  return CUDA_ERROR_INVALID_VALUE;
                }
-               // No bytes are modelled; the order is what counts, and what the copy touches
-               // until it completes (after the stream's earlier work).
+               // What the copy touches until it completes (after the stream's earlier work),
+               // and the words it carries then.
                if (bytes > 0) {
-                 enqueue(ItemKind::copy, stream, {span_of(dst, bytes), span_of(src, bytes)});
+                 enqueue(ItemKind::copy, stream, {span_of(dst, bytes), span_of(src, bytes)}, 0,
+                         false, copy_pieces(dst, src, bytes));
                }
                return CUDA_SUCCESS;
              });

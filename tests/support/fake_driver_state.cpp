@@ -36,22 +36,38 @@ FakeDriver::State::State(FakeDriverConfig config)
 CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t> args,
                                 const std::function<CUresult()>& body) {
   const std::scoped_lock lock(mutex_);
-  calls_.push_back(FakeCall{std::string(name), std::move(args), CUDA_SUCCESS, current_device()});
-  const std::size_t index = calls_.size() - 1;
-  CUresult rc = CUDA_SUCCESS;
+  const int device = current_device();  // when the call was made (before cuCtxSetCurrent acts)
+  CUresult rc = injected(name);
+  if (rc == CUDA_SUCCESS && !initialized_ && name != "cuInit") rc = CUDA_ERROR_NOT_INITIALIZED;
+  if (rc == CUDA_SUCCESS) rc = body();
+  if (record_calls_) {
+    calls_.push_back(FakeCall{std::string(name), std::move(args), rc, device});
+  }
+  return rc;
+}
+
+CUresult FakeDriver::State::injected(std::string_view name) {
   const auto failure = std::find_if(failures_.begin(), failures_.end(),
                                     [&](const Failure& f) { return f.call == name; });
-  if (failure != failures_.end() && failure->skip > 0) {
+  if (failure == failures_.end()) return random_failure(name);
+  if (failure->skip > 0) {
     --failure->skip;
-  } else if (failure != failures_.end()) {
-    rc = failure->code;
-    failures_.erase(failure);
-  } else if (!initialized_ && name != "cuInit") {
-    rc = CUDA_ERROR_NOT_INITIALIZED;
+    return random_failure(name);
   }
-  if (rc == CUDA_SUCCESS) rc = body();
-  calls_[index].result = rc;
+  const CUresult rc = failure->code;
+  failures_.erase(failure);
   return rc;
+}
+
+CUresult FakeDriver::State::random_failure(std::string_view name) {
+  if (random_.rate <= 0.0 || random_.exempt.contains(name)) return CUDA_SUCCESS;
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(random_.rng) >= random_.rate) {
+    return CUDA_SUCCESS;
+  }
+  ++random_.injected[std::string(name)];
+  const bool takes_resource = name == "cuMemCreate" || name == "cuMemAddressReserve" ||
+                              name == "cuStreamCreateWithPriority" || name == "cuEventCreate";
+  return takes_resource ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
 }
 
 // --- helpers (called with the lock held) -----------------------------------------------------
@@ -128,6 +144,7 @@ void FakeDriver::State::free_chunk_if_done(CUmemGenericAllocationHandle handle) 
   } else {
     device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.size;
   }
+  words_.erase(handle);
   chunks_.erase(it);
 }
 
@@ -269,6 +286,32 @@ CUresult FakeDriver::State::ctx_get_stream_priority_range(int* least, int* great
 void FakeDriver::State::fail_next(std::string call, CUresult code, int skip) {
   const std::scoped_lock lock(mutex_);
   failures_.push_back(Failure{std::move(call), code, skip});
+}
+
+void FakeDriver::State::fail_randomly(double rate, std::uint64_t seed,
+                                      std::vector<std::string> exempt) {
+  const std::scoped_lock lock(mutex_);
+  random_.rate = rate;
+  random_.rng.seed(seed);
+  random_.exempt = std::set<std::string, std::less<>>(exempt.begin(), exempt.end());
+}
+
+std::uint64_t FakeDriver::State::random_failures() const {
+  const std::scoped_lock lock(mutex_);
+  std::uint64_t total = 0;
+  for (const auto& [call, n] : random_.injected) total += n;
+  return total;
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> FakeDriver::State::random_failures_by_call()
+    const {
+  const std::scoped_lock lock(mutex_);
+  return {random_.injected.begin(), random_.injected.end()};
+}
+
+void FakeDriver::State::record_calls(bool record) {
+  const std::scoped_lock lock(mutex_);
+  record_calls_ = record;
 }
 
 void FakeDriver::State::set_peer(int from, int to, FakePeerConfig link) {

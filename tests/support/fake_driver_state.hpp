@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -67,6 +68,12 @@ class FakeDriver::State {
 
   // Steering and queries behind FakeDriver's public API.
   void fail_next(std::string call, CUresult code, int skip);
+  void fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt);
+  [[nodiscard]] std::uint64_t random_failures() const;
+  [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> random_failures_by_call() const;
+  void record_calls(bool record);
+  void write_word(CUdeviceptr va, std::uint64_t value);
+  [[nodiscard]] std::uint64_t read_word(CUdeviceptr va) const;
   void set_peer(int from, int to, FakePeerConfig peer);
   void hold_events(bool hold);
   void complete_events();
@@ -102,6 +109,7 @@ class FakeDriver::State {
   struct Mapping {
     std::size_t size = 0;
     CUmemGenericAllocationHandle handle = 0;
+    std::size_t offset = 0;  // into the chunk
   };
   struct Event {
     int device = 0;
@@ -116,13 +124,29 @@ class FakeDriver::State {
     std::size_t bytes = 0;
     std::vector<CUmemGenericAllocationHandle> chunks;
   };
+  // Part of a copy: bytes from one chunk to another, resolved when the copy was enqueued.
+  struct CopyPiece {
+    CUmemGenericAllocationHandle src = 0;
+    std::size_t src_offset = 0;
+    CUmemGenericAllocationHandle dst = 0;
+    std::size_t dst_offset = 0;
+    std::size_t bytes = 0;
+  };
   struct Item {
     ItemKind kind = ItemKind::kernel;
     CUstream stream = nullptr;
     // Items it completes after; all of them were enqueued before it (so have smaller ids).
     std::vector<std::uint64_t> after;
     std::vector<Span> spans;
-    bool held = false;  // a hold_events marker not yet released
+    bool held = false;               // a hold_events marker not yet released
+    std::vector<CopyPiece> pieces;   // a copy's bytes, carried when it completes
+  };
+  // fail_randomly's state.
+  struct RandomFailures {
+    double rate = 0.0;
+    std::mt19937_64 rng;
+    std::set<std::string, std::less<>> exempt;
+    std::map<std::string, std::uint64_t, std::less<>> injected;  // per call
   };
   struct Failure {
     std::string call;
@@ -134,6 +158,9 @@ class FakeDriver::State {
   // all under the lock.
   CUresult run(std::string_view name, std::vector<std::uint64_t> args,
                const std::function<CUresult()>& body);
+  // The code of an injected failure for this call (fail_next, then fail_randomly), or success.
+  CUresult injected(std::string_view name);
+  CUresult random_failure(std::string_view name);
   [[nodiscard]] int device_count() const { return static_cast<int>(config_.devices.size()); }
   [[nodiscard]] bool valid_device(int device) const {
     return device >= 0 && device < device_count();
@@ -155,7 +182,8 @@ class FakeDriver::State {
   // every blocking stream's, and the other way round), also after `also` when non-zero; returns
   // its id. Auto-completing items whose predecessors are done finish at once.
   std::uint64_t enqueue(ItemKind kind, CUstream stream, std::vector<Span> spans,
-                        std::uint64_t also = 0, bool held = false);
+                        std::uint64_t also = 0, bool held = false,
+                        std::vector<CopyPiece> pieces = {});
   // Finishes every auto-completing item (not a kernel, not held) whose predecessors are done.
   void settle();
   // Erases a finished item; a record's completion time is kept for cuEventElapsedTime.
@@ -170,6 +198,13 @@ class FakeDriver::State {
   // the call), or chunk `handle`.
   void check_range(std::string_view call, CUdeviceptr ptr, std::size_t size);
   void check_chunk(CUmemGenericAllocationHandle handle);
+  // The bytes model (fake_driver_bytes.cpp): the chunk and offset mapped at `va`; a copy's
+  // pieces; carrying a completed copy's words.
+  [[nodiscard]] std::optional<std::pair<CUmemGenericAllocationHandle, std::size_t>> resolve(
+      CUdeviceptr va) const;
+  [[nodiscard]] std::vector<CopyPiece> copy_pieces(CUdeviceptr dst, CUdeviceptr src,
+                                                   std::size_t bytes) const;
+  void carry_words(const std::vector<CopyPiece>& pieces);
 
   FakeDriverConfig config_;
   std::uint64_t generation_;  // tells this driver's contexts from those of an earlier fake
@@ -178,7 +213,11 @@ class FakeDriver::State {
   mutable std::mutex mutex_;
   bool initialized_ = false;
   std::vector<FakeCall> calls_;
+  bool record_calls_ = true;
   std::deque<Failure> failures_;
+  RandomFailures random_;
+  // Words written (write_word) or copied into each chunk: chunk -> offset -> value.
+  std::map<CUmemGenericAllocationHandle, std::map<std::size_t, std::uint64_t>> words_;
   std::map<std::pair<int, int>, FakePeerConfig> peer_overrides_;
   std::vector<int> retained_;
   std::map<CUmemGenericAllocationHandle, Chunk> chunks_;

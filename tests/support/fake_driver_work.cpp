@@ -31,8 +31,9 @@ bool overlaps(CUdeviceptr a, std::size_t a_bytes, CUdeviceptr b, std::size_t b_b
 // --- the queue (lock held) ---------------------------------------------------------------------
 
 std::uint64_t FakeDriver::State::enqueue(ItemKind kind, CUstream stream, std::vector<Span> spans,
-                                         std::uint64_t also, bool held) {
-  Item item{kind, stream, {}, std::move(spans), held};
+                                         std::uint64_t also, bool held,
+                                         std::vector<CopyPiece> pieces) {
+  Item item{kind, stream, {}, std::move(spans), held, std::move(pieces)};
   const auto follow = [&](std::uintptr_t queue) {
     const auto tail = tails_.find(queue);
     if (tail != tails_.end() && !finished(tail->second)) item.after.push_back(tail->second);
@@ -81,6 +82,7 @@ void FakeDriver::State::complete(std::uint64_t id) {
 std::map<std::uint64_t, FakeDriver::State::Item>::iterator FakeDriver::State::retire(
     std::map<std::uint64_t, Item>::iterator it) {
   if (it->second.kind == ItemKind::record) record_times_[it->first] = clock_ms_;
+  if (it->second.kind == ItemKind::copy) carry_words(it->second.pieces);
   return items_.erase(it);
 }
 
