@@ -97,7 +97,12 @@ for t in "${TARGETS[@]}"; do
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' <<<"$last" || echo "cov: ? ft: ?")
   corp=$(grep -oE 'corp: [0-9]+/[0-9]+[a-zA-Z]*' <<<"$last" || echo "corp: ?")
   log "$t: $execs executions, $rate exec/s, $cov, $corp"
-  crashes=$(find "$OUT/artifacts/$t" -type f | sort)
+  # crash-, leak-, timeout- and oom- files are findings; slow-unit- files (an input that took over
+  # 10 s) are only named.
+  for slow in $(find "$OUT/artifacts/$t" -type f -name 'slow-unit-*' | sort); do
+    log "$t: slow input (not a failure): $slow"
+  done
+  crashes=$(find "$OUT/artifacts/$t" -type f ! -name 'slow-unit-*' | sort)
   if ((status != 0)) || [[ -n $crashes ]]; then
     found=1
     grep -E 'ERROR: |fuzz check failed|runtime error|SUMMARY' "$logfile" | head -n 5 | sed 's/^/[fuzz]   /' || true

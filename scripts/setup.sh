@@ -8,9 +8,10 @@ log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # Tool -> Debian package providing it, then libraries (checked as installed packages).
-declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config)
+declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config [clang++]=clang)
 LIBS=(libtbb-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-      libbenchmark-dev)
+      libbenchmark-dev
+      libclang-rt-14-dev)  # libFuzzer for scripts/fuzz.sh (Debian 12's clang is 14)
 
 missing=()
 for tool in "${!TOOLS[@]}"; do
@@ -81,7 +82,8 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PYTHON" -m venv .venv
   fi
 fi
-PY_REQS=(torch numpy pytest pytest-benchmark matplotlib tqdm "scikit-build-core>=0.10" "pybind11>=2.12")
+PY_REQS=(torch numpy pytest pytest-benchmark matplotlib tqdm "scikit-build-core>=0.10" "pybind11>=2.12"
+         atheris)  # atheris: the Python fuzz targets (tests/fuzz/python)
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, re, sys
 for req in sys.argv[1:]:

@@ -4,7 +4,8 @@
 # (CMake package and pkg-config), and the Python package's pytest suite (real PyTorch). Ends with one summary line; exits non-zero if anything failed.
 #
 # Environment: SALUS_JOBS (build parallelism, default 2), SALUS_SKIP_SANITIZERS=1 to skip the
-# ASan/UBSan and TSan builds (for a quick local run; CI runs everything).
+# ASan/UBSan and TSan builds (for a quick local run; CI runs everything), SALUS_SKIP_FUZZ=1 to skip
+# the fuzzing step (scripts/fuzz.sh; SALUS_FUZZ_SECONDS per target, default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -133,6 +134,21 @@ if [[ -x build/examples/libtorch_two_jobs ]]; then
   else
     fail "libtorch program (two jobs through salus_torch)"
   fi
+fi
+
+# --- 3b. fuzzing: each libFuzzer target for a bounded time from its seed corpus --------------------
+# scripts/fuzz.sh prints "[fuzz] RESULT <target> pass|fail" per target; each counts once.
+if [[ ${SALUS_SKIP_FUZZ:-0} != 1 ]]; then
+  log "fuzzing: scripts/fuzz.sh (${SALUS_FUZZ_SECONDS:-60}s per target)"
+  fuzz_out=$(mktemp)
+  ./scripts/fuzz.sh 2>&1 | tee "$fuzz_out" || true
+  while read -r _ _ target result _; do
+    if [[ $result == pass ]]; then pass "fuzz $target"; else fail "fuzz $target"; fi
+  done < <(grep -E '^\[fuzz\] RESULT ' "$fuzz_out" || true)
+  grep -qE '^\[fuzz\] RESULT ' "$fuzz_out" || fail "fuzz: scripts/fuzz.sh ran no target"
+  rm -f "$fuzz_out"
+else
+  log "fuzzing skipped (SALUS_SKIP_FUZZ=1)"
 fi
 
 # --- 4. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------

@@ -132,12 +132,13 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   lock.unlock();
   memory::set_job_quiescent(*memory_, job.id);
   lock.lock();
-  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
+  check_usable(job, "begin_iteration");
   core_.wait(job.id);
   wake(run_decisions());
   if (!job.started) prefetch_next(core_.lane_of(job.id));
   wait_for_start(job, lock);
-  if (job.state == JobState::cancelled) throw JobCancelled(job.spec.name);
+  check_usable(job, "begin_iteration");
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   const StreamHandle stream = job.stream;
   lock.unlock();
@@ -153,9 +154,9 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   // GPU time counts from here, where the stream reaches this iteration's work.
   const std::optional<IterationTimers::Pair> timer = start_timer(job, stream);
   lock.lock();
-  if (job.state == JobState::cancelled) {
+  if (job.state == JobState::cancelled || job.state == JobState::left) {
     if (timer) timers_.release(*timer);
-    throw JobCancelled(job.spec.name);
+    check_usable(job, "begin_iteration");
   }
   job.timer = timer;
   const auto now = SteadyClock::now();

@@ -3,7 +3,12 @@
 // bytes of every live block reading back, and the statistics balancing against the model.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <set>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <string>
@@ -30,10 +35,11 @@ struct Block {
   std::size_t bytes = 0;  // requested, rounded up to the block alignment
   int device = 0;
   std::uint32_t job = 0;  // 0: unattributed (also after its job left with blocks_outlive_job)
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;  // 0: never written (its job was waiting: its pages may move meanwhile)
 };
 
-enum class JobState { idle, running, cancelled };
+// waiting: inside salus_job_begin_iteration on a Waiter's thread, behind the device's running job.
+enum class JobState { idle, waiting, running, cancelled };
 
 struct JobModel {
   std::uint32_t id = 0;
@@ -73,6 +79,7 @@ void for_each_checked_word(const Block& b, F&& f) {
 }
 
 inline void write_pattern(const Block& b) {
+  if (b.seed == 0) return;
   auto* words = reinterpret_cast<std::uint64_t*>(b.ptr);
   for_each_checked_word(b, [&](std::size_t i) { words[i] = pattern_word(b.seed, i); });
   // A tail shorter than a word: one byte pattern.
@@ -83,6 +90,7 @@ inline void write_pattern(const Block& b) {
 }
 
 inline void check_pattern(const Block& b, const char* after) {
+  if (b.seed == 0) return;
   const auto* words = reinterpret_cast<const std::uint64_t*>(b.ptr);
   for_each_checked_word(b, [&](std::size_t i) {
     if (words[i] != pattern_word(b.seed, i)) {
@@ -96,6 +104,28 @@ inline void check_pattern(const Block& b, const char* after) {
     FUZZ_CHECK(bytes[i] == static_cast<std::uint8_t>(b.seed + i), after);
   }
 }
+
+// A job waiting in salus_job_begin_iteration on a thread of its own (the program's one other
+// thread), until the job running on its device ends, is cancelled or leaves. Joined by the main
+// thread right after that call, so the model never reads what the thread writes while it runs.
+struct Waiter {
+  std::uint32_t job = 0;
+  salus_status status = SALUS_OK;
+  void* stream = nullptr;
+  std::string error;
+  std::thread thread;
+
+  Waiter(salus_runtime* runtime, std::uint32_t id) : job(id) {
+    thread = std::thread([this, runtime] {
+      status = salus_job_begin_iteration(runtime, job, &stream);
+      error = salus_last_error();
+    });
+  }
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+  ~Waiter() { join(); }
+};
 
 // What the runtime said about every device and job, to see that a failed call changed nothing.
 struct Snapshot {
@@ -115,6 +145,53 @@ struct Model {
   std::vector<void*> destroyed_streams;     // handles no longer valid
   std::vector<std::uintptr_t> freed;        // pointers freed (for double frees)
   std::uint64_t next_seed = 1;
+  // The C++ runtime still calls a job that was cancelled before it left "cancelled", where the
+  // header promises UNKNOWN_JOB for any id that left (reported with issue 12's fuzzing results).
+  std::set<std::uint32_t> cancelled_then_left;
+
+  // A job id: mostly one the model knows, sometimes one that left or was never made.
+  std::uint32_t pick_job_id(FuzzInput& in) {
+    const std::size_t k = in.below(8);
+    if (k == 0 && !left_jobs.empty()) return left_jobs[in.below(left_jobs.size())];
+    if (k == 1) return 100000 + in.byte();
+    if (jobs.empty()) return 100000;
+    return jobs[in.below(jobs.size())].id;
+  }
+
+  // A device index: mostly valid.
+  int pick_device(FuzzInput& in, bool& valid) {
+    const std::size_t k = in.below(16);
+    valid = k != 0;
+    if (k == 0) return in.chance(50) ? -1 : devices + static_cast<int>(in.below(3));
+    return static_cast<int>(in.below(static_cast<std::size_t>(devices)));
+  }
+
+  // A valid stream of `device`: the default, one made by salus_stream_create, or the iteration
+  // stream of one of its jobs.
+  void* pick_stream(FuzzInput& in, int device) {
+    std::vector<void*> options{nullptr};
+    for (const StreamModel& s : streams) {
+      if (s.device == device) options.push_back(s.handle);
+    }
+    for (const JobModel& j : jobs) {
+      if (j.device == device && j.iteration_stream != nullptr) options.push_back(j.iteration_stream);
+    }
+    return options[in.below(options.size())];
+  }
+
+  void* invalid_stream(FuzzInput& in) {
+    if (!destroyed_streams.empty() && in.chance(50)) {
+      return destroyed_streams[in.below(destroyed_streams.size())];
+    }
+    return reinterpret_cast<void*>(std::uintptr_t{0x5a1e5});  // no stream of any backend
+  }
+
+  // The status every job call gives a job that cannot take it: gone or cancelled.
+  salus_status gone_status(std::uint32_t id) {
+    const JobModel* j = job(id);
+    if (j == nullptr) return SALUS_ERROR_UNKNOWN_JOB;
+    return j->state == JobState::cancelled ? SALUS_ERROR_CANCELLED : SALUS_OK;
+  }
 
   JobModel* job(std::uint32_t id) {
     for (JobModel& j : jobs) {
@@ -164,14 +241,33 @@ struct Model {
   // of every job's persistent + peak fits, all are admitted whatever the order. The profile is what
   // the stats report (hints first, then what the job used).
   bool admits_at_once(const JobModel& candidate, const char* after) const {
-    if (candidate.state != JobState::idle) return false;
+    return candidate.state == JobState::idle && running_on(candidate.device) == nullptr &&
+           all_admitted(candidate.device, 0, after);
+  }
+
+  const JobModel* running_on(int device) const {
+    for (const JobModel& j : jobs) {
+      if (j.device == device && j.state == JobState::running) return &j;
+    }
+    return nullptr;
+  }
+
+  // Whether the persistent + peak of every job of `device` fits its budget, so that all are
+  // admitted. With `ending` (a running job), as they will be once it ends its iteration: its
+  // profile is then what it holds (all persistent after promotion) and at most its largest
+  // ephemeral peak so far.
+  bool all_admitted(int device, std::uint32_t ending, const char* after) const {
     std::size_t committed = 0;
     for (const JobModel& j : jobs) {
-      if (j.device != candidate.device || j.state == JobState::cancelled) continue;
-      if (j.state == JobState::running) return false;
+      if (j.device != device || j.state == JobState::cancelled) continue;
       const salus_job_stats s = job_stats(j.id, after);
-      committed = saturating_add(committed, saturating_add(s.profile_persistent_bytes,
-                                                           s.profile_ephemeral_peak_bytes));
+      std::size_t persistent = s.profile_persistent_bytes;
+      std::size_t peak = s.profile_ephemeral_peak_bytes;
+      if (j.id == ending) {
+        persistent = s.in_use;
+        peak = std::max(peak, s.ephemeral_peak);
+      }
+      committed = saturating_add(committed, saturating_add(persistent, peak));
     }
     return committed <= budget;
   }
@@ -217,6 +313,7 @@ struct Model {
                  where);
       FUZZ_CHECK(s.in_use < kSane && s.on_peer_bytes < kSane && s.on_host_bytes < kSane, where);
       const salus_job_state want = j.state == JobState::running   ? SALUS_JOB_RUNNING
+                                   : j.state == JobState::waiting   ? SALUS_JOB_WAITING
                                    : j.state == JobState::cancelled ? SALUS_JOB_CANCELLED
                                                                     : SALUS_JOB_IDLE;
       FUZZ_CHECK(s.state == want, where + ": state " + std::to_string(s.state));

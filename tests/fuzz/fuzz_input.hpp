@@ -63,6 +63,14 @@ inline void describe_call(std::string call) {
   current_call() = std::move(call);
 }
 
+// printf-style formatting for the call descriptions and messages.
+template <class... Args>
+std::string format_call(const char* format, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, format, args...);
+  return buf;
+}
+
 // An inconsistency the target found: print it and abort, which libFuzzer (and the replay
 // executable's ctest run) reports as a crash with this message above the stack.
 [[noreturn]] inline void fail(const std::string& what) {

@@ -441,6 +441,8 @@ def load_experiment(path: Path, scale: str = "full") -> Experiment:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(shown, None, "(file)", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:  # found by fuzzing (tests/fuzz/python)
+        raise InputError(shown, None, "(file)", f"not UTF-8 text: {e.reason}") from None
     lines = TomlLines(text)
     ctx = Context(shown, lines, {})
     try:

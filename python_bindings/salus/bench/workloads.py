@@ -137,10 +137,13 @@ def _parse_row(row: dict[str, str], path: str, line: int) -> Workload:
     forward = optional("forward_fraction", positive=True, at_most=1.0)
     if forward is not None and forward >= 1.0:
         raise InputError(path, line, "forward_fraction", "must be below 1 (backward follows)")
+    # At most 2**62 bytes (a size the native side holds); beyond 1e302 MB the product is not even
+    # finite (found by fuzzing: int(inf) raised OverflowError).
+    peak_mb = number("peak_memory_mb", positive=True, at_most=float(2**62 // MiB))
     return Workload(
         name=name,
         jct_seconds=number("jct_seconds", positive=True),
-        peak_bytes=int(number("peak_memory_mb", positive=True) * MiB),
+        peak_bytes=int(peak_mb * MiB),
         iterations=int(number("iterations", positive=True, integer=True)),
         line=line,
         occupancy=optional("occupancy", positive=True, at_most=1.0),

@@ -32,13 +32,33 @@ except ImportError:  # the fallback engine below
     atheris = None
 
 
+def _bench_from_checkout() -> None:
+    """Makes ``salus.bench`` this checkout's source (python_bindings/salus/bench), on top of the
+    installed ``salus`` package (which holds the native module): the fuzzer then tests the tree,
+    not the copy pip installed from it."""
+    import importlib.util
+
+    import salus
+
+    source = Path(__file__).resolve().parents[3] / "python_bindings" / "salus" / "bench"
+    spec = importlib.util.spec_from_file_location(
+        "salus.bench", source / "__init__.py", submodule_search_locations=[str(source)])
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["salus.bench"] = bench
+    salus.bench = bench  # type: ignore[attr-defined]
+    spec.loader.exec_module(bench)
+
+
 def _instrumented_imports() -> tuple[Callable[..., object], Callable[..., object], tuple]:
     if atheris is not None:
         with atheris.instrument_imports(include=["salus.bench"]):
+            _bench_from_checkout()
             from salus.bench.errors import InputError, ModeNotSupported
             from salus.bench.experiment import load_experiment
             from salus.bench.workloads import load_workloads
     else:
+        _bench_from_checkout()
         from salus.bench.errors import InputError, ModeNotSupported
         from salus.bench.experiment import load_experiment
         from salus.bench.workloads import load_workloads
