@@ -1,6 +1,6 @@
-# Runs salus_soak with one thread wedged after 2 s and a 3 s stuck limit; the watchdog must name
+# Runs salus_soak with one thread wedged after 1 s and a 5 s stuck limit; the watchdog must name
 # the wedged thread, print its stack (with the wedging function in it) and exit with code 3.
-execute_process(COMMAND ${SOAK} --seconds 60 --seed 7 --stuck-seconds 3 --simulate-hang 2
+execute_process(COMMAND ${SOAK} --seconds 60 --seed 7 --stuck-seconds 5 --simulate-hang 1
                 RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 90)
 message("${out}${err}")
 set(failed "")
