@@ -3,8 +3,11 @@
 
 fuzz_c_api: one program per call kind (the op byte is `kind mod 16`, see fuzz_c_api.cpp's
 Program::step), each opening with jobs and allocations so that the call has something to act on,
-plus mixed programs. fuzz_runtime_options: pseudo-random option structs. fuzz_workloads_csv:
-CSV files covering each column, order, line ending and malformed cell (first byte: the cap).
+mixed programs, and hand-encoded programs that reach page moves between tiers.
+fuzz_runtime_options: pseudo-random option structs. fuzz_workloads_csv: CSV files covering each
+column, order, line ending and malformed cell (first byte: the cap). py_experiment /
+py_workloads (tests/fuzz/python): the experiment files of benchmarks/experiments and small
+hand-written ones; CSV files with the Python loader's optional columns and trace mode.
 """
 from __future__ import annotations
 
@@ -26,7 +29,36 @@ def step(rng: random.Random, op: int) -> bytes:
     return bytes([op]) + bytes(rng.randrange(256) for _ in range(12))
 
 
+# Hand-encoded programs (byte for byte as Program decodes them) that reach harvesting: job B holds
+# memory and waits behind job A (so B is quiescent), then A allocates past the device, which
+# moves B's pages to a peer or the host; A ends, B starts (its pages come home where they fit).
+def _add_job() -> bytes:  # training, device 0, no hints, no limits, no fault
+    return bytes([0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 99, 11])
+
+
+def _alloc(job_index: int, pages: int) -> bytes:  # `pages` x 2 MiB on device 0, persistent
+    return bytes([4, 1, 0, 7, pages - 1, 0, 0, 2, job_index, 0, 13])
+
+
+def _harvest_programs() -> dict[str, bytes]:
+    begin_a, begin_b_waits = bytes([1, 2, 0]), bytes([1, 2, 1, 0])
+    end_a, end_b, free_first = bytes([2, 2, 0]), bytes([2, 2, 1]), bytes([7, 99, 0, 0, 9])
+    stats = bytes([15, 1, 0, 0, 2, 0])
+    programs = {}
+    for name, header, b_pages, a_pages in (
+            ("harvest_peer", [0, 0, 0, 0], 10, [10, 4]),       # 2 x 32 MiB, 8 MiB host
+            ("harvest_host", [0, 0, 2, 0], 12, [12, 12, 6]),   # 2 x 32 MiB, 32 MiB host
+            ("harvest_mesh4", [2, 99, 1, 1], 24, [24, 16])):   # 4 x 64 MiB, 16 MiB host, srtf
+        program = bytes(header) + _add_job() + _add_job() + begin_a + _alloc(1, b_pages)
+        program += begin_b_waits + b"".join(_alloc(0, p) for p in a_pages) + stats
+        program += end_a + stats + free_first + end_b + stats
+        programs[name] = program
+    return programs
+
+
 def c_api(out: Path) -> None:
+    for name, program in _harvest_programs().items():
+        (out / f"{name}.bin").write_bytes(program)
     for name, op in C_API_OPS.items():
         rng = random.Random(f"c_api/{name}")
         program = bytes(rng.randrange(256) for _ in range(4))  # runtime: devices, memory, host, policy
