@@ -246,7 +246,15 @@ class SALUS_API MemoryManager {
     std::optional<int> device;
     std::optional<JobId> job;
   };
-  void deallocate(DevicePtr ptr, const FreeCheck& check);
+  // Returns what it freed, so that a caller that accounts by class (the scheduler's memory
+  // curves) needs no lookup of its own.
+  struct FreedBlockInfo {
+    std::size_t bytes = 0;  // block size, as charged
+    int device = 0;
+    JobId job;
+    Lifetime lifetime = Lifetime::persistent;
+  };
+  FreedBlockInfo deallocate(DevicePtr ptr, const FreeCheck& check);
 
   // Marks that `stream` also uses the block: on free, its reuse waits for that stream's work too.
   void record_stream_use(DevicePtr ptr, StreamHandle stream);

@@ -390,9 +390,11 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
     throw;
   }
   if (life == Lifetime::ephemeral) {
-    // Never ask the memory manager anything with mu_ held: a page move holds a heap lock while it
-    // waits for a lane stream, whose end-of-iteration marker needs mu_.
-    const std::size_t block_bytes = memory_->find(ptr)->bytes;
+    // A block is the request rounded up to the block alignment: no lookup needed. (Never ask the
+    // memory manager anything with mu_ held: a page move holds a heap lock while it waits for a
+    // lane stream, whose end-of-iteration marker needs mu_.)
+    constexpr std::size_t a = MemoryManager::kBlockAlignment;
+    const std::size_t block_bytes = (bytes + a - 1) / a * a;
     lock.lock();
     note_memory(job, static_cast<std::ptrdiff_t>(block_bytes));
   }
@@ -407,26 +409,27 @@ void DeviceScheduler::rethrow_if_finished(const JobRecordState& job) const {
 void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr,
                                  MemoryManager::FreeCheck check) {
   rethrow_if_finished(job);
-  const std::optional<BlockInfo> block = memory_->find(ptr);
-  if (block && block->job != job.id) {
-    rethrow_if_finished(job);  // its block was freed by a cancel and the address reused
-    throw InvalidArgument(
-        fmt::format("deallocate: {:#x} belongs to another job, not '{}'", ptr, job.spec.name));
-  }
+  MemoryManager::FreedBlockInfo freed;
   try {
-    // The owner is checked again where the block is freed: between find and here a cancel may
-    // have freed it, and another job reused the address.
+    // The owner is checked where the block is freed, under the lock that frees it: a cancel from
+    // another thread may have freed the job's blocks, and another job reused the address.
     check.job = job.id;
-    memory_->deallocate(ptr, check);
+    freed = memory_->deallocate(ptr, check);
   } catch (const InvalidArgument&) {
-    // A cancel from another thread may have freed the job's blocks in the meantime.
-    rethrow_if_finished(job);
+    rethrow_if_finished(job);  // a JobCancelled says more than "not this job's block"
     throw;
   }
-  if (block && block->lifetime == Lifetime::ephemeral) {
+  if (freed.lifetime == Lifetime::ephemeral) {
     std::lock_guard lock(mu_);
-    note_memory(job, -static_cast<std::ptrdiff_t>(block->bytes));
+    note_memory(job, -static_cast<std::ptrdiff_t>(freed.bytes));
   }
+}
+
+void DeviceScheduler::note_free(const MemoryManager::FreedBlockInfo& freed) {
+  if (freed.lifetime != Lifetime::ephemeral) return;
+  std::lock_guard lock(mu_);
+  const auto it = jobs_.find(freed.job);
+  if (it != jobs_.end()) note_memory(*it->second, -static_cast<std::ptrdiff_t>(freed.bytes));
 }
 
 std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {

@@ -85,6 +85,9 @@ class DeviceScheduler {
   // Frees the job's block at `ptr`; `check` says what else the caller knows of it (its size and
   // device), checked where the block is freed.
   void deallocate(JobRecordState& job, DevicePtr ptr, MemoryManager::FreeCheck check = {});
+  // A block of one of this device's jobs was freed by a caller that named no job (the runtime's
+  // and the C ABI's free): its memory curve sees the free. Unknown jobs are ignored.
+  void note_free(const MemoryManager::FreedBlockInfo& freed);
   // The job whose iteration runs on `stream` now (one of this device's lane streams), else the
   // job `stream` is bound to, if any.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);

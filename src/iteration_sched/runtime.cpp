@@ -81,17 +81,11 @@ struct Runtime::Impl {
   // The job the calling thread works for on `device`, if any (see Runtime::allocate).
   std::shared_ptr<JobRecordState> thread_job(DeviceScheduler& s, int device) const;
 
-  // A job's block goes back through its scheduler, so the job's memory curve sees the free;
-  // the memory manager checks what the caller knows of the block where it frees it.
+  // The memory manager checks what the caller knows of the block where it frees it, and says
+  // whose block it was, so that the job's memory curve sees the free (no lookup before it).
   void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) const {
-    if (const auto block = memory->find(ptr)) {
-      DeviceScheduler& s = scheduler(block->device);
-      if (auto owner = s.job_by_id(block->job)) {
-        s.deallocate(*owner, ptr, check);
-        return;
-      }
-    }
-    memory->deallocate(ptr, check);
+    const MemoryManager::FreedBlockInfo freed = memory->deallocate(ptr, check);
+    if (freed.job != kUnattributedJob) scheduler(freed.device).note_free(freed);
   }
 
   DeviceScheduler& scheduler(int device) const {

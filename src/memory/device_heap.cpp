@@ -137,12 +137,6 @@ StreamHeap* DeviceHeap::heap_of(DevicePtr ptr) const {
   return nullptr;
 }
 
-CarveResult DeviceHeap::try_allocate(const AllocationRequest& request, std::size_t bytes,
-                                     std::vector<Page>& stash) {
-  return heap_for(request.stream)
-      .allocate(bytes, request.bytes, request.job, request.lifetime, stash);
-}
-
 std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_t pages) {
   std::size_t taken = 0;
   // Idle streams first: their pages cost the taker nothing; then pages whose old work the taker

@@ -71,10 +71,6 @@ class DeviceHeap {
   // Devices that must be able to access every page mapped here.
   [[nodiscard]] std::span<const AccessGrant> grants() const { return grants_; }
 
-  // One try at allocating: pages from the pool, the stream's own free pages, then `stash`.
-  // Returns the pages still missing (0 on success, with `ptr` set).
-  CarveResult try_allocate(const AllocationRequest& request, std::size_t bytes,
-                           std::vector<Page>& stash);
   // The heap of `stream`, made on first use (the backend checks the stream then, so the hot path
   // never does): a retired heap ready for reuse is re-bound, else a new one is made. Throws
   // InvalidArgument naming the stream and the device when the stream is refused (nothing changes).

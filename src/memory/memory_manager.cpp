@@ -225,8 +225,8 @@ class MemoryManager::Impl {
     return 0;
   }
 
-  void deallocate(DevicePtr ptr, std::optional<std::size_t> bytes, std::optional<int> device,
-                  std::optional<JobId> job = std::nullopt) {
+  FreedBlockInfo deallocate(DevicePtr ptr, std::optional<std::size_t> bytes,
+                            std::optional<int> device, std::optional<JobId> job = std::nullopt) {
     auto [owner, heap] = owner_of(ptr, "free");
     if (device && *device != owner->device()) {
       throw InvalidArgument(fmt::format("free: {:#x} lives on device {}, not device {}", ptr,
@@ -235,6 +235,7 @@ class MemoryManager::Impl {
     const FreedBlock freed = heap->deallocate(ptr, bytes, job);
     freed.record->uncharge(freed.lifetime, freed.bytes);  // no lookup by id on the free path
     harvester_->on_free();
+    return {freed.bytes, owner->device(), freed.job, freed.lifetime};
   }
 
   OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
@@ -415,8 +416,8 @@ void MemoryManager::deallocate(DevicePtr ptr, std::size_t bytes, int device) {
   impl_->deallocate(ptr, bytes, device);
 }
 
-void MemoryManager::deallocate(DevicePtr ptr, const FreeCheck& check) {
-  impl_->deallocate(ptr, check.bytes, check.device, check.job);
+MemoryManager::FreedBlockInfo MemoryManager::deallocate(DevicePtr ptr, const FreeCheck& check) {
+  return impl_->deallocate(ptr, check.bytes, check.device, check.job);
 }
 
 void MemoryManager::record_stream_use(DevicePtr ptr, StreamHandle stream) {
