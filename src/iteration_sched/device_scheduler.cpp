@@ -98,7 +98,20 @@ std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
   core_.add(view_of(*job));
   jobs_.emplace(id, job);
   history_.push_back(job);
+  forget_old_jobs();
   return job;
+}
+
+void DeviceScheduler::forget_old_jobs() {
+  const std::size_t finished = history_.size() - jobs_.size();
+  if (finished <= 2 * kFinishedJobsKept) return;
+  std::size_t excess = finished - kFinishedJobsKept;
+  // Oldest first: history_ is in arrival order.
+  std::erase_if(history_, [&](const std::shared_ptr<JobRecordState>& job) {
+    if (excess == 0 || jobs_.contains(job->id)) return false;
+    --excess;
+    return true;
+  });
 }
 
 void DeviceScheduler::check_usable(const JobRecordState& job, const char* what) const {

@@ -180,7 +180,13 @@ class DeviceScheduler {
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
   std::unordered_map<JobId, std::shared_ptr<JobRecordState>> jobs_;  // present ones
-  std::vector<std::shared_ptr<JobRecordState>> history_;  // every job ever added, for statistics
+  // Every job present, and the last kFinishedJobsKept that left, for statistics: a process that
+  // runs jobs for weeks must not grow without bound (the soak test saw it).
+  std::vector<std::shared_ptr<JobRecordState>> history_;
+  static constexpr std::size_t kFinishedJobsKept = 1024;
+  // With mu_ held: drops the oldest finished jobs from history_ once twice the kept number have
+  // gathered (amortized: one pass per kFinishedJobsKept jobs).
+  void forget_old_jobs();
   std::vector<std::optional<Stream>> lanes_;
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job

@@ -9,25 +9,40 @@ namespace {
 constexpr int kMoveRow = 1000;
 }  // namespace
 
-bool TraceRecorder::make_room() {
-  if (spans_.size() + moves_.size() + counters_.size() < max_events_) return true;
-  ++dropped_;
-  return false;
+void TraceRecorder::make_room() {
+  if (max_events_ == 0) return;
+  while (spans_.size() + moves_.size() + counters_.size() >= max_events_) {
+    // Each kind is in time order; dropping from the largest keeps every kind's recent past.
+    if (spans_.size() >= moves_.size() && spans_.size() >= counters_.size()) {
+      spans_.pop_front();
+    } else if (counters_.size() >= moves_.size()) {
+      counters_.pop_front();
+    } else {
+      moves_.pop_front();
+    }
+    ++dropped_;
+  }
 }
 
 void TraceRecorder::span(Span span) {
   std::lock_guard lock(mu_);
-  if (make_room()) spans_.push_back(std::move(span));
+  if (max_events_ == 0) return void(++dropped_);
+  make_room();
+  spans_.push_back(std::move(span));
 }
 
 void TraceRecorder::move(Move move) {
   std::lock_guard lock(mu_);
-  if (make_room()) moves_.push_back(std::move(move));
+  if (max_events_ == 0) return void(++dropped_);
+  make_room();
+  moves_.push_back(std::move(move));
 }
 
 void TraceRecorder::counter(Counter counter) {
   std::lock_guard lock(mu_);
-  if (make_room()) counters_.push_back(std::move(counter));
+  if (max_events_ == 0) return void(++dropped_);
+  make_room();
+  counters_.push_back(std::move(counter));
 }
 
 std::size_t TraceRecorder::dropped() const {

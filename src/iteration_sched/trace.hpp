@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,8 +38,9 @@ class TraceRecorder {
     std::vector<std::pair<std::string, double>> values;
   };
 
-  // Bounded: once `max_events` are held, further ones are counted as dropped.
-  explicit TraceRecorder(std::size_t max_events = 1'000'000)
+  // Bounded: it keeps the most recent `max_events`; older ones are dropped (and counted), so a
+  // runtime that runs for weeks holds a few tens of megabytes of trace at most.
+  explicit TraceRecorder(std::size_t max_events = 200'000)
       : epoch_(std::chrono::steady_clock::now()), max_events_(max_events) {}
 
   // Every timestamp of the trace counts from here.
@@ -54,15 +56,15 @@ class TraceRecorder {
   [[nodiscard]] std::size_t dropped() const;
 
  private:
-  // With mu_ held: whether one more event fits; counts it as dropped if not.
-  bool make_room();
+  // With mu_ held: makes room for one more event by dropping the oldest of the kind held most.
+  void make_room();
 
   const std::chrono::steady_clock::time_point epoch_;
   mutable std::mutex mu_;
   std::size_t max_events_;
-  std::vector<Span> spans_;
-  std::vector<Move> moves_;
-  std::vector<Counter> counters_;
+  std::deque<Span> spans_;
+  std::deque<Move> moves_;
+  std::deque<Counter> counters_;
   std::size_t dropped_ = 0;
 };
 
