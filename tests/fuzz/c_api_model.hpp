@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <memory>
-#include <set>
-#include <thread>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fuzz_input.hpp"
@@ -34,7 +34,7 @@ struct Block {
   std::size_t requested = 0;
   std::size_t bytes = 0;  // requested, rounded up to the block alignment
   int device = 0;
-  std::uint32_t job = 0;  // 0: unattributed (also after its job left with blocks_outlive_job)
+  std::uint32_t job = 0;   // 0: unattributed (also after its job left with blocks_outlive_job)
   std::uint64_t seed = 0;  // 0: never written (its job was waiting: its pages may move meanwhile)
 };
 
@@ -95,8 +95,8 @@ inline void check_pattern(const Block& b, const char* after) {
   for_each_checked_word(b, [&](std::size_t i) {
     if (words[i] != pattern_word(b.seed, i)) {
       fail("after " + std::string(after) + ": block " + std::to_string(b.ptr) + " (" +
-           std::to_string(b.requested) + " bytes, device " + std::to_string(b.device) +
-           ", job " + std::to_string(b.job) + ") lost its bytes at word " + std::to_string(i));
+           std::to_string(b.requested) + " bytes, device " + std::to_string(b.device) + ", job " +
+           std::to_string(b.job) + ") lost its bytes at word " + std::to_string(i));
     }
   });
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(b.ptr);
@@ -139,11 +139,11 @@ struct Model {
   int devices = 0;
   std::size_t budget = 0;  // what each device's scheduler admits against (see admits_at_once)
   std::map<std::uintptr_t, Block> blocks;
-  std::vector<JobModel> jobs;               // added and not left
-  std::vector<std::uint32_t> left_jobs;     // ids retired by leave
-  std::vector<StreamModel> streams;         // made with salus_stream_create, not destroyed
-  std::vector<void*> destroyed_streams;     // handles no longer valid
-  std::vector<std::uintptr_t> freed;        // pointers freed (for double frees)
+  std::vector<JobModel> jobs;            // added and not left
+  std::vector<std::uint32_t> left_jobs;  // ids retired by leave
+  std::vector<StreamModel> streams;      // made with salus_stream_create, not destroyed
+  std::vector<void*> destroyed_streams;  // handles no longer valid
+  std::vector<std::uintptr_t> freed;     // pointers freed (for double frees)
   std::uint64_t next_seed = 1;
   // The C++ runtime still calls a job that was cancelled before it left "cancelled", where the
   // header promises UNKNOWN_JOB for any id that left (reported with issue 12's fuzzing results).
@@ -174,7 +174,8 @@ struct Model {
       if (s.device == device) options.push_back(s.handle);
     }
     for (const JobModel& j : jobs) {
-      if (j.device == device && j.iteration_stream != nullptr) options.push_back(j.iteration_stream);
+      if (j.device == device && j.iteration_stream != nullptr)
+        options.push_back(j.iteration_stream);
     }
     return options[in.below(options.size())];
   }
@@ -224,7 +225,8 @@ struct Model {
 
   Snapshot snapshot(const char* after) const {
     Snapshot s;
-    for (int d = 0; d < devices; ++d) s.device_allocated.push_back(device_stats(d, after).allocated);
+    for (int d = 0; d < devices; ++d)
+      s.device_allocated.push_back(device_stats(d, after).allocated);
     for (const JobModel& j : jobs) s.job_in_use.push_back(job_stats(j.id, after).in_use);
     return s;
   }
@@ -277,8 +279,8 @@ struct Model {
     // No two live blocks overlap, and every one keeps its bytes.
     std::uintptr_t end = 0;
     for (const auto& [ptr, b] : blocks) {
-      FUZZ_CHECK(ptr >= end, std::string("after ") + after + ": blocks overlap at " +
-                                 std::to_string(ptr));
+      FUZZ_CHECK(ptr >= end,
+                 std::string("after ") + after + ": blocks overlap at " + std::to_string(ptr));
       end = ptr + b.bytes;
       check_pattern(b, after);
     }
@@ -301,8 +303,8 @@ struct Model {
       const salus_job_stats s = job_stats(j.id, after);
       const std::string where = std::string("after ") + after + ", job " + std::to_string(j.id);
       const std::size_t expected = model_bytes_of_job(j.id);
-      FUZZ_CHECK(s.in_use == expected, where + ": in_use " + std::to_string(s.in_use) +
-                                           ", model " + std::to_string(expected));
+      FUZZ_CHECK(s.in_use == expected, where + ": in_use " + std::to_string(s.in_use) + ", model " +
+                                           std::to_string(expected));
       FUZZ_CHECK(s.persistent_in_use + s.ephemeral_in_use == s.in_use, where);
       FUZZ_CHECK(s.on_peer_bytes + s.on_host_bytes <= s.in_use, where);
       // Peaks: at least what is in use. Not bounded by what was ever placed: a charge raises the
@@ -312,7 +314,7 @@ struct Model {
                      s.ephemeral_peak >= s.ephemeral_in_use,
                  where);
       FUZZ_CHECK(s.in_use < kSane && s.on_peer_bytes < kSane && s.on_host_bytes < kSane, where);
-      const salus_job_state want = j.state == JobState::running   ? SALUS_JOB_RUNNING
+      const salus_job_state want = j.state == JobState::running     ? SALUS_JOB_RUNNING
                                    : j.state == JobState::waiting   ? SALUS_JOB_WAITING
                                    : j.state == JobState::cancelled ? SALUS_JOB_CANCELLED
                                                                     : SALUS_JOB_IDLE;
@@ -328,18 +330,20 @@ struct Model {
     for (salus_status a : allowed) ok = ok || a == got;
     if (!ok) {
       std::string want;
-      for (salus_status a : allowed) want += std::string(want.empty() ? "" : " or ") + salus_status_name(a);
-      fail(std::string(call) + " returned " + salus_status_name(got) + " (\"" +
-           salus_last_error() + "\"), expected " + want);
+      for (salus_status a : allowed)
+        want += std::string(want.empty() ? "" : " or ") + salus_status_name(a);
+      fail(std::string(call) + " returned " + salus_status_name(got) + " (\"" + salus_last_error() +
+           "\"), expected " + want);
     }
     const char* message = salus_last_error();
     if (got == SALUS_OK) {
-      FUZZ_CHECK(message[0] == '\0', std::string(call) + " succeeded but left an error: " + message);
+      FUZZ_CHECK(message[0] == '\0',
+                 std::string(call) + " succeeded but left an error: " + message);
       return;
     }
     FUZZ_CHECK(message[0] != '\0', std::string(call) + " failed without a message");
-    FUZZ_CHECK(snapshot(call) == before, std::string(call) + " failed (" + message +
-                                             ") but changed the statistics");
+    FUZZ_CHECK(snapshot(call) == before,
+               std::string(call) + " failed (" + message + ") but changed the statistics");
   }
 };
 

@@ -18,15 +18,26 @@ class StreamCalls {
 
   void record_stream() {
     if (m_.blocks.empty()) return;
-    const Block& b = std::next(m_.blocks.begin(), static_cast<long>(in_.below(m_.blocks.size())))->second;
+    const Block& b =
+        std::next(m_.blocks.begin(), static_cast<long>(in_.below(m_.blocks.size())))->second;
     void* stream = m_.pick_stream(in_, b.device);
     salus_status want = SALUS_OK;
     void* ptr = reinterpret_cast<void*>(b.ptr);
     switch (in_.below(8)) {
-      case 0: stream = m_.invalid_stream(in_); want = SALUS_ERROR_INVALID_ARGUMENT; break;
-      case 1: ptr = reinterpret_cast<void*>(b.ptr + 8); want = SALUS_ERROR_INVALID_ARGUMENT; break;
-      case 2: ptr = nullptr; want = SALUS_ERROR_INVALID_ARGUMENT; break;
-      default: break;
+      case 0:
+        stream = m_.invalid_stream(in_);
+        want = SALUS_ERROR_INVALID_ARGUMENT;
+        break;
+      case 1:
+        ptr = reinterpret_cast<void*>(b.ptr + 8);
+        want = SALUS_ERROR_INVALID_ARGUMENT;
+        break;
+      case 2:
+        ptr = nullptr;
+        want = SALUS_ERROR_INVALID_ARGUMENT;
+        break;
+      default:
+        break;
     }
     describe_call(format_call("salus_record_stream(%p, stream %p)", ptr, stream));
     const Snapshot before = m_.snapshot("salus_record_stream");
@@ -63,7 +74,10 @@ class StreamCalls {
       const salus_status st = destroy ? salus_stream_destroy(m_.runtime, 0, stream)
                                       : salus_stream_retire(m_.runtime, 0, stream);
       // Retiring a handle the backend does not know retires nothing: it may pass.
-      m_.expect(st, {SALUS_ERROR_INVALID_ARGUMENT, destroy || stream == nullptr ? SALUS_ERROR_INVALID_ARGUMENT : SALUS_OK}, call, before);
+      m_.expect(st,
+                {SALUS_ERROR_INVALID_ARGUMENT,
+                 destroy || stream == nullptr ? SALUS_ERROR_INVALID_ARGUMENT : SALUS_OK},
+                call, before);
       m_.check_all(call);
       return;
     }
@@ -84,8 +98,8 @@ class StreamCalls {
     if (m_.streams.empty()) return;
     StreamModel& s = m_.streams[in_.below(m_.streams.size())];
     if (in_.chance(40)) {
-      describe_call(format_call("salus_stream_unbind(device %d, stream %p) bound to %u", s.device, s.handle,
-                        s.bound_job));
+      describe_call(format_call("salus_stream_unbind(device %d, stream %p) bound to %u", s.device,
+                                s.handle, s.bound_job));
       const Snapshot before = m_.snapshot("salus_stream_unbind");
       const salus_status st = salus_stream_unbind(m_.runtime, s.device, s.handle);
       const JobModel* bound = m_.job(s.bound_job);
@@ -108,7 +122,8 @@ class StreamCalls {
     if (want == SALUS_OK && j->device != s.device) want = SALUS_ERROR_INVALID_ARGUMENT;
     // (As in allocate: an id cancelled before it left may still be called cancelled.)
     const salus_status also = m_.cancelled_then_left.contains(id) ? SALUS_ERROR_CANCELLED : want;
-    describe_call(format_call("salus_stream_bind(device %d, stream %p, job %u)", s.device, s.handle, id));
+    describe_call(
+        format_call("salus_stream_bind(device %d, stream %p, job %u)", s.device, s.handle, id));
     const Snapshot before = m_.snapshot("salus_stream_bind");
     const salus_status st = salus_stream_bind(m_.runtime, s.device, s.handle, id);
     m_.expect(st, {want, also}, "salus_stream_bind", before);

@@ -5,32 +5,33 @@
 // live blocks overlap, that every live block's bytes read back, and that job and device
 // statistics balance. Any inconsistency aborts with a message.
 //
-// The target is single-threaded, so it calls salus_job_begin_iteration only where the policy
-// admits the job at once (Model::admits_at_once); anywhere else the call would block forever.
+// salus_job_begin_iteration is called on the main thread only where the policy admits the job at
+// once (Model::admits_at_once); else, where the job will start when the running one ends, on one
+// more thread (Waiter), which the main thread joins after the call that frees the device. Nowhere
+// else: the call would block forever.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <map>
 #include <memory>
-#include <thread>
-#include <chrono>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "c_api_model.hpp"
 #include "c_api_streams.hpp"
-#include "fuzz_input.hpp"
 #include "capi/capi.hpp"
+#include "fuzz_input.hpp"
 #include "salus/c_api.h"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 
 namespace salus::fuzz {
 namespace {
-
 
 const char* const kPolicies[] = {"fair", "srtf", "priority"};  // the single-lane policies
 
@@ -70,14 +71,17 @@ class Program {
     if (std::getenv("SALUS_FUZZ_VERBOSE") != nullptr) {  // how far the program got into tiering
       for (int d = 0; d < m_.devices; ++d) {
         const salus_device_stats s = m_.device_stats(d, "destroy");
-        std::fprintf(stderr, "tiers: device %d lent %zu borrowed_peer %zu borrowed_host %zu "
-                     "pages_moved %llu out_of_memory %llu\n", d, s.lent, s.borrowed_peer,
-                     s.borrowed_host, static_cast<unsigned long long>(s.pages_moved),
+        std::fprintf(stderr,
+                     "tiers: device %d lent %zu borrowed_peer %zu borrowed_host %zu "
+                     "pages_moved %llu out_of_memory %llu\n",
+                     d, s.lent, s.borrowed_peer, s.borrowed_host,
+                     static_cast<unsigned long long>(s.pages_moved),
                      static_cast<unsigned long long>(s.out_of_memory));
       }
     }
     for (auto& [device, waiter] : waiters_) {
-      describe_call(format_call("salus_job_cancel(job %u) of a waiter, before destroy", waiter->job));
+      describe_call(
+          format_call("salus_job_cancel(job %u) of a waiter, before destroy", waiter->job));
       FUZZ_CHECK(salus_job_cancel(m_.runtime, waiter->job) == SALUS_OK, salus_last_error());
       waiter->join();
       FUZZ_CHECK(waiter->status == SALUS_ERROR_CANCELLED, waiter->error);
@@ -89,22 +93,48 @@ class Program {
 
   void step() {
     switch (in_.below(16)) {
-      case 0: add_job(); break;
-      case 1: begin_iteration(); break;
-      case 2: end_iteration(); break;
-      case 3: cancel_or_leave(); break;
+      case 0:
+        add_job();
+        break;
+      case 1:
+        begin_iteration();
+        break;
+      case 2:
+        end_iteration();
+        break;
+      case 3:
+        cancel_or_leave();
+        break;
       case 4:
       case 5:
-      case 6: allocate(); break;
+      case 6:
+        allocate();
+        break;
       case 7:
-      case 8: deallocate(); break;
-      case 9: streams_.record_stream(); break;
-      case 10: streams_.create_stream(); break;
-      case 11: streams_.destroy_or_retire_stream(); break;
-      case 12: streams_.bind_or_unbind(); break;
-      case 13: current_job(); break;
-      case 14: trim(); break;
-      default: stats(); break;
+      case 8:
+        deallocate();
+        break;
+      case 9:
+        streams_.record_stream();
+        break;
+      case 10:
+        streams_.create_stream();
+        break;
+      case 11:
+        streams_.destroy_or_retire_stream();
+        break;
+      case 12:
+        streams_.bind_or_unbind();
+        break;
+      case 13:
+        current_job();
+        break;
+      case 14:
+        trim();
+        break;
+      default:
+        stats();
+        break;
     }
   }
 
@@ -139,18 +169,37 @@ class Program {
     spec.limit_ephemeral_bytes = kLimits[in_.below(6)];
     spec.blocks_outlive_job = in_.chance(25) ? 1 : 0;
     switch (in_.below(12)) {  // at most one more fault per call
-      case 0: spec.name = nullptr; valid = false; break;
-      case 1: spec.struct_size = sizeof spec + 8 * (1 + in_.below(4)); valid = false; break;
-      case 2: spec.kind = static_cast<salus_job_kind>(2 + in_.byte()); valid = false; break;
-      case 3: spec.hint_iteration_seconds = -1.0; valid = false; break;
-      case 4: name.clear(); spec.name = name.c_str(); valid = false; break;
-      default: break;
+      case 0:
+        spec.name = nullptr;
+        valid = false;
+        break;
+      case 1:
+        spec.struct_size = sizeof spec + 8 * (1 + in_.below(4));
+        valid = false;
+        break;
+      case 2:
+        spec.kind = static_cast<salus_job_kind>(2 + in_.byte());
+        valid = false;
+        break;
+      case 3:
+        spec.hint_iteration_seconds = -1.0;
+        valid = false;
+        break;
+      case 4:
+        name.clear();
+        spec.name = name.c_str();
+        valid = false;
+        break;
+      default:
+        break;
     }
-    describe_call(format_call("salus_job_add(device %d, kind %d, hints %zu/%zu, limits %zu/%zu/%zu, outlive %d)",
-                      spec.device, static_cast<int>(spec.kind), spec.hint_persistent_bytes,
-                      spec.hint_ephemeral_peak_bytes, spec.limit_total_bytes,
-                      spec.limit_persistent_bytes, spec.limit_ephemeral_bytes,
-                      spec.blocks_outlive_job) + (valid ? "" : " [invalid]"));
+    describe_call(
+        format_call(
+            "salus_job_add(device %d, kind %d, hints %zu/%zu, limits %zu/%zu/%zu, outlive %d)",
+            spec.device, static_cast<int>(spec.kind), spec.hint_persistent_bytes,
+            spec.hint_ephemeral_peak_bytes, spec.limit_total_bytes, spec.limit_persistent_bytes,
+            spec.limit_ephemeral_bytes, spec.blocks_outlive_job) +
+        (valid ? "" : " [invalid]"));
     const Snapshot before = m_.snapshot("salus_job_add");
     std::uint32_t id = 0;
     const salus_status st = salus_job_add(m_.runtime, &spec, &id);
@@ -199,7 +248,7 @@ class Program {
       return;  // it would wait for its turn, and nothing else would ever end the wait
     }
     describe_call(format_call("salus_job_begin_iteration(job %u) on a thread, behind job %u", j.id,
-                      m_.running_on(j.device)->id));
+                              m_.running_on(j.device)->id));
     auto waiter = std::make_unique<Waiter>(m_.runtime, j.id);
     // The state and the safe point are read one after the other: wait for both.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -210,7 +259,8 @@ class Program {
         salus_job_cancel(m_.runtime, j.id);
         waiter->join();
         fail(format_call("job %u never waited: its begin returned %s ", j.id,
-                 salus_status_name(waiter->status)) + waiter->error);
+                         salus_status_name(waiter->status)) +
+             waiter->error);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -228,14 +278,16 @@ class Program {
     if (w.job == id) {
       w.join();
       // Cancelled: woken with CANCELLED. Gone: its begin fails, saying why.
-      FUZZ_CHECK(left ? w.status != SALUS_OK : w.status == SALUS_ERROR_CANCELLED,
-                 format_call("the waiter's begin returned %s: ", salus_status_name(w.status)) + w.error);
+      FUZZ_CHECK(
+          left ? w.status != SALUS_OK : w.status == SALUS_ERROR_CANCELLED,
+          format_call("the waiter's begin returned %s: ", salus_status_name(w.status)) + w.error);
       FUZZ_CHECK(!w.error.empty(), "the waiter's failed begin left a message");
     } else if (was_running) {
       w.join();  // the device is free: the waiter starts
       FUZZ_CHECK(w.status == SALUS_OK && w.stream != nullptr,
                  format_call("job %u ended, but its waiter's begin returned %s: ", id,
-                     salus_status_name(w.status)) + w.error);
+                             salus_status_name(w.status)) +
+                     w.error);
       JobModel* waiting = m_.job(w.job);
       waiting->state = JobState::running;
       waiting->iteration_stream = w.stream;
@@ -319,16 +371,23 @@ class Program {
 
   std::size_t pick_size() {
     switch (in_.below(10)) {
-      case 0: return 1 + in_.below(512);
+      case 0:
+        return 1 + in_.below(512);
       case 1:
-      case 2: return 1 + in_.bits(2);                        // up to 64 KiB
+      case 2:
+        return 1 + in_.bits(2);  // up to 64 KiB
       case 3:
-      case 4: return 1 + (in_.bits(3) % kMiB);               // up to 1 MiB
+      case 4:
+        return 1 + (in_.bits(3) % kMiB);  // up to 1 MiB
       case 5:
-      case 6: return 1 + (in_.bits(3) % (8 * kMiB));         // up to 8 MiB
-      case 7: return (1 + in_.below(16)) * 2 * kMiB;         // whole pages
-      case 8: return 1 + (in_.bits(4) % (48 * kMiB));        // most of a device
-      default: return 1 + in_.below(4096);
+      case 6:
+        return 1 + (in_.bits(3) % (8 * kMiB));  // up to 8 MiB
+      case 7:
+        return (1 + in_.below(16)) * 2 * kMiB;  // whole pages
+      case 8:
+        return 1 + (in_.bits(4) % (48 * kMiB));  // most of a device
+      default:
+        return 1 + in_.below(4096);
     }
   }
 
@@ -348,16 +407,29 @@ class Program {
     std::vector<salus_status> faults;
     if (!valid_device) faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
     switch (in_.below(14)) {
-      case 0: size = 0; faults.push_back(SALUS_ERROR_INVALID_ARGUMENT); break;
+      case 0:
+        size = 0;
+        faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
+        break;
       case 1:  // an absurd size: out of memory, or refused as more than a block can be
         size = in_.chance(50) ? SIZE_MAX - in_.byte() : std::size_t{1} << (40 + in_.below(20));
         faults.push_back(SALUS_ERROR_OUT_OF_MEMORY);
         faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
         break;
-      case 2: lifetime = 3 + in_.byte(); faults.push_back(SALUS_ERROR_INVALID_ARGUMENT); break;
-      case 3: stream = invalid_stream(); faults.push_back(SALUS_ERROR_INVALID_ARGUMENT); break;
-      case 4: out_arg = nullptr; faults.push_back(SALUS_ERROR_INVALID_ARGUMENT); break;
-      default: break;
+      case 2:
+        lifetime = 3 + in_.byte();
+        faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
+        break;
+      case 3:
+        stream = invalid_stream();
+        faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
+        break;
+      case 4:
+        out_arg = nullptr;
+        faults.push_back(SALUS_ERROR_INVALID_ARGUMENT);
+        break;
+      default:
+        break;
     }
     const JobModel* owner = job == SALUS_JOB_AUTO ? nullptr : m_.job(job);
     if (job != SALUS_JOB_AUTO) {
@@ -374,12 +446,13 @@ class Program {
     }
     if (!faults.empty() && job == SALUS_JOB_AUTO && current_job_ != SALUS_JOB_AUTO) {
       // The thread's current job may be looked up first (see below).
-      faults.insert(faults.end(), {SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_CANCELLED,
-                                   SALUS_ERROR_INVALID_ARGUMENT});
+      faults.insert(faults.end(),
+                    {SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_CANCELLED, SALUS_ERROR_INVALID_ARGUMENT});
     }
-    describe_call(format_call("salus_allocate(size %zu, device %d, stream %p, job %u, lifetime %d, out %p)",
-                      size, device, stream, job, lifetime, static_cast<void*>(out_arg)) +
-                  (faults.empty() ? "" : " [faulty]"));
+    describe_call(
+        format_call("salus_allocate(size %zu, device %d, stream %p, job %u, lifetime %d, out %p)",
+                    size, device, stream, job, lifetime, static_cast<void*>(out_arg)) +
+        (faults.empty() ? "" : " [faulty]"));
     const Snapshot before = m_.snapshot("salus_allocate");
     const salus_status st = salus_allocate(m_.runtime, size, device, stream, job,
                                            static_cast<salus_lifetime>(lifetime), out_arg);
@@ -393,8 +466,10 @@ class Program {
       // job is cancelled or leaves: the call then names that job (UNKNOWN_JOB or CANCELLED); on
       // another device than the job's it is refused (Runtime::Impl::job), where the job inside an
       // iteration on this thread would leave the block unattributed instead.
-      m_.expect(st, {SALUS_OK, SALUS_ERROR_OUT_OF_MEMORY, SALUS_ERROR_CANCELLED,
-                     SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_INVALID_ARGUMENT}, "salus_allocate", before);
+      m_.expect(st,
+                {SALUS_OK, SALUS_ERROR_OUT_OF_MEMORY, SALUS_ERROR_CANCELLED,
+                 SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_INVALID_ARGUMENT},
+                "salus_allocate", before);
     } else {
       // Attribution by a bound stream to a job that was cancelled meanwhile is refused.
       m_.expect(st, {SALUS_OK, SALUS_ERROR_OUT_OF_MEMORY, SALUS_ERROR_CANCELLED}, "salus_allocate",
@@ -411,8 +486,8 @@ class Program {
                     const Snapshot& before) {
     const auto ptr = reinterpret_cast<std::uintptr_t>(out);
     FUZZ_CHECK(ptr != 0 && ptr % kBlockAlignment == 0, "salus_allocate: an aligned pointer");
-    Block b{ptr, size, (size + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment, device, 0,
-            m_.next_seed++};
+    Block b{ptr,    size, (size + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment,
+            device, 0,    m_.next_seed++};
     std::uint32_t charged = 0;
     for (std::size_t i = 0; i < m_.jobs.size(); ++i) {
       const std::size_t now = m_.job_stats(m_.jobs[i].id, "salus_allocate").in_use;
@@ -440,13 +515,14 @@ class Program {
       if (!m_.freed.empty() && in_.chance(50)) {
         ptr = m_.freed[in_.below(m_.freed.size())];
       } else if (!m_.blocks.empty() && in_.chance(50)) {
-        const Block& b = std::next(m_.blocks.begin(), static_cast<long>(in_.below(m_.blocks.size())))->second;
+        const Block& b =
+            std::next(m_.blocks.begin(), static_cast<long>(in_.below(m_.blocks.size())))->second;
         if (b.bytes > kBlockAlignment) ptr = b.ptr + kBlockAlignment;
       }
       if (m_.blocks.contains(ptr)) return;
       describe_call(format_call("salus_deallocate(%p) of no block", reinterpret_cast<void*>(ptr)));
-      const salus_status st =
-          salus_deallocate(m_.runtime, reinterpret_cast<void*>(ptr), 0, static_cast<int>(in_.below(2)));
+      const salus_status st = salus_deallocate(m_.runtime, reinterpret_cast<void*>(ptr), 0,
+                                               static_cast<int>(in_.below(2)));
       m_.expect(st, {SALUS_ERROR_INVALID_ARGUMENT}, "salus_deallocate (not a block)", before);
       m_.check_all("salus_deallocate (not a block)");
       return;
@@ -457,14 +533,24 @@ class Program {
     int device = b.device;
     salus_status want = SALUS_OK;
     switch (in_.below(10)) {
-      case 0: size = b.requested + 4096 * (1 + in_.below(4)); want = SALUS_ERROR_INVALID_ARGUMENT; break;
-      case 1: device = (b.device + 1 + static_cast<int>(in_.below(static_cast<std::size_t>(m_.devices) - 1))) % m_.devices;
-              want = SALUS_ERROR_INVALID_ARGUMENT; break;
-      default: break;
+      case 0:
+        size = b.requested + 4096 * (1 + in_.below(4));
+        want = SALUS_ERROR_INVALID_ARGUMENT;
+        break;
+      case 1:
+        device =
+            (b.device + 1 + static_cast<int>(in_.below(static_cast<std::size_t>(m_.devices) - 1))) %
+            m_.devices;
+        want = SALUS_ERROR_INVALID_ARGUMENT;
+        break;
+      default:
+        break;
     }
-    describe_call(format_call("salus_deallocate(%p, size %zu, device %d) of a block of %zu bytes on device %d",
-                      reinterpret_cast<void*>(b.ptr), size, device, b.requested, b.device));
-    const salus_status st = salus_deallocate(m_.runtime, reinterpret_cast<void*>(b.ptr), size, device);
+    describe_call(format_call(
+        "salus_deallocate(%p, size %zu, device %d) of a block of %zu bytes on device %d",
+        reinterpret_cast<void*>(b.ptr), size, device, b.requested, b.device));
+    const salus_status st =
+        salus_deallocate(m_.runtime, reinterpret_cast<void*>(b.ptr), size, device);
     m_.expect(st, {want}, "salus_deallocate", before);
     if (st == SALUS_OK) {
       m_.blocks.erase(it);
@@ -480,7 +566,8 @@ class Program {
     const Snapshot before = m_.snapshot("salus_set_current_job");
     if (in_.chance(30)) {
       std::uint32_t job = 0;
-      m_.expect(salus_get_current_job(m_.runtime, &job), {SALUS_OK}, "salus_get_current_job", before);
+      m_.expect(salus_get_current_job(m_.runtime, &job), {SALUS_OK}, "salus_get_current_job",
+                before);
       return;
     }
     const std::uint32_t id = in_.chance(20) ? SALUS_JOB_AUTO : pick_job_id();
@@ -491,7 +578,8 @@ class Program {
       m_.expect(st, {SALUS_OK}, "salus_set_current_job", before);
       current_job_ = id;
     } else {
-      m_.expect(st, {SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_CANCELLED}, "salus_set_current_job", before);
+      m_.expect(st, {SALUS_ERROR_UNKNOWN_JOB, SALUS_ERROR_CANCELLED}, "salus_set_current_job",
+                before);
     }
     m_.check_all("salus_set_current_job");
   }
@@ -520,15 +608,15 @@ class Program {
     salus_job_stats s{};
     s.struct_size = sizeof s;
     const salus_status st = salus_job_get_stats(m_.runtime, id, &s);
-    m_.expect(st, {m_.job(id) != nullptr ? SALUS_OK : SALUS_ERROR_UNKNOWN_JOB}, "salus_job_get_stats",
-              before);
+    m_.expect(st, {m_.job(id) != nullptr ? SALUS_OK : SALUS_ERROR_UNKNOWN_JOB},
+              "salus_job_get_stats", before);
     if (st == SALUS_OK) FUZZ_CHECK(s.job == id, "salus_job_get_stats: the job asked for");
   }
 
   FuzzInput& in_;
   Model m_;
   StreamCalls streams_{in_, m_};
-  std::uint32_t current_job_ = SALUS_JOB_AUTO;  // the thread's, as salus_set_current_job set it
+  std::uint32_t current_job_ = SALUS_JOB_AUTO;      // the thread's, as salus_set_current_job set it
   std::map<int, std::unique_ptr<Waiter>> waiters_;  // by device
 };
 

@@ -82,7 +82,7 @@ std::string format_call(const char* format, Args... args) {
 
 }  // namespace salus::fuzz
 
-#define FUZZ_CHECK(cond, message)                                                          \
-  do {                                                                                     \
-    if (!(cond)) ::salus::fuzz::fail(std::string(#cond) + ": " + std::string(message));   \
+#define FUZZ_CHECK(cond, message)                                                       \
+  do {                                                                                  \
+    if (!(cond)) ::salus::fuzz::fail(std::string(#cond) + ": " + std::string(message)); \
   } while (false)

@@ -30,7 +30,8 @@ const char* const kPolicies[] = {"fair", "fifo", "srtf", "pack", "priority", "me
 // An int that is usually small and valid, sometimes one of the edges.
 int pick_int(FuzzInput& in, int low, int high) {
   static constexpr int kEdges[] = {0, -1, INT_MIN, INT_MAX, 1025, 3};
-  if (in.chance(80)) return low + static_cast<int>(in.below(static_cast<std::size_t>(high - low + 1)));
+  if (in.chance(80))
+    return low + static_cast<int>(in.below(static_cast<std::size_t>(high - low + 1)));
   return kEdges[in.below(6)];
 }
 
@@ -44,8 +45,9 @@ void store_int(Enum& field, int value) {
 }
 
 std::size_t pick_bytes(FuzzInput& in) {
-  static constexpr std::size_t kBytes[] = {0, 1, 4096, kMiB, 3 * kMiB, 16 * kMiB, 64 * kMiB,
-                                           std::size_t{1} << 40, SIZE_MAX - 1, SIZE_MAX};
+  static constexpr std::size_t kBytes[] = {
+      0,       1, 4096, kMiB, 3 * kMiB, 16 * kMiB, 64 * kMiB, std::size_t{1} << 40, SIZE_MAX - 1,
+      SIZE_MAX};
   return in.chance(50) ? (1 + in.below(64)) * kMiB : kBytes[in.below(10)];
 }
 
@@ -58,9 +60,17 @@ struct PolicyText {
 PolicyText pick_policy(FuzzInput& in) {
   PolicyText p;
   switch (in.below(8)) {
-    case 0: p.ptr = nullptr; break;  // the default
-    case 1: p.text = in.text(24); p.ptr = p.text.c_str(); break;
-    default: p.text = kPolicies[in.below(6)]; p.ptr = p.text.c_str(); break;
+    case 0:
+      p.ptr = nullptr;
+      break;  // the default
+    case 1:
+      p.text = in.text(24);
+      p.ptr = p.text.c_str();
+      break;
+    default:
+      p.text = kPolicies[in.below(6)];
+      p.ptr = p.text.c_str();
+      break;
   }
   return p;
 }
@@ -100,8 +110,8 @@ void runtime_options(FuzzInput& in) {
   salus_runtime_options o;
   salus_runtime_options_init(&o);
   bool valid = true;  // what the header promises is accepted
-  static constexpr int kBackends[] = {SALUS_BACKEND_SIM, SALUS_BACKEND_SIM, SALUS_BACKEND_AUTO,
-                                      SALUS_BACKEND_CUDA, 3, -1};
+  static constexpr int kBackends[] = {
+      SALUS_BACKEND_SIM, SALUS_BACKEND_SIM, SALUS_BACKEND_AUTO, SALUS_BACKEND_CUDA, 3, -1};
   const int backend = kBackends[in.below(6)];
   store_int(o.backend, backend);
   valid = valid && backend >= 0 && backend <= 2;
