@@ -198,7 +198,7 @@ class SALUS_API Runtime {
   // long-running process stays bounded).
   [[nodiscard]] std::vector<JobStats> job_stats() const;
   // Chrome trace-event JSON (iterations per lane and job, page moves per device, memory and tier
-  // counters) of the last 200,000 events (older ones are dropped); Perfetto opens it.
+  // counters) of the last 50,000 events (older ones are dropped); Perfetto opens it.
   [[nodiscard]] std::string trace_json() const;
   void write_trace(const std::string& path) const;
 

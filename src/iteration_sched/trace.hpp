@@ -39,8 +39,8 @@ class TraceRecorder {
   };
 
   // Bounded: it keeps the most recent `max_events`; older ones are dropped (and counted), so a
-  // runtime that runs for weeks holds a few tens of megabytes of trace at most.
-  explicit TraceRecorder(std::size_t max_events = 200'000)
+  // runtime that runs for weeks holds about ten megabytes of trace at most.
+  explicit TraceRecorder(std::size_t max_events = 50'000)
       : epoch_(std::chrono::steady_clock::now()), max_events_(max_events) {}
 
   // Every timestamp of the trace counts from here.
