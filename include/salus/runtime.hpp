@@ -194,7 +194,7 @@ class SALUS_API Runtime {
   [[nodiscard]] MemoryManager& memory();
   [[nodiscard]] DeviceBackend& backend();
   [[nodiscard]] std::string_view policy() const;
-  // Every job present, and the last 1024 per device that left (older ones are forgotten, so a
+  // Every job present, and the last 256 per device that left (older ones are forgotten, so a
   // long-running process stays bounded).
   [[nodiscard]] std::vector<JobStats> job_stats() const;
   // Chrome trace-event JSON (iterations per lane and job, page moves per device, memory and tier

@@ -183,7 +183,7 @@ class DeviceScheduler {
   // Every job present, and the last kFinishedJobsKept that left, for statistics: a process that
   // runs jobs for weeks must not grow without bound (the soak test saw it).
   std::vector<std::shared_ptr<JobRecordState>> history_;
-  static constexpr std::size_t kFinishedJobsKept = 1024;
+  static constexpr std::size_t kFinishedJobsKept = 256;
   // With mu_ held: drops the oldest finished jobs from history_ once twice the kept number have
   // gathered (amortized: one pass per kFinishedJobsKept jobs).
   void forget_old_jobs();

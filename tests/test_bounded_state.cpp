@@ -1,10 +1,14 @@
-// The trace recorder is bounded: it keeps the most recent events, drops (and counts) older ones,
-// so a runtime that runs for weeks holds a bounded trace (the soak test saw it grow otherwise).
+// What a runtime keeps about its past is bounded, so that a process that runs jobs for weeks does
+// not grow (the soak test saw RSS grow otherwise): the trace keeps its most recent events, and
+// the statistics the most recent finished jobs.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "iteration_sched/trace.hpp"
+#include "salus/runtime.hpp"
+#include "salus/sim.hpp"
 
 namespace salus {
 namespace {
@@ -39,6 +43,27 @@ TEST(TraceRecorder, ZeroEventsRecordsNothing) {
   trace.span({"job", 0, 0, 0.0, 1.0, 0});
   EXPECT_EQ(trace.dropped(), 1u);
   EXPECT_EQ(trace.json().find("\"job\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace salus
+
+namespace salus {
+namespace {
+
+TEST(RuntimeRetention, FinishedJobsAreForgottenOldestFirstLiveOnesNever) {
+  Runtime runtime(make_sim_backend(SimConfig::uniform(1, 64 * MiB)), {.policy = "fair"});
+  Job first = runtime.add_job({.name = "stays"});
+  for (int i = 0; i < 2000; ++i) {
+    Job job = runtime.add_job({.name = "short" + std::to_string(i)});
+    job.leave();
+  }
+  const std::vector<JobStats> stats = runtime.job_stats();
+  EXPECT_LE(stats.size(), 1u + 512u);
+  EXPECT_GE(stats.size(), 1u + 256u);
+  EXPECT_EQ(stats.front().name, "stays") << "a live job was forgotten";
+  EXPECT_EQ(stats.back().name, "short1999") << "the most recent finished job was forgotten";
+  first.leave();
 }
 
 }  // namespace
