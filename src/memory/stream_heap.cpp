@@ -499,40 +499,6 @@ void StreamHeap::release_block(Block* block) {
   return_remote_pages(arena, first, last, *merged);
 }
 
-void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_t last,
-                                     const Block& merged) {
-  std::vector<Page> pages;
-  OwnFence own(*this);
-  try {
-    for (std::size_t i = first; i < last; ++i) {
-      const PageSlot& slot = arena.page(i);
-      if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
-          !live_touches(arena, i, merged)) {
-        pages.push_back(hand_off(arena, i, own));
-      }
-    }
-  } catch (const Error& e) {
-    // The free is done; handing borrowed pages back early is not part of it. A page whose fence
-    // could not be recorded stays here as free space, and a later free, trim or recall returns it.
-    spdlog::warn("salus: device {}: returning borrowed pages after a free failed: {}",
-                 device_.device(), e.what());
-  }
-  device_.tiers().give_back(device_.device(), pages);
-}
-
-bool StreamHeap::live_touches(Arena& arena, std::size_t index, const Block& from) const {
-  // Blocks set aside by carve hold addresses, not data: only live blocks keep a page.
-  const DevicePtr lo = arena.page_addr(index);
-  const DevicePtr hi = lo + arena.page_bytes();
-  for (const Block* b = &from; b != nullptr && b->end() > lo; b = b->prev) {
-    if (b->addr < hi && live_.contains(b->addr)) return true;
-  }
-  for (const Block* b = from.next; b != nullptr && b->addr < hi; b = b->next) {
-    if (b->end() > lo && live_.contains(b->addr)) return true;
-  }
-  return false;
-}
-
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job.value);
