@@ -18,6 +18,10 @@ class Error(Exception):
         for name, value in fields.items():
             setattr(self, name, value)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The fields travel with the error (pickle, Ray, multiprocessing), not only the message.
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
 
 class InvalidArgument(Error, ValueError):
     """A malformed request: an unknown name, a size of 0, an unknown pointer, a double free."""
@@ -62,9 +66,6 @@ class OutOfMemory(Error, MemoryError):
     device_in_use: int
     device_limit: int
     reason: str
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
 
 
 def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> Error:

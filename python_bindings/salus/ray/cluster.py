@@ -1,0 +1,188 @@
+"""SalusCluster: the driver's handle on the GPU workers and the placer.
+
+On a Ray cluster with GPUs, one worker actor per GPU (``num_gpus=1``: Ray pins the actor to one
+GPU, which its runtime then sees as device 0). Without GPUs, ``simulated_gpus`` workers each hold
+a simulated GPU, so a local Ray cluster on a CPU machine is a test bed for the same code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Union
+
+import ray
+
+from .._runtime import JobLimits, MemoryHints, Size, _coerce, _check_int, parse_size
+from ..errors import InvalidArgument
+from ..policies import BUILTIN_POLICIES
+from .errors import ClusterClosed
+from .placement import PLACEMENTS
+from .placer import Placer, Request
+from .worker import GpuWorker, TrialSpec, WorkerStats
+
+_MAX_TRIALS_PER_WORKER = 64  # the worker actor's threads: trials it can run at once
+
+
+@dataclass
+class Trial:
+    """One submitted trial. ``ref`` is a Ray ObjectRef: ``ray.get(trial.ref)`` is its function's
+    value, or raises what the function raised (a Salus error keeps its type and fields)."""
+
+    name: str
+    trial_id: str
+    ref: "ray.ObjectRef"
+    _cluster: "SalusCluster"
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return ray.get(self.ref, timeout=timeout)
+
+    def done(self) -> bool:
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def cancel(self) -> None:
+        """Cancels the trial: a waiting one never starts; a running one is stopped at its next
+        iteration boundary and its memory freed. ``result()`` then raises Ray's
+        TaskCancelledError."""
+        ray.cancel(self.ref)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """What the trial reported so far (salus.ray.report), while it runs; [] otherwise."""
+        return self._cluster._reports(self.trial_id)
+
+
+class SalusCluster:
+    """Trials as Salus jobs on Ray GPU workers.
+
+    ``simulated_gpus``: that many workers with a simulated GPU of ``gpu_memory`` each (no GPU
+    needed); None: one worker per GPU of the Ray cluster (``ray.cluster_resources()["GPU"]``).
+    ``policy``: the workers' scheduling policy. ``trials_per_gpu``: at most this many trials on
+    a GPU at once (None: as many as memory allows). ``placement``: "spread" or "pack" (see
+    placement.choose). ``enforce_limits``: a trial with memory hints may use that much and no
+    more (its own OutOfMemory, not its neighbours'). ``torch``: route PyTorch's allocations in
+    the workers through Salus. ``worker_cpus``: CPUs Ray reserves per worker.
+    """
+
+    def __init__(self, *, simulated_gpus: Optional[int] = None, gpu_memory: Size = "16GiB",
+                 policy: str = "fair", trials_per_gpu: Optional[int] = None,
+                 placement: str = "spread", enforce_limits: bool = True, torch: bool = True,
+                 torch_threads: int = 1, worker_cpus: float = 1,
+                 contention: str = "processor_sharing",
+                 worker_setup: Optional[Callable[[Any], None]] = None) -> None:
+        if placement not in PLACEMENTS:
+            raise InvalidArgument(f"unknown placement {placement!r} "
+                                  f"(known: {', '.join(PLACEMENTS)})")
+        if policy not in BUILTIN_POLICIES:
+            raise InvalidArgument(f"unknown policy {policy!r} for the GPU workers (a policy "
+                                  f"registered here is not known in their processes; built-in: "
+                                  f"{', '.join(BUILTIN_POLICIES)})")
+        if trials_per_gpu is not None:
+            _check_int(trials_per_gpu, "trials_per_gpu", 1)
+        if not ray.is_initialized():
+            ray.init()
+        if simulated_gpus is None:
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+            if gpus == 0:
+                raise InvalidArgument("the Ray cluster has no GPU: pass simulated_gpus=N to run "
+                                      "on simulated GPUs")
+            backend, actor_gpus = "cuda", 1
+        else:
+            gpus = _check_int(simulated_gpus, "simulated_gpus", 1)
+            backend, actor_gpus = "sim", 0
+        limit = min(trials_per_gpu or _MAX_TRIALS_PER_WORKER, _MAX_TRIALS_PER_WORKER)
+        actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
+                                              max_concurrency=limit + 4)
+        memory = parse_size(gpu_memory, "gpu_memory")
+        self._workers = [actor.remote(i, backend=backend, memory=memory, policy=policy,
+                                      contention=contention, torch=torch,
+                                      torch_threads=torch_threads, setup=worker_setup)
+                         for i in range(gpus)]
+        infos = ray.get([w.info.remote() for w in self._workers])  # raises a worker's error
+        self.capacities = [int(i["capacity"]) for i in infos]
+        self._placer = ray.remote(Placer).options(num_cpus=0, max_concurrency=10_000).remote(
+            self._workers, self.capacities, max_trials=limit, placement=placement)
+        self._enforce = enforce_limits
+        self._torch = torch
+        self._trials: dict[str, Trial] = {}
+        self._counter = itertools.count()
+        self._closed = False
+
+    # --- trials ---
+    def submit(self, fn: Callable[[Any], Any], config: Any = None, *,
+               name: Optional[str] = None, seed: int = 0,
+               hints: Union[MemoryHints, dict[str, Any], None] = None,
+               profile: Optional[str] = None, priority: int = 0) -> Trial:
+        """Runs ``fn(config)`` as a trial: returns at once; the trial waits for a GPU it fits.
+
+        ``hints``: its persistent memory and ephemeral peak (placement and, with
+        ``enforce_limits``, its limit). Without hints, trials of the same ``profile`` (default:
+        the function's qualified name) are placed by what the last one measured, and the first
+        runs on a GPU of its own. ``seed``: what salus.ray.build_model seeds torch with.
+        """
+        if self._closed:
+            raise ClusterClosed("this SalusCluster was shut down")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        _check_int(seed, "seed")
+        _check_int(priority, "priority")
+        number = next(self._counter)
+        name = name if name is not None else f"trial-{number}"
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a trial name must be a non-empty string, not {name!r}")
+        h = _coerce(hints, MemoryHints, "hints")
+        persistent = parse_size(h.persistent, "hints.persistent")
+        ephemeral = parse_size(h.ephemeral_peak, "hints.ephemeral_peak")
+        trial_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        # With torch, tensors may outlive the job (a result, a cached batch): their blocks stay
+        # valid until freed. Without it, what a trial allocated dies with it.
+        spec = TrialSpec(trial_id, name, seed, persistent, ephemeral, priority=priority,
+                         blocks_outlive_job=self._torch)
+        request = Request(spec, profile or getattr(fn, "__qualname__", repr(fn)),
+                          hinted=hints is not None, enforce=self._enforce)
+        ref = self._placer.run.remote(request, fn, config)
+        trial = Trial(name, trial_id, ref, self)
+        self._trials[trial_id] = trial
+        return trial
+
+    def map(self, fn: Callable[[Any], Any], configs: Iterable[Any], **kwargs: Any) -> list[Trial]:
+        """One trial per config, named ``<name or fn>-<i>``, seeded with ``seed + i``."""
+        base = kwargs.pop("name", getattr(fn, "__name__", "trial"))
+        seed = kwargs.pop("seed", 0)
+        return [self.submit(fn, c, name=f"{base}-{i}", seed=seed + i, **kwargs)
+                for i, c in enumerate(configs)]
+
+    # --- state ---
+    def stats(self) -> list[WorkerStats]:
+        return ray.get([w.stats.remote() for w in self._workers])
+
+    def load(self) -> list[dict[str, Any]]:
+        """The placer's picture: trials and bytes committed per GPU."""
+        return ray.get(self._placer.load.remote())
+
+    def waiting(self) -> int:
+        return int(ray.get(self._placer.waiting.remote()))
+
+    @property
+    def workers(self) -> list[Any]:
+        return list(self._workers)
+
+    def _reports(self, trial_id: str) -> list[dict[str, Any]]:
+        answers = ray.get([w.reports.remote(trial_id) for w in self._workers])
+        return next((a for a in answers if a is not None), [])
+
+    # --- life ---
+    def shutdown(self) -> None:
+        """Kills the workers and the placer: trials still running end with an actor error."""
+        if self._closed:
+            return
+        self._closed = True
+        for actor in [self._placer, *self._workers]:
+            ray.kill(actor)
+
+    def __enter__(self) -> "SalusCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

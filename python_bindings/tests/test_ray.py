@@ -1,0 +1,269 @@
+"""salus.ray on a local Ray cluster (started and stopped here) with simulated GPUs.
+
+The trial functions run in GPU worker actors, other processes: they are pickled by value
+(ray.cloudpickle.register_pickle_by_value), so the workers need not import this file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Iterator
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import salus  # noqa: E402
+import salus.ray as salus_ray  # noqa: E402
+from salus.ray.placement import GpuLoad, Need, choose  # noqa: E402
+
+MiB = 1 << 20
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+# --- the admission rule alone ---------------------------------------------------------------------
+
+def test_rule_holds_persistent_plus_the_largest_ephemeral_peak() -> None:
+    gpu = GpuLoad(100)
+    gpu.needs["a"] = Need(20, 30)
+    gpu.needs["b"] = Need(10, 50)
+    assert gpu.committed() == 20 + 10 + 50  # the peaks take turns in one ephemeral region
+    assert gpu.fits(Need(20, 10))  # 50 + 20 + 50 = 100
+    assert not gpu.fits(Need(21, 10))
+    assert not gpu.fits(Need(0, 71))  # a larger peak grows the region: 30 + 71 > 100
+
+
+def test_spread_and_pack_choose_differently_and_none_when_nothing_fits() -> None:
+    loads = [GpuLoad(100), GpuLoad(100)]
+    loads[0].needs["a"] = Need(10, 10)
+    assert choose(loads, Need(10, 10), "spread") == 1
+    assert choose(loads, Need(10, 10), "pack") == 0
+    assert choose(loads, Need(95, 10), "spread") is None
+    capped = [GpuLoad(100, max_trials=1)]
+    capped[0].needs["a"] = Need(1, 1)
+    assert choose(capped, Need(1, 1)) is None
+    with pytest.raises(ValueError, match="unknown placement 'best'"):
+        choose(loads, Need(1, 1), "best")
+
+
+def test_a_trial_of_unknown_size_gets_a_gpu_of_its_own() -> None:
+    gpu = GpuLoad(100)
+    assert gpu.fits(Need(0, 0, exclusive=True))
+    gpu.needs["new"] = Need(0, 0, exclusive=True)
+    assert not gpu.fits(Need(1, 1))
+    other = GpuLoad(100)
+    other.needs["a"] = Need(1, 1)
+    assert not other.fits(Need(0, 0, exclusive=True))
+
+
+# --- trial functions (they run in the workers) ----------------------------------------------------
+
+def hold_and_iterate(config: dict[str, Any]) -> dict[str, Any]:
+    """Allocates its persistent bytes, then per iteration its ephemeral bytes, runs a simulated
+    kernel, and reports. ``extra``: bytes more than that in the last iteration (over its hint).
+    ``forever``: iterates until cancelled."""
+    job = salus_ray.job()
+    with job:
+        weights = job.allocate(config["persistent"], lifetime="persistent")
+    steps = 0
+    while config.get("forever") or steps < config["steps"]:
+        with job.iteration():
+            size = config["ephemeral"]
+            if config.get("extra") and steps == config["steps"] - 1:
+                size += config["extra"]
+            block = job.allocate(size)
+            job.sim_kernel(config.get("kernel_seconds", 0.01), 0.5)
+            job.synchronize()
+            job.deallocate(block)
+        steps += 1
+        salus_ray.report(step=steps)
+    job.deallocate(weights)
+    return {"steps": steps, "worker": salus_ray.trial().worker}
+
+
+def raise_value_error(config: dict[str, Any]) -> None:
+    with salus_ray.job().iteration():
+        raise ValueError(f"bad config {config}")
+
+
+def train_mlp(config: dict[str, Any]) -> list[float]:
+    """A small PyTorch model trained on synthetic data from the trial's seed."""
+    import torch
+    from torch import nn
+
+    ctx = salus_ray.trial()
+    with ctx.build_model():
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    gen = torch.Generator().manual_seed(ctx.seed)
+    target = torch.randn(16, 1, generator=gen)
+    losses = []
+    for _ in range(config["steps"]):
+        with ctx.job.iteration():
+            x = torch.randn(64, 16, generator=gen)
+            loss = ((model(x) - x @ target) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ctx.job.sim_kernel(0.005, 0.5)
+            ctx.job.synchronize()
+        losses.append(loss.item())
+    return losses
+
+
+def hints(persistent: int, ephemeral: int) -> dict[str, int]:
+    return {"persistent": persistent, "ephemeral_peak": ephemeral}
+
+
+def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+# --- on the cluster -------------------------------------------------------------------------------
+
+def test_trials_share_the_gpu_workers(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="64MiB", torch=False) as cluster:
+        config = {"persistent": 2 * MiB, "ephemeral": 4 * MiB, "steps": 8}
+        trials = cluster.map(hold_and_iterate, [config] * 6, hints=hints(2 * MiB, 4 * MiB))
+        results = ray.get([t.ref for t in trials])
+        assert [r["steps"] for r in results] == [8] * 6
+        assert {r["worker"] for r in results} == {0, 1}
+        stats = cluster.stats()
+        assert all(s.peak_running >= 2 for s in stats), stats  # several trials per GPU at once
+        assert sum(s.finished for s in stats) == 6
+        assert all(s.allocated == 0 for s in stats)  # every trial's memory came back
+        # Persistent bytes of all trials on a GPU plus one ephemeral region: never their sum.
+        for s in stats:
+            assert s.peak_allocated <= 3 * 2 * MiB + 4 * MiB + 3 * 4 * MiB
+
+
+def test_a_trial_over_its_limit_fails_alone(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
+        good = {"persistent": 2 * MiB, "ephemeral": 4 * MiB, "steps": 6}
+        greedy = dict(good, extra=8 * MiB)
+        trials = [cluster.submit(hold_and_iterate, good, name="good-a", hints=hints(2 * MiB,
+                                                                                     4 * MiB)),
+                  cluster.submit(hold_and_iterate, greedy, name="greedy",
+                                 hints=hints(2 * MiB, 4 * MiB)),
+                  cluster.submit(hold_and_iterate, good, name="good-b",
+                                 hints=hints(2 * MiB, 4 * MiB))]
+        with pytest.raises(salus.OutOfMemory) as caught:
+            trials[1].result()
+        err = caught.value
+        assert err.job_name == "greedy"
+        assert err.job_limit == 6 * MiB  # what its hints reserved
+        assert err.requested >= 12 * MiB
+        assert trials[0].result()["steps"] == 6
+        assert trials[2].result()["steps"] == 6
+        (stats,) = cluster.stats()
+        assert (stats.finished, stats.failed, stats.allocated) == (2, 1, 0)
+
+
+def test_an_error_in_a_trial_raises_in_the_driver_and_harms_no_other(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
+        ok = cluster.submit(hold_and_iterate, {"persistent": MiB, "ephemeral": MiB, "steps": 4},
+                            hints=hints(MiB, MiB))
+        bad = cluster.submit(raise_value_error, {"lr": -1}, hints=hints(MiB, MiB))
+        with pytest.raises(ValueError, match="bad config"):
+            ray.get(bad.ref)
+        assert ok.result()["steps"] == 4
+
+
+def test_cancelling_frees_memory_and_lets_a_waiting_trial_in(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
+        big = hints(40 * MiB, 2 * MiB)
+        spinning = cluster.submit(hold_and_iterate, {"persistent": 40 * MiB,
+                                                     "ephemeral": 2 * MiB, "forever": True},
+                                  name="spinning", hints=big)
+        wait_until(lambda: len(spinning.reports()) >= 2)
+        waiting = cluster.submit(hold_and_iterate, {"persistent": 40 * MiB, "ephemeral": 2 * MiB,
+                                                    "steps": 3}, name="waiting", hints=big)
+        never = cluster.submit(hold_and_iterate, {"persistent": 40 * MiB, "ephemeral": 2 * MiB,
+                                                  "steps": 3}, name="never", hints=big)
+        wait_until(lambda: cluster.waiting() == 2)  # 40 + 40 MiB do not fit in 64
+        (before,) = cluster.stats()
+        assert before.allocated >= 40 * MiB and before.running == ["spinning"]
+        never.cancel()  # while it waits: it never starts
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            never.result()
+        spinning.cancel()  # while it runs: stopped at an iteration boundary
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            spinning.result()
+        assert waiting.result(timeout=60)["steps"] == 3
+        (after,) = cluster.stats()
+        assert (after.finished, after.cancelled, after.allocated) == (1, 1, 0)
+        assert cluster.waiting() == 0
+
+
+def test_results_equal_one_trial_per_gpu(local_ray: None) -> None:
+    configs = [{"lr": lr, "steps": 12} for lr in (0.01, 0.03, 0.05, 0.1)]
+
+    def run(**kwargs: Any) -> tuple[list[list[float]], list[Any]]:
+        with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="256MiB", **kwargs) as cluster:
+            trials = cluster.map(train_mlp, configs, seed=7, hints=hints(4 * MiB, 4 * MiB))
+            return ray.get([t.ref for t in trials]), cluster.stats()
+
+    shared, shared_stats = run()
+    alone, alone_stats = run(trials_per_gpu=1)
+    assert any(s.peak_running >= 2 for s in shared_stats)
+    assert all(s.peak_running == 1 for s in alone_stats)
+    assert shared == alone  # bit for bit: same seeds, same steps, whatever ran beside them
+    assert all(losses[-1] < losses[0] for losses in shared)
+
+
+def test_unhinted_trials_run_alone_until_measured(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
+        config = {"persistent": 2 * MiB, "ephemeral": 2 * MiB, "steps": 3}
+        first = cluster.submit(hold_and_iterate, config)
+        first.result()
+        profiles = ray.get(cluster._placer.profiles.remote())
+        assert profiles[hold_and_iterate.__qualname__] == (2 * MiB, 2 * MiB)
+        later = [cluster.submit(hold_and_iterate, dict(config, steps=6)) for _ in range(3)]
+        ray.get([t.ref for t in later])
+        assert cluster.stats()[0].peak_running >= 2  # measured: they now share
+
+
+def test_a_trial_larger_than_every_gpu_is_refused(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="64MiB", torch=False) as cluster:
+        trial = cluster.submit(hold_and_iterate, {}, name="huge", hints=hints(60 * MiB, 8 * MiB))
+        with pytest.raises(salus_ray.FitsNoGpu) as caught:
+            trial.result()
+        assert (caught.value.trial, caught.value.persistent, caught.value.largest_gpu) == \
+            ("huge", 60 * MiB, 64 * MiB)
+
+
+def test_bad_arguments_are_named(local_ray: None) -> None:
+    with pytest.raises(salus.InvalidArgument, match="unknown policy 'fastest'"):
+        salus_ray.SalusCluster(simulated_gpus=1, policy="fastest")
+    with pytest.raises(salus.InvalidArgument, match="trials_per_gpu must be at least 1"):
+        salus_ray.SalusCluster(simulated_gpus=1, trials_per_gpu=0)
+    with pytest.raises(salus.InvalidArgument, match="unknown placement"):
+        salus_ray.SalusCluster(simulated_gpus=1, placement="random")
+    with pytest.raises(salus.InvalidArgument, match="has no GPU"):
+        salus_ray.SalusCluster()
+    cluster = salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="16MiB", torch=False)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        cluster.submit(42)  # type: ignore[arg-type]
+    with pytest.raises(salus.InvalidArgument, match="cannot read 'lots'"):
+        cluster.submit(hold_and_iterate, {}, hints={"persistent": "lots"})
+    cluster.shutdown()
+    with pytest.raises(salus_ray.ClusterClosed):
+        cluster.submit(hold_and_iterate, {})
+    with pytest.raises(salus.InvalidArgument, match="not inside a salus.ray trial"):
+        salus_ray.job()
