@@ -83,11 +83,12 @@ if [[ ! -x .venv/bin/python ]]; then
   fi
 fi
 PY_REQS=(torch numpy pytest pytest-benchmark matplotlib tqdm "scikit-build-core>=0.10" "pybind11>=2.12"
-         atheris)  # atheris: the Python fuzz targets (tests/fuzz/python)
+         atheris  # atheris: the Python fuzz targets (tests/fuzz/python)
+         "ray[tune]>=2.9")  # salus.ray: trials on Ray GPU workers, and its Ray Tune glue
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, re, sys
 for req in sys.argv[1:]:
-    md.version(re.split(r"[<>=]", req)[0])
+    md.version(re.split(r"[<>=[]", req)[0])  # the distribution, without extras or version
 PY
 then
   log "installing into .venv: ${PY_REQS[*]} (PyTorch is large: a few minutes)"

@@ -267,3 +267,30 @@ def test_bad_arguments_are_named(local_ray: None) -> None:
         cluster.submit(hold_and_iterate, {})
     with pytest.raises(salus.InvalidArgument, match="not inside a salus.ray trial"):
         salus_ray.job()
+
+
+def test_ray_tune_trials_run_as_salus_jobs(local_ray: None, tmp_path: Any) -> None:
+    tune = pytest.importorskip("ray.tune")
+    import salus.ray.tune as salus_tune
+
+    def pick(config: dict[str, Any]) -> Any:
+        if config["fail"]:
+            return raise_value_error(config)
+        return hold_and_iterate(config)
+
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
+        trainable = tune.with_resources(
+            salus_tune.trainable(pick, cluster, hints=hints(2 * MiB, 2 * MiB)), {"cpu": 0.1})
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"fail": tune.grid_search([False, True]), "persistent": 2 * MiB,
+                         "ephemeral": 2 * MiB, "steps": 5},
+            run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0))
+        results = {r.config["fail"]: r for r in tuner.fit()}
+        assert results[False].error is None
+        assert results[False].metrics["step"] == 5  # every report came through tune.report
+        assert len(results[False].metrics_dataframe) == 5
+        assert isinstance(results[True].error, Exception)
+        assert "bad config" in str(results[True].error)
+        (stats,) = cluster.stats()
+        assert (stats.finished, stats.failed, stats.allocated) == (1, 1, 0)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import ray
 
-from .._runtime import JobLimits, MemoryHints, Size, _coerce, _check_int, parse_size
+from .._runtime import MemoryHints, Size, _check_int, _coerce, parse_size
 from ..errors import InvalidArgument
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
@@ -33,7 +33,7 @@ class Trial:
     name: str
     trial_id: str
     ref: "ray.ObjectRef"
-    _cluster: "SalusCluster"
+    _handle: "ClusterHandle"
 
     def result(self, timeout: Optional[float] = None) -> Any:
         return ray.get(self.ref, timeout=timeout)
@@ -50,7 +50,43 @@ class Trial:
 
     def reports(self) -> list[dict[str, Any]]:
         """What the trial reported so far (salus.ray.report), while it runs; [] otherwise."""
-        return self._cluster._reports(self.trial_id)
+        return self._handle.reports(self.trial_id)
+
+
+@dataclass(frozen=True)
+class ClusterHandle:
+    """What submitting a trial needs: picklable, so that a Ray Tune trial (another process)
+    submits to the same cluster (salus.ray.tune)."""
+
+    placer: Any
+    workers: tuple[Any, ...]
+    enforce: bool
+    torch: bool
+
+    def submit(self, fn: Callable[[Any], Any], config: Any, *, name: str, seed: int,
+               hints: Union[MemoryHints, dict[str, Any], None], profile: Optional[str],
+               priority: int) -> Trial:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        _check_int(seed, "seed")
+        _check_int(priority, "priority")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a trial name must be a non-empty string, not {name!r}")
+        h = _coerce(hints, MemoryHints, "hints")
+        persistent = parse_size(h.persistent, "hints.persistent")
+        ephemeral = parse_size(h.ephemeral_peak, "hints.ephemeral_peak")
+        trial_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        # With torch, tensors may outlive the job (a result, a cached batch): their blocks stay
+        # valid until freed. Without it, what a trial allocated dies with it.
+        spec = TrialSpec(trial_id, name, seed, persistent, ephemeral, priority=priority,
+                         blocks_outlive_job=self.torch)
+        request = Request(spec, profile or getattr(fn, "__qualname__", repr(fn)),
+                          hinted=hints is not None, enforce=self.enforce)
+        return Trial(name, trial_id, self.placer.run.remote(request, fn, config), self)
+
+    def reports(self, trial_id: str, start: int = 0) -> list[dict[str, Any]]:
+        answers = ray.get([w.reports.remote(trial_id, start) for w in self.workers])
+        return next((a for a in answers if a is not None), [])
 
 
 class SalusCluster:
@@ -103,9 +139,7 @@ class SalusCluster:
         self.capacities = [int(i["capacity"]) for i in infos]
         self._placer = ray.remote(Placer).options(num_cpus=0, max_concurrency=10_000).remote(
             self._workers, self.capacities, max_trials=limit, placement=placement)
-        self._enforce = enforce_limits
-        self._torch = torch
-        self._trials: dict[str, Trial] = {}
+        self.handle = ClusterHandle(self._placer, tuple(self._workers), enforce_limits, torch)
         self._counter = itertools.count()
         self._closed = False
 
@@ -123,28 +157,9 @@ class SalusCluster:
         """
         if self._closed:
             raise ClusterClosed("this SalusCluster was shut down")
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        _check_int(seed, "seed")
-        _check_int(priority, "priority")
         number = next(self._counter)
-        name = name if name is not None else f"trial-{number}"
-        if not isinstance(name, str) or not name:
-            raise InvalidArgument(f"a trial name must be a non-empty string, not {name!r}")
-        h = _coerce(hints, MemoryHints, "hints")
-        persistent = parse_size(h.persistent, "hints.persistent")
-        ephemeral = parse_size(h.ephemeral_peak, "hints.ephemeral_peak")
-        trial_id = f"{name}-{uuid.uuid4().hex[:8]}"
-        # With torch, tensors may outlive the job (a result, a cached batch): their blocks stay
-        # valid until freed. Without it, what a trial allocated dies with it.
-        spec = TrialSpec(trial_id, name, seed, persistent, ephemeral, priority=priority,
-                         blocks_outlive_job=self._torch)
-        request = Request(spec, profile or getattr(fn, "__qualname__", repr(fn)),
-                          hinted=hints is not None, enforce=self._enforce)
-        ref = self._placer.run.remote(request, fn, config)
-        trial = Trial(name, trial_id, ref, self)
-        self._trials[trial_id] = trial
-        return trial
+        return self.handle.submit(fn, config, name=f"trial-{number}" if name is None else name,
+                                  seed=seed, hints=hints, profile=profile, priority=priority)
 
     def map(self, fn: Callable[[Any], Any], configs: Iterable[Any], **kwargs: Any) -> list[Trial]:
         """One trial per config, named ``<name or fn>-<i>``, seeded with ``seed + i``."""
@@ -167,10 +182,6 @@ class SalusCluster:
     @property
     def workers(self) -> list[Any]:
         return list(self._workers)
-
-    def _reports(self, trial_id: str) -> list[dict[str, Any]]:
-        answers = ray.get([w.reports.remote(trial_id) for w in self._workers])
-        return next((a for a in answers if a is not None), [])
 
     # --- life ---
     def shutdown(self) -> None:

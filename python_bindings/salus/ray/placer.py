@@ -52,14 +52,24 @@ class Placer:
         self._placement = placement
         self._margin = margin  # added to a measured profile: the next trial may be a bit larger
         self._profiles: dict[str, Need] = {}
+        self._measuring: dict[str, asyncio.Event] = {}  # profiles whose first trial runs now
         self._queue: list[_Waiter] = []
 
     # --- the trial's life ---
     async def run(self, request: Request, fn: Callable[[Any], Any], config: Any) -> Any:
-        need = self._need(request)
+        need = await self._need(request)
+        try:
+            return await self._place_and_run(request, need, fn, config)
+        finally:
+            if need.exclusive:
+                self._measured(request.profile)
+
+    async def _place_and_run(self, request: Request, need: Need, fn: Callable[[Any], Any],
+                             config: Any) -> Any:
         gpu = await self._admit(request.spec.trial_id, need)
         spec = request.spec
-        if request.enforce and not need.exclusive and need.total < self._loads[gpu].capacity:
+        # Only hints are a promise: a profile measured another trial, maybe a smaller one.
+        if request.enforce and request.hinted and need.total < self._loads[gpu].capacity:
             spec = replace(spec, limit_total=need.total)
         worker = self._workers[gpu]
         done = asyncio.wrap_future(worker.run.remote(spec, fn, config).future())
@@ -70,21 +80,29 @@ class Placer:
             # Its place is given back once its memory is: wait for the worker to finish it.
             await asyncio.wait([done])
             raise
+        else:
+            self._profiles[request.profile] = Need(outcome.persistent_peak,
+                                                   outcome.ephemeral_peak)
         finally:
             self._release(gpu, spec.trial_id)
-        self._profiles[request.profile] = Need(outcome.persistent_peak, outcome.ephemeral_peak)
         return outcome.value
 
-    def _need(self, request: Request) -> Need:
+    async def _need(self, request: Request) -> Need:
         spec = request.spec
         if request.hinted:
             need = Need(spec.persistent_hint, spec.ephemeral_hint)
-        elif request.profile in self._profiles:
+        else:
+            # Trials of a profile nobody measured yet wait for the first one to be measured
+            # (it runs on a GPU of its own), rather than each taking a whole GPU.
+            while request.profile not in self._profiles:
+                measuring = self._measuring.get(request.profile)
+                if measuring is None:
+                    self._measuring[request.profile] = asyncio.Event()
+                    return Need(0, 0, exclusive=True)
+                await measuring.wait()
             measured = self._profiles[request.profile]
             need = Need(int(measured.persistent * (1 + self._margin)),
                         int(measured.ephemeral_peak * (1 + self._margin)))
-        else:
-            return Need(0, 0, exclusive=True)  # a whole GPU until it has been measured
         largest = max(load.capacity for load in self._loads)
         if need.total > largest:
             raise FitsNoGpu(
@@ -106,6 +124,13 @@ class Placer:
             elif waiter.placed.done() and not waiter.placed.cancelled():
                 self._release(waiter.placed.result(), trial_id)  # placed as it was cancelled
             raise
+
+    def _measured(self, profile: str) -> None:
+        """The first trial of a profile ended: the waiting ones go on (if it failed before it
+        was measured, the next of them is measured instead)."""
+        event = self._measuring.pop(profile, None)
+        if event is not None:
+            event.set()
 
     def _release(self, gpu: int, trial_id: str) -> None:
         self._loads[gpu].needs.pop(trial_id, None)
