@@ -6,6 +6,7 @@ The trial functions run in GPU worker actors, other processes: they are pickled 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Iterator
@@ -19,12 +20,14 @@ import salus.ray as salus_ray  # noqa: E402
 from salus.ray.placement import GpuLoad, Need, choose  # noqa: E402
 
 MiB = 1 << 20
+TIMEOUT = 120  # seconds: a trial that never ends fails its test rather than hanging it
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
     ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
@@ -93,6 +96,16 @@ def hold_and_iterate(config: dict[str, Any]) -> dict[str, Any]:
     return {"steps": steps, "worker": salus_ray.trial().worker}
 
 
+def loop_over_batches(config: dict[str, Any]) -> list[int]:
+    """The loop marked by ctx.iterations rather than a with block."""
+    ctx = salus_ray.trial()
+    seen = []
+    for batch in ctx.iterations(range(config["steps"])):
+        ctx.job.sim_kernel(0.002, 0.5)
+        seen.append((batch, ctx.job.stats().state))
+    return [b for b, state in seen if state == "running"]
+
+
 def raise_value_error(config: dict[str, Any]) -> None:
     with salus_ray.job().iteration():
         raise ValueError(f"bad config {config}")
@@ -141,7 +154,7 @@ def test_trials_share_the_gpu_workers(local_ray: None) -> None:
     with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="64MiB", torch=False) as cluster:
         config = {"persistent": 2 * MiB, "ephemeral": 4 * MiB, "steps": 8}
         trials = cluster.map(hold_and_iterate, [config] * 6, hints=hints(2 * MiB, 4 * MiB))
-        results = ray.get([t.ref for t in trials])
+        results = ray.get([t.ref for t in trials], timeout=TIMEOUT)
         assert [r["steps"] for r in results] == [8] * 6
         assert {r["worker"] for r in results} == {0, 1}
         stats = cluster.stats()
@@ -164,15 +177,23 @@ def test_a_trial_over_its_limit_fails_alone(local_ray: None) -> None:
                   cluster.submit(hold_and_iterate, good, name="good-b",
                                  hints=hints(2 * MiB, 4 * MiB))]
         with pytest.raises(salus.OutOfMemory) as caught:
-            trials[1].result()
+            trials[1].result(timeout=TIMEOUT)
         err = caught.value
         assert err.job_name == "greedy"
         assert err.job_limit == 6 * MiB  # what its hints reserved
         assert err.requested >= 12 * MiB
-        assert trials[0].result()["steps"] == 6
-        assert trials[2].result()["steps"] == 6
+        assert trials[0].result(timeout=TIMEOUT)["steps"] == 6
+        assert trials[2].result(timeout=TIMEOUT)["steps"] == 6
         (stats,) = cluster.stats()
         assert (stats.finished, stats.failed, stats.allocated) == (2, 1, 0)
+
+
+def test_a_loop_marked_by_iterations_runs_each_pass_as_an_iteration(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="16MiB", torch=False) as cluster:
+        trial = cluster.submit(loop_over_batches, {"steps": 5}, hints=hints(0, MiB))
+        assert trial.result(timeout=TIMEOUT) == [0, 1, 2, 3, 4]
+        (job,) = ray.get(cluster.workers[0].job_stats.remote())
+        assert job.iterations == 5
 
 
 def test_an_error_in_a_trial_raises_in_the_driver_and_harms_no_other(local_ray: None) -> None:
@@ -181,8 +202,8 @@ def test_an_error_in_a_trial_raises_in_the_driver_and_harms_no_other(local_ray: 
                             hints=hints(MiB, MiB))
         bad = cluster.submit(raise_value_error, {"lr": -1}, hints=hints(MiB, MiB))
         with pytest.raises(ValueError, match="bad config"):
-            ray.get(bad.ref)
-        assert ok.result()["steps"] == 4
+            ray.get(bad.ref, timeout=TIMEOUT)
+        assert ok.result(timeout=TIMEOUT)["steps"] == 4
 
 
 def test_cancelling_frees_memory_and_lets_a_waiting_trial_in(local_ray: None) -> None:
@@ -201,10 +222,10 @@ def test_cancelling_frees_memory_and_lets_a_waiting_trial_in(local_ray: None) ->
         assert before.allocated >= 40 * MiB and before.running == ["spinning"]
         never.cancel()  # while it waits: it never starts
         with pytest.raises(ray.exceptions.TaskCancelledError):
-            never.result()
+            never.result(timeout=TIMEOUT)
         spinning.cancel()  # while it runs: stopped at an iteration boundary
         with pytest.raises(ray.exceptions.TaskCancelledError):
-            spinning.result()
+            spinning.result(timeout=TIMEOUT)
         assert waiting.result(timeout=60)["steps"] == 3
         (after,) = cluster.stats()
         assert (after.finished, after.cancelled, after.allocated) == (1, 1, 0)
@@ -217,7 +238,7 @@ def test_results_equal_one_trial_per_gpu(local_ray: None) -> None:
     def run(**kwargs: Any) -> tuple[list[list[float]], list[Any]]:
         with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="256MiB", **kwargs) as cluster:
             trials = cluster.map(train_mlp, configs, seed=7, hints=hints(4 * MiB, 4 * MiB))
-            return ray.get([t.ref for t in trials]), cluster.stats()
+            return ray.get([t.ref for t in trials], timeout=TIMEOUT), cluster.stats()
 
     shared, shared_stats = run()
     alone, alone_stats = run(trials_per_gpu=1)
@@ -231,11 +252,11 @@ def test_unhinted_trials_run_alone_until_measured(local_ray: None) -> None:
     with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False) as cluster:
         config = {"persistent": 2 * MiB, "ephemeral": 2 * MiB, "steps": 3}
         first = cluster.submit(hold_and_iterate, config)
-        first.result()
+        first.result(timeout=TIMEOUT)
         profiles = ray.get(cluster._placer.profiles.remote())
         assert profiles[hold_and_iterate.__qualname__] == (2 * MiB, 2 * MiB)
         later = [cluster.submit(hold_and_iterate, dict(config, steps=6)) for _ in range(3)]
-        ray.get([t.ref for t in later])
+        ray.get([t.ref for t in later], timeout=TIMEOUT)
         assert cluster.stats()[0].peak_running >= 2  # measured: they now share
 
 
@@ -243,7 +264,7 @@ def test_a_trial_larger_than_every_gpu_is_refused(local_ray: None) -> None:
     with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="64MiB", torch=False) as cluster:
         trial = cluster.submit(hold_and_iterate, {}, name="huge", hints=hints(60 * MiB, 8 * MiB))
         with pytest.raises(salus_ray.FitsNoGpu) as caught:
-            trial.result()
+            trial.result(timeout=TIMEOUT)
         assert (caught.value.trial, caught.value.persistent, caught.value.largest_gpu) == \
             ("huge", 60 * MiB, 64 * MiB)
 

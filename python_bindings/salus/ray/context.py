@@ -18,12 +18,14 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, TypeVar
 
 from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .._runtime import Job
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,6 +58,15 @@ class TrialContext:
         import torch
 
         return torch.device("cuda", 0) if self.backend == "cuda" else torch.device("cpu")
+
+    def iterations(self, batches: Iterable[T]) -> Iterator[T]:
+        """``for batch in ctx.iterations(loader):``: each pass of the loop body is one
+        iteration of the job (its turn on the GPU), for loops that cannot be re-indented under
+        ``with job.iteration():``. Frameworks with step callbacks call ``job.begin_iteration()``
+        and ``job.end_iteration()`` from them instead."""
+        for batch in batches:
+            with self.job.iteration():
+                yield batch
 
     @contextmanager
     def build_model(self) -> Iterator["Job"]:
