@@ -232,6 +232,30 @@ def test_cancelling_frees_memory_and_lets_a_waiting_trial_in(local_ray: None) ->
         assert cluster.waiting() == 0
 
 
+@ray.remote(num_cpus=0)
+class TrialOwner:
+    """Stands for a Ray Tune trial actor: it submits a trial and waits for it."""
+
+    def submit(self, handle: Any, config: dict[str, Any]) -> str:
+        me = ray.get_runtime_context().current_actor
+        self.trial = handle.submit(hold_and_iterate, config, name="owned", seed=0, hints=None,
+                                   profile=None, priority=0, owner=me)
+        return self.trial.trial_id
+
+
+def test_a_trial_whose_owner_dies_is_cancelled(local_ray: None) -> None:
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="16MiB", torch=False) as cluster:
+        owner = TrialOwner.remote()
+        ray.get(owner.submit.remote(cluster.handle, {"persistent": MiB, "ephemeral": MiB,
+                                                     "forever": True}), timeout=TIMEOUT)
+        wait_until(lambda: cluster.stats()[0].running == ["owned"])
+        ray.kill(owner)
+        wait_until(lambda: cluster.stats()[0].cancelled == 1)
+        (stats,) = cluster.stats()
+        assert (stats.running, stats.allocated) == ([], 0)
+        wait_until(lambda: cluster.load()[0]["trials"] == 0)
+
+
 def test_results_equal_one_trial_per_gpu(local_ray: None) -> None:
     configs = [{"lr": lr, "steps": 12} for lr in (0.01, 0.03, 0.05, 0.1)]
 

@@ -65,7 +65,7 @@ class ClusterHandle:
 
     def submit(self, fn: Callable[[Any], Any], config: Any, *, name: str, seed: int,
                hints: Union[MemoryHints, dict[str, Any], None], profile: Optional[str],
-               priority: int) -> Trial:
+               priority: int, owner: Any = None) -> Trial:
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
         _check_int(seed, "seed")
@@ -81,7 +81,7 @@ class ClusterHandle:
         spec = TrialSpec(trial_id, name, seed, persistent, ephemeral, priority=priority,
                          blocks_outlive_job=self.torch)
         request = Request(spec, profile or getattr(fn, "__qualname__", repr(fn)),
-                          hinted=hints is not None, enforce=self.enforce)
+                          hinted=hints is not None, enforce=self.enforce, owner=owner)
         return Trial(name, trial_id, self.placer.run.remote(request, fn, config), self)
 
     def reports(self, trial_id: str, start: int = 0) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
+import ray
+
 from ..errors import InvalidArgument
 from .errors import FitsNoGpu
 from .placement import GpuLoad, Need, choose
@@ -32,6 +34,10 @@ class Request:
     profile: str
     hinted: bool  # spec's hints say what it needs
     enforce: bool  # limit the job to what placement reserved for it
+    # The actor that waits for the result (a Ray Tune trial), when not the driver: if it dies,
+    # nobody wants the trial any more, so it is cancelled. (A driver's death takes the cluster's
+    # actors with it.)
+    owner: Any = None
 
 
 @dataclass
@@ -41,7 +47,12 @@ class _Waiter:
     placed: "asyncio.Future[int]"
 
 
+class _OwnerGone(Exception):
+    """The actor waiting for a trial died: the trial is cancelled."""
+
+
 class Placer:
+    OWNER_CHECK_SECONDS = 1.0
     def __init__(self, workers: list[Any], capacities: list[int], *,
                  max_trials: Optional[int] = None, placement: str = "spread",
                  margin: float = 0.1) -> None:
@@ -74,8 +85,8 @@ class Placer:
         worker = self._workers[gpu]
         done = asyncio.wrap_future(worker.run.remote(spec, fn, config).future())
         try:
-            outcome: Outcome = await asyncio.shield(done)
-        except asyncio.CancelledError:
+            outcome: Outcome = await self._result_while_wanted(done, request.owner)
+        except (asyncio.CancelledError, _OwnerGone):
             worker.cancel.remote(spec.trial_id)
             # Its place is given back once its memory is: wait for the worker to finish it.
             await asyncio.wait([done])
@@ -86,6 +97,19 @@ class Placer:
         finally:
             self._release(gpu, spec.trial_id)
         return outcome.value
+
+    async def _result_while_wanted(self, done: "asyncio.Future[Outcome]", owner: Any) -> Outcome:
+        """The worker's outcome; raises _OwnerGone if the owner dies first."""
+        if owner is None:
+            return await asyncio.shield(done)
+        while True:
+            finished, _ = await asyncio.wait([done], timeout=self.OWNER_CHECK_SECONDS)
+            if finished:
+                return done.result()
+            try:
+                await owner.__ray_ready__.remote()
+            except ray.exceptions.RayActorError:
+                raise _OwnerGone() from None
 
     async def _need(self, request: Request) -> Need:
         spec = request.spec

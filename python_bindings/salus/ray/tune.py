@@ -57,7 +57,8 @@ def trainable(fn: Callable[[Any], Any], cluster: SalusCluster, *,
         name = tune.get_context().get_trial_name() or "tune-trial"
         named = profile(config) if callable(profile) else (profile or wrapped.__qualname__)
         submitted = handle.submit(wrapped, config, name=name, seed=int(config.get(seed_key, 0)),
-                                  hints=hints, profile=named, priority=0)
+                                  hints=hints, profile=named, priority=0,
+                                  owner=ray.get_runtime_context().current_actor)
         seen = 0
         finished = False
         try:
