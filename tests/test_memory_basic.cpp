@@ -201,6 +201,16 @@ TEST_F(MemoryBasic, DeviceExhaustionIsTypedAndLeavesStateIntact) {
   EXPECT_EQ(after.reserved, before.reserved);
   EXPECT_EQ(after.out_of_memory, before.out_of_memory + 1);
   EXPECT_EQ(memory->job_stats(job).in_use, 32 * MiB);
+  // A request that could not be placed never existed for the job's peaks either (found by
+  // fuzzing, issue 12): the peak stays what was really held at once.
+  memory->deallocate(blocks[3]);
+  EXPECT_THROW((void)alloc(16 * MiB, 0, job), OutOfMemory);
+  EXPECT_EQ(memory->job_stats(job).peak, 32 * MiB);
+  EXPECT_EQ(memory->job_stats(job).by_class[kEphemeral].peak +
+                memory->job_stats(job).by_class[kPersistent].peak,
+            32 * MiB);
+  blocks[3] = alloc(8 * MiB, 0, job);
+  fill_pattern(blocks[3], 8 * MiB, 3);
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(check_pattern(blocks[static_cast<std::size_t>(i)], 8 * MiB,
                               static_cast<std::uint64_t>(i)));

@@ -454,7 +454,9 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
 void DeviceScheduler::throw_if_cancelled(JobId id) const {
   std::lock_guard lock(mu_);
   for (const auto& job : history_) {
-    if (job->id == id && job->state == JobState::cancelled) throw JobCancelled(job->spec.name);
+    if (job->id == id && job->state == JobState::cancelled && !job->retired) {
+      throw JobCancelled(job->spec.name);
+    }
   }
 }
 
@@ -491,6 +493,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
   {
     std::unique_lock lock(mu_);
+    if (job.state == JobState::cancelled && !cancelled) job.retired = true;
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
     if (job.state == JobState::running) {
       running_on_stream_.erase(job.stream.value);

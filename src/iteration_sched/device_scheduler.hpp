@@ -42,6 +42,9 @@ struct JobRecordState {
   std::condition_variable wakeup;  // its own: a start wakes exactly the job that starts
 
   JobState state = JobState::idle;
+  // Cancelled, and its handle then left: its id is retired (UnknownJob from now on, as for any
+  // job that left), no longer "cancelled".
+  bool retired = false;
   bool started = false;  // the core started the iteration this job waits for
   int lane = -1;
   StreamHandle stream{};

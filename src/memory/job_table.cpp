@@ -41,7 +41,8 @@ void JobRecord::set_limits(const JobMemoryLimits& limits) {
   limit_by_class[index(Lifetime::ephemeral)].store(limits.ephemeral, std::memory_order_relaxed);
 }
 
-std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t bytes) {
+std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t bytes,
+                                                Charge& produced) {
   const std::size_t total_limit = limit_total.load(std::memory_order_relaxed);
   const std::optional<std::size_t> total = try_add(in_use_total, bytes, total_limit);
   if (!total) return fmt::format("job budget of {} bytes would be exceeded", total_limit);
@@ -53,10 +54,15 @@ std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t 
     return fmt::format("job {} budget of {} bytes would be exceeded", to_string(lifetime),
                        class_limit);
   }
-  // Each charge raises the peaks to the counts it produced: the peak of the counts' history.
-  raise_peak(peak_total, *total);
-  raise_peak(peak_by_class[index(lifetime)], *in_class);
+  produced = {*total, *in_class};
   return std::nullopt;
+}
+
+void JobRecord::raise_peaks(Lifetime lifetime, const Charge& produced) {
+  // Each placed charge raises the peaks to the counts it produced: the peak of the counts'
+  // history, without the charges that were refused or could not be placed.
+  raise_peak(peak_total, produced.total);
+  raise_peak(peak_by_class[index(lifetime)], produced.in_class);
 }
 
 void JobRecord::uncharge(Lifetime lifetime, std::size_t bytes) {

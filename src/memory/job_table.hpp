@@ -52,9 +52,20 @@ struct JobRecord {
   std::atomic<std::uint64_t> fetched_bytes{0};
   std::atomic<std::uint64_t> prefetched_bytes{0};
 
+  // The counts one charge produced: the peaks are raised to them once the bytes are placed.
+  struct Charge {
+    std::size_t total = 0;
+    std::size_t in_class = 0;
+  };
+
   void set_limits(const JobMemoryLimits& limits);
   // Charges `bytes` against the budgets; on refusal nothing changes and the reason is returned.
-  [[nodiscard]] std::optional<std::string> try_charge(Lifetime lifetime, std::size_t bytes);
+  // The peaks are not raised here: an allocation may still fail to be placed after its charge
+  // (and be uncharged), and a request that failed must not show in the peaks. The caller calls
+  // raise_peaks with `produced` once the block exists.
+  [[nodiscard]] std::optional<std::string> try_charge(Lifetime lifetime, std::size_t bytes,
+                                                      Charge& produced);
+  void raise_peaks(Lifetime lifetime, const Charge& produced);
   void uncharge(Lifetime lifetime, std::size_t bytes);
   // Moves bytes between classes without a budget check: promotion cannot fail.
   void move_class(Lifetime from, Lifetime to, std::size_t bytes);

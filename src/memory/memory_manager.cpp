@@ -148,7 +148,8 @@ class MemoryManager::Impl {
     // The stream is checked (and its heap made) before anything is charged: a refused stream
     // leaves every count as it was. Looked up once: place() works on this heap.
     StreamHeap& heap = device.heap_for(request.stream);
-    if (auto refusal = job.try_charge(request.lifetime, bytes)) {
+    JobRecord::Charge charge;
+    if (auto refusal = job.try_charge(request.lifetime, bytes, charge)) {
       device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
       throw OutOfMemory(oom_info(job, device, request, *refusal, true));
     }
@@ -178,6 +179,7 @@ class MemoryManager::Impl {
       }
       throw UnknownJob(request.job);
     }
+    job.raise_peaks(request.lifetime, charge);
     return ptr;
   }
 
@@ -290,7 +292,10 @@ class MemoryManager::Impl {
       device->for_each_stream_heap([&](StreamHeap& heap) {
         heap.orphan_job(id, [&](Lifetime was, std::size_t bytes) {
           job.uncharge(was, bytes);
-          (void)nobody.try_charge(Lifetime::persistent, bytes);  // unlimited: cannot refuse
+          JobRecord::Charge charge;
+          if (!nobody.try_charge(Lifetime::persistent, bytes, charge)) {  // unlimited: no refusal
+            nobody.raise_peaks(Lifetime::persistent, charge);
+          }
         });
       });
     }

@@ -156,6 +156,23 @@ TEST_F(CApi, JobsInTheWrongStateOrGoneAreRefused) {
   EXPECT_EQ(device_stats(0).allocated, 0u);
 }
 
+// Cancelled, the job's calls say so; once it left, its id is retired like any other (found by
+// fuzzing, issue 12: it used to stay "cancelled").
+TEST_F(CApi, ACancelledJobThatLeftIsUnknown) {
+  const uint32_t job = add_job("cancelled");
+  void* p = nullptr;
+  ASSERT_EQ(salus_job_cancel(runtime, job), SALUS_OK);
+  EXPECT_EQ(salus_allocate(runtime, 64, 0, nullptr, job, SALUS_PERSISTENT, &p),
+            SALUS_ERROR_CANCELLED);
+  EXPECT_EQ(salus_job_begin_iteration(runtime, job, nullptr), SALUS_ERROR_CANCELLED);
+  ASSERT_EQ(salus_job_leave(runtime, job), SALUS_OK);
+  EXPECT_EQ(salus_allocate(runtime, 64, 0, nullptr, job, SALUS_PERSISTENT, &p),
+            SALUS_ERROR_UNKNOWN_JOB);
+  EXPECT_EQ(salus_job_begin_iteration(runtime, job, nullptr), SALUS_ERROR_UNKNOWN_JOB);
+  EXPECT_EQ(salus_set_current_job(runtime, job), SALUS_ERROR_UNKNOWN_JOB);
+  EXPECT_EQ(salus_job_leave(runtime, job), SALUS_ERROR_UNKNOWN_JOB);
+}
+
 TEST_F(CApi, BogusStreamsAndPointersChangeNothing) {
   void* bogus = reinterpret_cast<void*>(uintptr_t{0x1234});
   void* p = nullptr;

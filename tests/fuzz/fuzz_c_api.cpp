@@ -355,7 +355,6 @@ class Program {
       const int device = j->device;
       const bool was_running = j->state == JobState::running;
       release_blocks_of(*j);
-      if (leave && j->state == JobState::cancelled) m_.cancelled_then_left.insert(id);
       j->state = JobState::cancelled;
       j->iteration_stream = nullptr;
       if (leave) {
@@ -435,9 +434,6 @@ class Program {
     if (job != SALUS_JOB_AUTO) {
       if (owner == nullptr) {
         faults.push_back(SALUS_ERROR_UNKNOWN_JOB);
-        // The C++ runtime still calls a job that was cancelled before it left "cancelled", where
-        // the header promises UNKNOWN_JOB for any id that left (see the report of issue 12).
-        if (m_.cancelled_then_left.contains(job)) faults.push_back(SALUS_ERROR_CANCELLED);
       } else if (owner->state == JobState::cancelled) {
         faults.push_back(SALUS_ERROR_CANCELLED);
       } else if (owner->device != device) {
