@@ -24,11 +24,11 @@ import time
 from typing import Any
 
 import ray
-import torch
-from torch import nn
-
 import salus.ray
 import salus.ray.tune
+
+import torch
+from torch import nn
 
 STEPS = 30
 SIMULATED_STEP = (0.004, 0.3)  # seconds alone, occupancy: a small model leaves most of a GPU idle

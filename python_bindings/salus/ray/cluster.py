@@ -80,13 +80,35 @@ class ClusterHandle:
         # valid until freed. Without it, what a trial allocated dies with it.
         spec = TrialSpec(trial_id, name, seed, persistent, ephemeral, priority=priority,
                          blocks_outlive_job=self.torch)
-        request = Request(spec, profile or getattr(fn, "__qualname__", repr(fn)),
+        request = Request(spec, profile or str(getattr(fn, "__qualname__", repr(fn))),
                           hinted=hints is not None, enforce=self.enforce, owner=owner)
         return Trial(name, trial_id, self.placer.run.remote(request, fn, config), self)
 
     def reports(self, trial_id: str, start: int = 0) -> list[dict[str, Any]]:
         answers = ray.get([w.reports.remote(trial_id, start) for w in self.workers])
         return next((a for a in answers if a is not None), [])
+
+
+def _check_choices(placement: str, policy: str, trials_per_gpu: Optional[int]) -> None:
+    if placement not in PLACEMENTS:
+        raise InvalidArgument(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    if policy not in BUILTIN_POLICIES:
+        raise InvalidArgument(f"unknown policy {policy!r} for the GPU workers (a policy "
+                              f"registered here is not known in their processes; built-in: "
+                              f"{', '.join(BUILTIN_POLICIES)})")
+    if trials_per_gpu is not None:
+        _check_int(trials_per_gpu, "trials_per_gpu", 1)
+
+
+def _gpus(simulated_gpus: Optional[int]) -> tuple[int, str, int]:
+    """Workers to make, their backend, and the GPUs Ray gives each."""
+    if simulated_gpus is not None:
+        return _check_int(simulated_gpus, "simulated_gpus", 1), "sim", 0
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus == 0:
+        raise InvalidArgument("the Ray cluster has no GPU: pass simulated_gpus=N to run on "
+                              "simulated GPUs")
+    return gpus, "cuda", 1
 
 
 class SalusCluster:
@@ -107,37 +129,21 @@ class SalusCluster:
                  torch_threads: int = 1, worker_cpus: float = 1,
                  contention: str = "processor_sharing",
                  worker_setup: Optional[Callable[[Any], None]] = None) -> None:
-        if placement not in PLACEMENTS:
-            raise InvalidArgument(f"unknown placement {placement!r} "
-                                  f"(known: {', '.join(PLACEMENTS)})")
-        if policy not in BUILTIN_POLICIES:
-            raise InvalidArgument(f"unknown policy {policy!r} for the GPU workers (a policy "
-                                  f"registered here is not known in their processes; built-in: "
-                                  f"{', '.join(BUILTIN_POLICIES)})")
-        if trials_per_gpu is not None:
-            _check_int(trials_per_gpu, "trials_per_gpu", 1)
+        _check_choices(placement, policy, trials_per_gpu)
         if not ray.is_initialized():
             ray.init()
-        if simulated_gpus is None:
-            gpus = int(ray.cluster_resources().get("GPU", 0))
-            if gpus == 0:
-                raise InvalidArgument("the Ray cluster has no GPU: pass simulated_gpus=N to run "
-                                      "on simulated GPUs")
-            backend, actor_gpus = "cuda", 1
-        else:
-            gpus = _check_int(simulated_gpus, "simulated_gpus", 1)
-            backend, actor_gpus = "sim", 0
+        gpus, backend, actor_gpus = _gpus(simulated_gpus)
         limit = min(trials_per_gpu or _MAX_TRIALS_PER_WORKER, _MAX_TRIALS_PER_WORKER)
         actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
                                               max_concurrency=limit + 4)
         memory = parse_size(gpu_memory, "gpu_memory")
-        self._workers = [actor.remote(i, backend=backend, memory=memory, policy=policy,
-                                      contention=contention, torch=torch,
-                                      torch_threads=torch_threads, setup=worker_setup)
-                         for i in range(gpus)]
+        self._workers: list[Any] = [
+            actor.remote(i, backend=backend, memory=memory, policy=policy, contention=contention,
+                         torch=torch, torch_threads=torch_threads, setup=worker_setup)
+            for i in range(gpus)]
         infos = ray.get([w.info.remote() for w in self._workers])  # raises a worker's error
         self.capacities = [int(i["capacity"]) for i in infos]
-        self._placer = ray.remote(Placer).options(num_cpus=0, max_concurrency=10_000).remote(
+        self._placer: Any = ray.remote(Placer).options(num_cpus=0, max_concurrency=10_000).remote(
             self._workers, self.capacities, max_trials=limit, placement=placement)
         self.handle = ClusterHandle(self._placer, tuple(self._workers), enforce_limits, torch)
         self._counter = itertools.count()

@@ -16,7 +16,7 @@ The Tune trial actor only waits: give it a small CPU share, and no GPU (the work
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import ray
 

@@ -78,7 +78,6 @@ class GpuWorker:
                                      contention=contention)
         if torch:
             import torch as torch_module
-
             from salus import torch as salus_torch
 
             torch_module.set_num_threads(torch_threads)
