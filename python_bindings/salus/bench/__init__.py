@@ -1,6 +1,6 @@
 """salus-bench: GPU-sharing experiments, from the discrete-event simulator to real PyTorch jobs.
 
-``salus-bench simulate|run|torch EXPERIMENT`` runs an experiment (a TOML file in
+``salus-bench simulate|run|torch|ray EXPERIMENT`` runs an experiment (a TOML file in
 ``benchmarks/experiments/``, or any path) and writes per-job CSV, a JSON and Markdown summary,
 PNG plots and, for the real mechanism, Perfetto traces. From Python::
 

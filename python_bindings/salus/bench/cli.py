@@ -1,6 +1,6 @@
 """The ``salus-bench`` command line.
 
-    salus-bench simulate|run|torch EXPERIMENT [--out DIR] [--seed N] [--scale small|full]
+    salus-bench simulate|run|torch|ray EXPERIMENT [--out DIR] [--seed N] [--scale small|full]
                 [--policies a,b] [--quiet]
     salus-bench list
 
@@ -25,6 +25,8 @@ _MODE_HELP = {
     "simulate": "the discrete-event simulator (virtual clock, thousands of jobs, deterministic)",
     "run": "the real mechanism: salus.Runtime on simulated GPUs, time-scaled, Perfetto traces",
     "torch": "real PyTorch jobs (small models on the CPU through salus.torch) on a simulated GPU",
+    "ray": "trials on a local Ray cluster of simulated GPUs, three ways: one per GPU, Ray "
+           "fractional GPUs (no memory check), Salus on Ray (needs ray; experiments with [ray])",
 }
 
 
@@ -35,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
                     "placements and cluster sizes on measured workloads, from a simulator to "
                     "real PyTorch jobs.",
         epilog="EXPERIMENT is the name of a file in benchmarks/experiments/ (jct, hyperparam, "
-               "inference, colocation, harvesting, cluster) or a path to any .toml file.")
+               "inference, colocation, harvesting, cluster, ray_trials) or a path to any .toml "
+               "file.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("experiment", metavar="EXPERIMENT",

@@ -14,7 +14,7 @@ The keys (all tables optional unless said)::
 
     name, description           required strings
     assumptions = [...]         sentences added to every summary
-    [modes]                     simulate / run / torch = true, or a string: why not
+    [modes]                     simulate / run / torch / ray = true, or a string: why not
     [paper]                     name, value, metric (a metric or ratio of the summary, e.g.
                                 avg_jct_speedup, utilization_gain), source, variant, note
     [workload]                  csv (default: benchmarks/data/salus_workloads.csv),
@@ -38,6 +38,12 @@ The keys (all tables optional unless said)::
     [run]                       time_scale (real s per simulated s), memory_scale, max_steps,
                                 layers, sample_seconds
     [torch]                     models (cnn, transformer, lstm), steps, time_scale, gpu_memory
+    [ray]                       ray mode (trials on a local Ray cluster; GPUs from [cluster],
+                                the Salus arm's policies from [compare]): fraction (Ray's
+                                num_gpus per trial), context_memory (a process's CUDA
+                                context), time_scale, memory_scale, max_steps,
+                                limit_minus_context (Salus's GPU limit leaves out the context),
+                                weights_in_first_iteration (else when a Salus trial starts)
     [harvest]                   the memory-harvesting study (run mode): policy, gpus,
                                 gpu_memory, topology, configs, iterations, warmup, [[harvest.job]]
     [scale.small], [scale.full] any of the above, merged over it
@@ -73,7 +79,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.9 and 3.10 need the backport
     import tomli as tomllib
 
-MODES = ("simulate", "run", "torch")
+MODES = ("simulate", "run", "torch", "ray")
 SCALES = ("small", "full")
 # The names the native simulator and runtime accept (salus._salus.simulate, salus.Runtime);
 # checked here as well so that a typo is reported at its line in the experiment file.
@@ -175,6 +181,15 @@ _SCHEMA_FIELDS: dict[str, Any] = {
         "steps": Num(1, integer=True),
         "time_scale": Num(0.0, open_low=True),
         "gpu_memory": Size(),
+    }),
+    "ray": Table({
+        "fraction": _FRACTION,
+        "context_memory": Size(),
+        "time_scale": Num(0.0, open_low=True),
+        "memory_scale": Num(0.0, 1.0, open_low=True),
+        "max_steps": Num(1, integer=True),
+        "limit_minus_context": Bool(),
+        "weights_in_first_iteration": Bool(),
     }),
     "harvest": Table({
         "policy": _POLICY,
@@ -331,6 +346,10 @@ class Experiment:
         if mode == "simulate" and self.is_harvesting:
             raise ModeNotSupported(self.name, mode, "the discrete-event simulator has no memory "
                                    "tiers: it cannot spill to peer GPUs or the host")
+        if mode == "ray" and "ray" not in self.data:
+            raise ModeNotSupported(self.name, mode, "it has no [ray] table (ray mode runs its "
+                                   "trials three ways on a local Ray cluster: see "
+                                   "benchmarks/experiments/ray_trials.toml)")
         if mode == "torch" and self.is_cluster:
             raise ModeNotSupported(self.name, mode, "salus.torch routes one process's PyTorch "
                                    "allocations to one runtime: a cluster of machines (and "

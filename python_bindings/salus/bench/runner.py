@@ -82,8 +82,7 @@ def run(experiment: str, mode: str, *, out: Optional[Path] = None, seed: int = D
     started = time.monotonic()
     exp = load_experiment(find_experiment(experiment), scale)
     exp.check_mode(mode)
-    variants = exp.variants(policies)
-    baseline = exp.baseline(variants, strict=policies is None)
+    variants, baseline = _variants(exp, mode, policies)
     jobset = JobSet([]) if exp.is_harvesting else make_jobs(exp, seed)
     _preflight(exp, mode)  # after the input is checked: its mistakes come first
     folder = Path(out) if out is not None else Path("bench-results") / f"{exp.name}-{mode}"
@@ -109,8 +108,26 @@ def run(experiment: str, mode: str, *, out: Optional[Path] = None, seed: int = D
     return Outcome(folder, summary, wall, files)
 
 
+def _variants(exp: Experiment, mode: str,
+              policies: Optional[list[str]]) -> tuple[list[Variant], Optional[Variant]]:
+    """What is compared, and against which: ray mode has arms of its own (the first, one trial
+    per GPU, is the baseline); the other modes the experiment's variants."""
+    if mode == "ray":
+        from .ray_mode import ray_arms
+
+        arms = ray_arms(exp, policies)
+        return arms, arms[0]
+    variants = exp.variants(policies)
+    return variants, exp.baseline(variants, strict=policies is None)
+
+
 def _preflight(exp: Experiment, mode: str) -> None:
-    """Says now, before any output, when the harvesting study cannot run (its binary)."""
+    """Says now, before any output, when the harvesting study cannot run (its binary) or ray
+    mode has no Ray to run on."""
+    if mode == "ray":
+        from .ray_mode import check_ray
+
+        check_ray(exp)
     if exp.is_harvesting:
         from .harvest import check_harvest
 
@@ -119,7 +136,8 @@ def _preflight(exp: Experiment, mode: str) -> None:
 
 def _run_mode(exp: Experiment, mode: str, jobset: JobSet, variants: list[Variant],
               folder: Path, seed: int, bar: _Progress) -> tuple[list[VariantResult], list[str]]:
-    """Imports each mode's module only when used: torch is heavy, the simulator is not."""
+    """Imports each mode's module only when used: torch and Ray are heavy, the simulator is
+    not."""
     if mode == "simulate":
         from .simulate import simulate_variants
 
@@ -128,6 +146,10 @@ def _run_mode(exp: Experiment, mode: str, jobset: JobSet, variants: list[Variant
         from .harvest import run_harvest
 
         return run_harvest(exp, mode, folder, bar)
+    if mode == "ray":
+        from .ray_mode import ray_variants
+
+        return ray_variants(exp, jobset, variants, bar)
     if mode == "run":
         from .run_mode import run_variants
 
