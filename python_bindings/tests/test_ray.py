@@ -96,6 +96,21 @@ def hold_and_iterate(config: dict[str, Any]) -> dict[str, Any]:
     return {"steps": steps, "worker": salus_ray.trial().worker}
 
 
+def build_then_iterate(config: dict[str, Any]) -> int:
+    """Weights made in build_model (as a PyTorch trial makes its model), then iterations."""
+    ctx = salus_ray.trial()
+    with ctx.build_model() as job:
+        weights = job.allocate(config["persistent"], lifetime="persistent")
+    for _ in range(config["steps"]):
+        with job.iteration():
+            block = job.allocate(config["ephemeral"])
+            job.sim_kernel(0.01, 0.4)
+            job.synchronize()
+            job.deallocate(block)
+    job.deallocate(weights)
+    return config["steps"]
+
+
 def loop_over_batches(config: dict[str, Any]) -> list[int]:
     """The loop marked by ctx.iterations rather than a with block."""
     ctx = salus_ray.trial()
@@ -194,6 +209,21 @@ def test_a_loop_marked_by_iterations_runs_each_pass_as_an_iteration(local_ray: N
         assert trial.result(timeout=TIMEOUT) == [0, 1, 2, 3, 4]
         (job,) = ray.get(cluster.workers[0].job_stats.remote())
         assert job.iterations == 5
+
+
+def test_trials_waiting_for_a_lane_build_nothing_before_their_turn(local_ray: None) -> None:
+    # 48 MiB: the placer admits four trials of 8 + 12 MiB (4 * 8 + 12 = 44); "pack" runs two
+    # lanes at once and keeps the fourth trial waiting for admission. Weights it made before
+    # then would take 8 MiB the two running lanes hold (24 + 12 + 12 = 48).
+    with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="48MiB", policy="pack",
+                                torch=False) as cluster:
+        config = {"persistent": 8 * MiB, "ephemeral": 12 * MiB, "steps": 6}
+        trials = cluster.map(build_then_iterate, [config] * 6, hints=hints(8 * MiB, 12 * MiB))
+        assert ray.get([t.ref for t in trials], timeout=TIMEOUT) == [6] * 6
+        (stats,) = cluster.stats()
+        assert (stats.finished, stats.failed, stats.allocated) == (6, 0, 0)
+        assert stats.peak_running >= 3
+        assert stats.peak_allocated <= 48 * MiB
 
 
 def test_an_error_in_a_trial_raises_in_the_driver_and_harms_no_other(local_ray: None) -> None:

@@ -114,8 +114,10 @@ def _gpus(simulated_gpus: Optional[int]) -> tuple[int, str, int]:
 class SalusCluster:
     """Trials as Salus jobs on Ray GPU workers.
 
-    ``simulated_gpus``: that many workers with a simulated GPU of ``gpu_memory`` each (no GPU
-    needed); None: one worker per GPU of the Ray cluster (``ray.cluster_resources()["GPU"]``).
+    ``simulated_gpus``: that many workers with a simulated GPU of ``gpu_memory`` each (default
+    16 GiB; no GPU needed); None: one worker per GPU of the Ray cluster
+    (``ray.cluster_resources()["GPU"]``), where ``gpu_memory`` is the most Salus may hold on each
+    (default: the GPU's memory less the runtime's headroom for the CUDA context and libraries).
     ``policy``: the workers' scheduling policy. ``trials_per_gpu``: at most this many trials on
     a GPU at once (None: as many as memory allows). ``placement``: "spread" or "pack" (see
     placement.choose). ``enforce_limits``: a trial with memory hints may use that much and no
@@ -123,7 +125,8 @@ class SalusCluster:
     the workers through Salus. ``worker_cpus``: CPUs Ray reserves per worker.
     """
 
-    def __init__(self, *, simulated_gpus: Optional[int] = None, gpu_memory: Size = "16GiB",
+    def __init__(self, *, simulated_gpus: Optional[int] = None,
+                 gpu_memory: Optional[Size] = None,
                  policy: str = "fair", trials_per_gpu: Optional[int] = None,
                  placement: str = "spread", enforce_limits: bool = True, torch: bool = True,
                  torch_threads: int = 1, worker_cpus: float = 1,
@@ -136,7 +139,9 @@ class SalusCluster:
         limit = min(trials_per_gpu or _MAX_TRIALS_PER_WORKER, _MAX_TRIALS_PER_WORKER)
         actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
                                               max_concurrency=limit + 4)
-        memory = parse_size(gpu_memory, "gpu_memory")
+        if gpu_memory is None and backend == "sim":
+            gpu_memory = "16GiB"
+        memory = None if gpu_memory is None else parse_size(gpu_memory, "gpu_memory")
         self._workers: list[Any] = [
             actor.remote(i, backend=backend, memory=memory, policy=policy, contention=contention,
                          torch=torch, torch_threads=torch_threads, setup=worker_setup)

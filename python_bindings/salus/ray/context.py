@@ -70,17 +70,19 @@ class TrialContext:
 
     @contextmanager
     def build_model(self) -> Iterator["Job"]:
-        """``with build_model():`` makes what the body allocates the job's persistent memory,
-        and seeds torch's global generator with the trial's seed first. Trials of one worker
-        build one at a time: torch has one global generator per process, so the same seed gives
-        the same weights whatever else runs beside the trial."""
+        """``with build_model():`` builds the model as the trial's first iteration: it waits until
+        the scheduler admits the job and gives it its turn (weights made before that would hold
+        memory no policy gave them, squeezing the trials already running), and what survives the
+        block (weights, optimizer state) becomes the job's persistent memory. torch's global
+        generator is seeded with the trial's seed first; trials of one worker build one at a
+        time, since torch has one global generator per process, so the same seed gives the same
+        weights whatever else runs beside the trial."""
         with self._build_lock:
             import torch
 
             torch.manual_seed(self.seed)
-            with self.job:
+            with self.job.iteration():
                 yield self.job
-
 
 _current = threading.local()
 

@@ -64,18 +64,23 @@ class WorkerStats:
 
 class GpuWorker:
     """``backend``: "auto" (the GPU Ray gave the actor, else simulated), "cuda" or "sim";
-    ``memory``: the simulated GPU's size; ``torch``: route PyTorch's allocations through the
+    ``memory``: the simulated GPU's size, or on a real GPU the most Salus may hold there (None:
+    the runtime's default, the GPU's memory less a headroom); ``torch``: route PyTorch's allocations through the
     runtime (salus.torch) so trials' tensors are Salus memory; ``torch_threads``: torch's
     intra-op threads for the whole actor (1 keeps trials deterministic and out of each other's
     way on the CPU)."""
 
-    def __init__(self, index: int, *, backend: str = "auto", memory: Any = "16GiB",
+    def __init__(self, index: int, *, backend: str = "auto", memory: Any = None,
                  policy: str = "fair", contention: str = "processor_sharing",
                  torch: bool = True, torch_threads: int = 1,
                  setup: Optional[Callable[["salus.Runtime"], None]] = None) -> None:
         self.index = index
-        self.runtime = salus.Runtime(backend, devices=1, memory=memory, policy=policy,
-                                     contention=contention)
+        if backend == "sim":
+            self.runtime = salus.Runtime("sim", memory=memory, policy=policy,
+                                         contention=contention)
+        else:
+            self.runtime = salus.Runtime(backend, policy=policy, contention=contention,
+                                         device_limits=None if memory is None else [memory])
         if torch:
             import torch as torch_module
             from salus import torch as salus_torch
@@ -92,9 +97,11 @@ class GpuWorker:
 
     # --- what the placer and the cluster ask ---
     def info(self) -> dict[str, Any]:
+        """What the placer plans with: the GPU's Salus limit less what is held outside trials
+        when the worker starts (what ``setup`` allocated)."""
         stats = self.runtime.device_stats(0)
         return {"worker": self.index, "backend": self.runtime.backend_name,
-                "capacity": stats.limit, "policy": self.runtime.policy}
+                "capacity": max(0, stats.limit - stats.allocated), "policy": self.runtime.policy}
 
     def run(self, spec: TrialSpec, fn: Callable[[Any], Any], config: Any) -> Outcome:
         """Runs ``fn(config)`` as a Salus job in this thread; raises what it raised."""
