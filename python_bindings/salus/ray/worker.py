@@ -65,7 +65,7 @@ class WorkerStats:
 class GpuWorker:
     """``backend``: "auto" (the GPU Ray gave the actor, else simulated), "cuda" or "sim";
     ``memory``: the simulated GPU's size, or on a real GPU the most Salus may hold there (None:
-    the runtime's default, the GPU's memory less a headroom); ``torch``: route PyTorch's allocations through the
+    the runtime's default: the whole GPU); ``torch``: route PyTorch's allocations through the
     runtime (salus.torch) so trials' tensors are Salus memory; ``torch_threads``: torch's
     intra-op threads for the whole actor (1 keeps trials deterministic and out of each other's
     way on the CPU)."""
