@@ -197,6 +197,7 @@ struct Model {
     }
     return nullptr;
   }
+  const JobModel* job(std::uint32_t id) const { return const_cast<Model*>(this)->job(id); }
 
   salus_job_stats job_stats(std::uint32_t id, const char* after) const {
     salus_job_stats s{};
@@ -274,12 +275,16 @@ struct Model {
   // Everything the model knows, against the runtime: run after every call.
   void check_all(const char* after) const {
     // No two live blocks overlap, and every one keeps its bytes.
+    // A job waiting in begin_iteration on the waiter's thread is quiescent: that thread may be
+    // moving its pages (prefetch) right now, so its bytes are read once the thread is joined.
+    // (Reading them meanwhile raced with the move: a SEGV found by fuzz_c_api in CI.)
     std::uintptr_t end = 0;
     for (const auto& [ptr, b] : blocks) {
       FUZZ_CHECK(ptr >= end,
                  std::string("after ") + after + ": blocks overlap at " + std::to_string(ptr));
       end = ptr + b.bytes;
-      check_pattern(b, after);
+      const JobModel* owner = b.job == 0 ? nullptr : job(b.job);
+      if (owner == nullptr || owner->state != JobState::waiting) check_pattern(b, after);
     }
     std::vector<std::size_t> per_device(static_cast<std::size_t>(devices), 0);
     for (const auto& [ptr, b] : blocks) per_device[static_cast<std::size_t>(b.device)] += b.bytes;
