@@ -312,6 +312,12 @@ def test_unhinted_trials_run_alone_until_measured(local_ray: None) -> None:
         later = [cluster.submit(hold_and_iterate, dict(config, steps=6)) for _ in range(3)]
         ray.get([t.ref for t in later], timeout=TIMEOUT)
         assert cluster.stats()[0].peak_running >= 2  # measured: they now share
+        # Weights made in build_model (the first iteration) count as persistent only.
+        built = cluster.submit(build_then_iterate, {"persistent": 2 * MiB, "ephemeral": 3 * MiB,
+                                                    "steps": 3})
+        assert built.result(timeout=TIMEOUT) == 3
+        profiles = ray.get(cluster._placer.profiles.remote())
+        assert profiles[build_then_iterate.__qualname__] == (2 * MiB, 3 * MiB)
 
 
 def test_a_trial_larger_than_every_gpu_is_refused(local_ray: None) -> None:

@@ -121,9 +121,13 @@ class GpuWorker:
         _enter(ctx)
         try:
             value = fn(config)
-            memory = job.stats().memory
+            stats = job.stats()
+            # The last iteration's peak, once there are two: the first one (build_model) also
+            # made the weights, which are counted as persistent.
+            ephemeral = (stats.ephemeral_peak_bytes if stats.iterations > 1
+                         else stats.memory.ephemeral.peak)
             outcome = "finished"
-            return Outcome(value, memory.persistent.peak, memory.ephemeral.peak,
+            return Outcome(value, stats.memory.persistent.peak, ephemeral,
                            time.monotonic() - started)
         except JobCancelled:
             outcome = "cancelled"
