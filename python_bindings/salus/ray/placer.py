@@ -127,8 +127,8 @@ class Placer:
             measured = self._profiles[request.profile]
             need = Need(int(measured.persistent * (1 + self._margin)),
                         int(measured.ephemeral_peak * (1 + self._margin)))
-        largest = max(load.capacity for load in self._loads)
-        if need.total > largest:
+        if not any(load.fits_alone(need) for load in self._loads):
+            largest = max(load.capacity for load in self._loads)
             raise FitsNoGpu(
                 f"trial '{spec.name}' needs {need.persistent} persistent + {need.ephemeral_peak} "
                 f"ephemeral bytes, more than the largest GPU's {largest}",

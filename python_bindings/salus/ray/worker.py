@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -43,7 +42,6 @@ class Outcome:
     value: Any
     persistent_peak: int
     ephemeral_peak: int
-    seconds: float
 
 
 @dataclass
@@ -116,7 +114,6 @@ class GpuWorker:
         with self._lock:
             self._live[spec.trial_id] = ctx
             self._peak_running = max(self._peak_running, len(self._live))
-        started = time.monotonic()
         outcome = "failed"
         _enter(ctx)
         try:
@@ -127,8 +124,7 @@ class GpuWorker:
             ephemeral = (stats.ephemeral_peak_bytes if stats.iterations > 1
                          else stats.memory.ephemeral.peak)
             outcome = "finished"
-            return Outcome(value, stats.memory.persistent.peak, ephemeral,
-                           time.monotonic() - started)
+            return Outcome(value, stats.memory.persistent.peak, ephemeral)
         except JobCancelled:
             outcome = "cancelled"
             raise
@@ -176,6 +172,3 @@ class GpuWorker:
 
     def job_stats(self) -> list[salus.JobStats]:
         return self.runtime.job_stats()
-
-    def trim(self) -> int:
-        return self.runtime.trim()
