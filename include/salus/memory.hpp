@@ -1,7 +1,8 @@
 // The memory manager: Salus owns the process's GPU memory.
 //
-// Physical memory is held in pages of the device granularity; every device gets one large virtual
-// range, and blocks are carved from it best-fit. A block's pages need not be physically contiguous,
+// Physical memory is held in pages of the device granularity; every stream gets virtual ranges
+// (one per size class, and more when those run out of room), and blocks are carved from them
+// best-fit. A block's pages need not be physically contiguous,
 // and a page can be remapped without its address changing. Freed blocks are cached (still mapped)
 // and reused in stream order; pages are unmapped only under pressure or by trim().
 //
@@ -92,8 +93,9 @@ struct MemoryOptions {
   // `device_headroom_bytes`. A device with no entry uses 0.
   std::vector<std::size_t> device_limits;
   std::size_t device_headroom_bytes = 0;
-  // Virtual address space reserved per device, as a multiple of its limit (VA is cheap; a larger
-  // range means fragmentation never forces a new reservation).
+  // Virtual address space first reserved per stream for large blocks, as a multiple of the
+  // device's limit (VA is cheap). A stream whose ranges run out of room reserves another, so
+  // address space never decides whether an allocation fits.
   std::size_t va_factor = 4;
   HarvestOptions harvest;
 };

@@ -10,23 +10,55 @@
 
 namespace salus::memory {
 
-namespace {
-
-DevicePtr reserve_range(DeviceBackend& backend, std::size_t bytes, std::size_t page) {
-  return backend.reserve_address(bytes, page);
-}
-
-}  // namespace
-
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
-    : device_(device),
-      stream_(stream.value),
-      // One reservation holds the small arena and the large arena.
-      va_base_(reserve_range(device.backend(), small_bytes + large_bytes, device.granularity())),
-      va_bytes_(small_bytes + large_bytes),
-      small_(va_base_, small_bytes, device.granularity()),
-      large_(va_base_ + small_bytes, large_bytes, device.granularity()) {}
+    : device_(device), stream_(stream.value), first_bytes_{small_bytes, large_bytes} {
+  try {
+    grow(kSmall, small_bytes);  // the first range of a class throws when refused
+    grow(kLarge, large_bytes);
+  } catch (...) {
+    for_each_arena([&](Arena& arena) {
+      try {
+        device_.backend().free_address(arena.base(), arena.bytes());
+      } catch (const Error&) {  // the reservation just made: nothing else can hold it
+      }
+    });
+    throw;
+  }
+}
+
+Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
+  const std::size_t index = range_count_.load(std::memory_order_relaxed);
+  if (index == kMaxRanges) return nullptr;
+  const std::size_t page = device_.granularity();
+  // At least the class's first range, and at least as much as the class has already: a class
+  // that keeps running out doubles its address space each time.
+  std::size_t size = std::max(first_bytes_[c], (bytes + page - 1) / page * page);
+  for (const auto& arena : arenas_[c]) size = std::max(size, arena->bytes());
+  DevicePtr base = 0;
+  try {
+    base = device_.backend().reserve_address(size, page);
+  } catch (const Error& e) {
+    if (arenas_[c].empty()) throw;  // the heap cannot exist without its first ranges
+    spdlog::warn("salus: device {}: reserving another {} bytes of address space failed: {}",
+              device_.device(), size, e.what());
+    return nullptr;
+  }
+  Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
+  ranges_[index].base.store(base, std::memory_order_relaxed);
+  ranges_[index].end.store(base + size, std::memory_order_relaxed);
+  range_count_.store(index + 1, std::memory_order_release);
+  return arena;
+}
+
+Arena& StreamHeap::arena_of(const Block& block) {
+  for (auto& list : arenas_) {
+    for (const auto& arena : list) {
+      if (arena->contains(block.addr)) return *arena;
+    }
+  }
+  throw InvalidArgument(fmt::format("{:#x} lies in no address range of its heap", block.addr));
+}
 
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
@@ -46,23 +78,25 @@ StreamHeap::~StreamHeap() {
   }
   settle_retiring(true);
   std::vector<Page> pages;
-  for (Arena* arena : {&small_, &large_}) {
-    for (std::size_t i = 0; i < arena->page_count(); ++i) {
-      if (!arena->page(i).owned()) continue;
+  for_each_arena([&](Arena& arena) {
+    for (std::size_t i = 0; i < arena.page_count(); ++i) {
+      if (!arena.page(i).owned()) continue;
       try {
-        if (arena->page(i).fence) arena->page(i).fence->wait();
-        pages.push_back(unmap_page(*arena, i));
+        if (arena.page(i).fence) arena.page(i).fence->wait();
+        pages.push_back(unmap_page(arena, i));
       } catch (const Error& e) {
         spdlog::error("salus: unmapping at shutdown failed: {}", e.what());
       }
     }
-  }
+  });
   device_.tiers().give_back(device_.device(), pages);
-  try {
-    device_.backend().free_address(va_base_, va_bytes_);
-  } catch (const Error& e) {
-    spdlog::error("salus: freeing an address range at shutdown failed: {}", e.what());
-  }
+  for_each_arena([&](Arena& arena) {
+    try {
+      device_.backend().free_address(arena.base(), arena.bytes());
+    } catch (const Error& e) {
+      spdlog::error("salus: freeing an address range at shutdown failed: {}", e.what());
+    }
+  });
 }
 
 const FencePtr& StreamHeap::OwnFence::get() {
@@ -93,9 +127,10 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
                                       device_.device()));
   }
   if (!retiring_.empty()) settle_retiring(false);
-  Arena& arena = arena_for(bytes);
-  Block* block = carve(arena, bytes);
+  Arena* where = nullptr;
+  Block* block = carve(bytes, where);
   if (block == nullptr) return {.out_of_address_space = true};
+  Arena& arena = *where;
 
   auto [first, last] = arena.pages_touched(*block);
   std::size_t missing = 0;
@@ -145,7 +180,21 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   return {.ptr = block->addr};
 }
 
-Block* StreamHeap::carve(Arena& arena, std::size_t bytes) {
+Block* StreamHeap::carve(std::size_t bytes, Arena*& where) {
+  const SizeClass c = class_of(bytes);
+  for (const auto& arena : arenas_[c]) {
+    if (Block* block = carve_in(*arena, bytes)) {
+      where = arena.get();
+      return block;
+    }
+  }
+  Arena* fresh = grow(c, bytes);
+  if (fresh == nullptr) return nullptr;
+  where = fresh;
+  return fresh->carve(bytes);
+}
+
+Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes) {
   // A block over addresses still retiring could be mapped only after waiting on the host; a few
   // detours elsewhere in the (generous) address space usually find one that need not wait.
   constexpr int kMaxDetours = 4;
@@ -559,21 +608,20 @@ StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
 std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
                                        bool idle_only) {
   std::size_t taken = 0;
-  for (Arena* arena : {&large_, &small_}) {
-    arena->for_each_free_largest_first([&](const Block& free_block) {
+  for_each_arena([&](Arena& arena) {
+    arena.for_each_free_largest_first([&](const Block& free_block) {
       if (taken >= wanted) return;
-      auto [first, last] = arena->pages_inside(free_block);
+      auto [first, last] = arena.pages_inside(free_block);
       for (std::size_t i = first; i < last && taken < wanted; ++i) {
         // Pages of other tiers in free space went home when they were freed.
-        const PageSlot& slot = arena->page(i);
+        const PageSlot& slot = arena.page(i);
         if (!slot.owned() || slot.where != device_.pool().where()) continue;
         if (idle_only && !settled(slot.fence)) continue;
-        out.push_back(hand_off(*arena, i, own));
+        out.push_back(hand_off(arena, i, own));
         ++taken;
       }
     });
-    if (taken >= wanted) break;
-  }
+  });
   return taken;
 }
 

@@ -5,9 +5,11 @@
 // work has finished, so nothing queued here ever touches an unmapped page (hand_off).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -57,10 +59,13 @@ struct CarveResult {
 
 class StreamHeap {
  public:
-  // Requests up to this size share pages in a separate arena, so that small long-lived blocks do
-  // not pin pages among large ones.
+  // Requests up to this size share pages in arenas of their own, so that small long-lived blocks
+  // do not pin pages among large ones.
   static constexpr std::size_t kSmallRequest = 1 << 20;
 
+  // `small_bytes` and `large_bytes`: the first address range of each class. A class whose ranges
+  // have no room left for a request gets another range (see grow), so address space never
+  // decides whether an allocation fits: only physical pages do (DESIGN.md, invariant 6).
   StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
              std::size_t large_bytes);
   ~StreamHeap();
@@ -75,8 +80,21 @@ class StreamHeap {
   [[nodiscard]] StreamHandle stream() const {
     return StreamHandle{stream_.load(std::memory_order_acquire)};
   }
+  // Lock-free: whether `p` lies in one of this heap's address ranges.
   [[nodiscard]] bool contains(DevicePtr p) const {
-    return p >= va_base_ && p < va_base_ + va_bytes_;
+    const std::size_t n = range_count_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Range& r = ranges_[i];
+      if (p >= r.base.load(std::memory_order_relaxed) &&
+          p < r.end.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Address ranges reserved so far (both classes).
+  [[nodiscard]] std::size_t range_count() const {
+    return range_count_.load(std::memory_order_acquire);
   }
 
   // Pages come from the device pool, this heap's own free pages, then `stash` (pages the caller
@@ -153,8 +171,19 @@ class StreamHeap {
 
  private:
 
-  Arena& arena_for(std::size_t bytes) { return bytes <= kSmallRequest ? small_ : large_; }
-  Arena& arena_of(const Block& block) { return small_.contains(block.addr) ? small_ : large_; }
+  enum SizeClass : std::size_t { kSmall = 0, kLarge = 1 };
+  static SizeClass class_of(std::size_t bytes) { return bytes <= kSmallRequest ? kSmall : kLarge; }
+  Arena& arena_of(const Block& block);
+  // Every arena, large ones first (the order reclaiming takes pages in).
+  template <class F>
+  void for_each_arena(F&& visit) {
+    for (SizeClass c : {kLarge, kSmall}) {
+      for (const auto& arena : arenas_[c]) visit(*arena);
+    }
+  }
+  // A new address range for `c`, large enough for `bytes`; nullptr when the backend refuses one
+  // or the heap has kMaxRanges already.
+  Arena* grow(SizeClass c, std::size_t bytes);
   Block* live_block(DevicePtr ptr, const char* what);
   // Makes a live block the unattributed job's, persistent; returns its old class.
   Lifetime disown(Block* block);
@@ -168,8 +197,12 @@ class StreamHeap {
   JobBlocks& owner_for(JobId job);
   void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
-  // A free block of `bytes`, preferring addresses that need not wait for retiring pages.
-  Block* carve(Arena& arena, std::size_t bytes);
+  // A free block of `bytes` in an arena of its class (`where` says which), growing the class by a
+  // range when none has room; nullptr when no address range can be had at all.
+  Block* carve(std::size_t bytes, Arena*& where);
+  // A free block of `bytes` in `arena`, preferring addresses that need not wait for retiring
+  // pages; nullptr when the arena has no room.
+  Block* carve_in(Arena& arena, std::size_t bytes);
   [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
   // Makes the pages [first, last) of a block just carved ready for this stream: waits out old
   // addresses still retiring there, orders this stream after work that other streams may still
@@ -237,10 +270,19 @@ class StreamHeap {
   std::mutex mu_;                      // guards everything below
   bool retired_ = false;
   FencePtr retire_fence_;  // the retired stream's work up to retire()
-  DevicePtr va_base_ = 0;
-  std::size_t va_bytes_ = 0;
-  Arena small_;
-  Arena large_;
+  // The arenas of each class, oldest first; each is one reserved address range, kept until the
+  // heap goes. Ranges are published in ranges_ for contains(), which takes no lock: a slot is
+  // written once, before range_count_ covers it.
+  std::vector<std::unique_ptr<Arena>> arenas_[2];
+  std::size_t first_bytes_[2];
+  struct Range {
+    std::atomic<DevicePtr> base{0};
+    std::atomic<DevicePtr> end{0};
+  };
+  // Each range of a class is at least as large as all earlier ones together: 64 never binds.
+  static constexpr std::size_t kMaxRanges = 64;
+  std::array<Range, kMaxRanges> ranges_;
+  std::atomic<std::size_t> range_count_{0};
   std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
   LiveIndex live_;  // entries inline: no trip to malloc on the hot path

@@ -312,17 +312,17 @@ void StreamHeap::return_stray_remote_pages(OwnFence& own) {
   if (remote_pages_ == 0) return;
   std::vector<Page> pages;
   try {
-    for (Arena* arena : {&large_, &small_}) {
-      arena->for_each_free_largest_first([&](const Block& free_block) {
-        auto [first, last] = arena->pages_inside(free_block);
+    for_each_arena([&](Arena& arena) {
+      arena.for_each_free_largest_first([&](const Block& free_block) {
+        auto [first, last] = arena.pages_inside(free_block);
         for (std::size_t i = first; i < last; ++i) {
-          const PageSlot& slot = arena->page(i);
+          const PageSlot& slot = arena.page(i);
           if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
-            pages.push_back(hand_off(*arena, i, own));
+            pages.push_back(hand_off(arena, i, own));
           }
         }
       });
-    }
+    });
   } catch (const Error& e) {
     spdlog::warn("salus: device {}: returning borrowed pages failed: {}", device_.device(),
                  e.what());
