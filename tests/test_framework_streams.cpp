@@ -359,7 +359,8 @@ TEST(FrameworkStreamsScheduler, LaneStreamsRetireWithTheScheduler) {
   auto memory = std::make_shared<MemoryManager>(backend);
   {
     DeviceScheduler scheduler(backend, memory, std::make_shared<TraceRecorder>(), 0,
-                              PolicyRegistry::with_builtins().make("fifo"));
+                              PolicyRegistry::with_builtins().make("fifo"),
+                              std::make_shared<std::atomic<bool>>(false));
     JobSpec spec;
     spec.name = "j";
     const auto job = scheduler.add(spec);

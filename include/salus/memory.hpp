@@ -56,6 +56,10 @@ struct AllocationRequest {
   StreamHandle stream{};  // the stream that will use the block first
   JobId job = kUnattributedJob;
   Lifetime lifetime = Lifetime::persistent;
+  // The host reads and writes the block as soon as it has it (a CPU consumer, such as PyTorch's
+  // CPU tensors over a simulated GPU), outside any stream's order: it is handed out only once no
+  // work queued on `stream` or behind the block's pages may still touch it.
+  bool host_access = false;
 };
 
 // Where a page lives, seen from the device whose address range maps it.

@@ -47,6 +47,11 @@ struct RuntimeOptions {
   std::string policy = "fair";
   MemoryOptions memory;
   PolicyRegistry policies = PolicyRegistry::with_builtins();
+  // Jobs compute on their own threads, not on streams (PyTorch's CPU tensors over a simulated
+  // GPU; salus::torch::enable_cpu sets it): an iteration's host time is its device time (what
+  // `fair`, `srtf` and the statistics see), and a block is handed out with no work pending on any
+  // stream, so the host may touch it at once (AllocationRequest::host_access).
+  bool host_compute = false;
 };
 
 enum class JobState : std::uint8_t { idle, waiting, running, left, cancelled };
@@ -189,6 +194,11 @@ class SALUS_API Runtime {
   // UnknownJob for a job that is not present.
   void set_current_job(JobId job);
   [[nodiscard]] JobId current_job() const;
+
+  // RuntimeOptions::host_compute, changed while the runtime runs (salus::torch's CPU mode turns
+  // it on and off); iterations running now are timed by the clock they started with.
+  void set_host_compute(bool on);
+  [[nodiscard]] bool host_compute() const;
 
   [[nodiscard]] int device_count() const;
   [[nodiscard]] MemoryManager& memory();

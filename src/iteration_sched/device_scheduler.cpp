@@ -39,13 +39,15 @@ JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
 DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                                  std::shared_ptr<MemoryManager> memory,
                                  std::shared_ptr<TraceRecorder> trace, int device,
-                                 std::unique_ptr<Policy> policy)
+                                 std::unique_ptr<Policy> policy,
+                                 std::shared_ptr<const std::atomic<bool>> host_compute)
     : backend_(std::move(backend)),
       memory_(std::move(memory)),
       trace_(std::move(trace)),
       device_(device),
       policy_(std::move(policy)),
       epoch_(trace_->epoch()),
+      host_compute_(std::move(host_compute)),
       timers_(backend_, device),
       core_(*policy_, budget_of(*memory_, device)) {}
 
@@ -164,14 +166,18 @@ StreamHandle DeviceScheduler::begin(JobRecordState& job) {
     rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
     throw;
   }
-  // GPU time counts from here, where the stream reaches this iteration's work.
-  const std::optional<IterationTimers::Pair> timer = start_timer(job, stream);
+  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
+  // host is timed on the host instead (at end()).
+  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
+  const std::optional<IterationTimers::Pair> timer =
+      host_timed ? std::nullopt : start_timer(job, stream);
   lock.lock();
   if (job.state == JobState::cancelled || job.state == JobState::left) {
     if (timer) timers_.release(*timer);
     check_usable(job, "begin_iteration");
   }
   job.timer = timer;
+  job.host_timed = host_timed;
   const auto now = SteadyClock::now();
   const double waited = std::chrono::duration<double>(now - job.wait_started).count();
   job.waiting_seconds += waited;
@@ -288,6 +294,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   core_.finish(job.id, seconds_since_start(now));
   const auto to_wake = run_decisions();
   hand_off_timer(job, timed);
+  if (job.host_timed) charge_gpu_time(job, host_seconds);
   TraceRecorder::Span span{job.spec.name,
                            device_,
                            std::max(job.lane, 0),
@@ -397,7 +404,12 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   lock.unlock();
   DevicePtr ptr = 0;
   try {
-    ptr = memory_->allocate({bytes, device_, stream, job.id, life});
+    ptr = memory_->allocate({.bytes = bytes,
+                             .device = device_,
+                             .stream = stream,
+                             .job = job.id,
+                             .lifetime = life,
+                             .host_access = host_compute_->load(std::memory_order_relaxed)});
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled by another thread meanwhile
     throw;

@@ -5,6 +5,7 @@
 // host thread is already enqueueing.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -55,8 +56,9 @@ struct JobRecordState {
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};  // host time: the memory curve's and trace's clock
   // The running iteration's timing events (its start is recorded on its stream); none when the
-  // backend could not record them.
+  // backend could not record them, or when the iteration is timed on the host.
   std::optional<IterationTimers::Pair> timer;
+  bool host_timed = false;  // the running iteration computes on the host: its host time counts
   JobProfile profile;
   // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
   std::size_t ephemeral_now = 0;
@@ -68,8 +70,10 @@ JobRecordState* current_thread_job();
 
 class DeviceScheduler {
  public:
+  // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs.
   DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
-                  std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy);
+                  std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy,
+                  std::shared_ptr<const std::atomic<bool>> host_compute);
   ~DeviceScheduler();
   DeviceScheduler(const DeviceScheduler&) = delete;
   DeviceScheduler& operator=(const DeviceScheduler&) = delete;
@@ -169,6 +173,7 @@ class DeviceScheduler {
   const int device_;
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
+  const std::shared_ptr<const std::atomic<bool>> host_compute_;
   IterationTimers timers_;  // its own lock
 
   // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.

@@ -38,7 +38,8 @@ struct Runtime::Impl {
       : backend(std::move(device_backend)),
         memory(std::make_shared<MemoryManager>(backend, options.memory)),
         trace(std::make_shared<TraceRecorder>()),
-        policy(options.policy) {
+        policy(options.policy),
+        host_compute(std::make_shared<std::atomic<bool>>(options.host_compute)) {
     // Validate the name once, with the registry's message listing the known policies.
     (void)options.policies.make(policy);
     // Page moves join the timeline. The manager is shared and may outlive the recorder, so it
@@ -53,8 +54,8 @@ struct Runtime::Impl {
                m.device, end_us - m.seconds * 1e6, end_us, m.pages, m.bytes});
         });
     for (int d = 0; d < memory->device_count(); ++d) {
-      schedulers.push_back(std::make_shared<DeviceScheduler>(backend, memory, trace, d,
-                                                             options.policies.make(policy)));
+      schedulers.push_back(std::make_shared<DeviceScheduler>(
+          backend, memory, trace, d, options.policies.make(policy), host_compute));
     }
   }
 
@@ -100,6 +101,8 @@ struct Runtime::Impl {
   std::shared_ptr<MemoryManager> memory;
   std::shared_ptr<TraceRecorder> trace;
   std::string policy;
+  // RuntimeOptions::host_compute: read by every device scheduler, set by set_host_compute.
+  std::shared_ptr<std::atomic<bool>> host_compute;
   std::vector<std::shared_ptr<DeviceScheduler>> schedulers;
   // Tells this runtime's thread-local current job from another's (an address could be reused).
   const std::uint64_t serial = next_serial.fetch_add(1, std::memory_order_relaxed);
@@ -198,8 +201,20 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, 
     return scheduler.allocate(*owner, bytes, lifetime,
                               stream.value != 0 ? std::optional(stream) : std::nullopt);
   }
-  return impl_->memory->allocate(
-      {bytes, device, stream, kUnattributedJob, lifetime.value_or(Lifetime::persistent)});
+  return impl_->memory->allocate({.bytes = bytes,
+                                  .device = device,
+                                  .stream = stream,
+                                  .job = kUnattributedJob,
+                                  .lifetime = lifetime.value_or(Lifetime::persistent),
+                                  .host_access = host_compute()});
+}
+
+void Runtime::set_host_compute(bool on) {
+  impl_->host_compute->store(on, std::memory_order_relaxed);
+}
+
+bool Runtime::host_compute() const {
+  return impl_->host_compute->load(std::memory_order_relaxed);
 }
 
 void Runtime::deallocate(DevicePtr ptr) {

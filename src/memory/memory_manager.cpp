@@ -164,27 +164,36 @@ class MemoryManager::Impl {
     }
     if (ptr == 0) {
       job.uncharge(request.lifetime, bytes);
+      // A release_job or orphan_job that raced with this allocation: no block was made.
+      if (why_not.empty()) throw UnknownJob(request.job);
       if (std::string refusal = memory::take_driver_refusal(); !refusal.empty()) {
         why_not += "; " + refusal;
       }
       throw OutOfMemory(oom_info(job, device, request, why_not, false));
     }
-    // A release_job that raced with this allocation may have walked past the new block, or
-    // freed it already: either way the job is gone, and the caller hears that.
-    if (!job.alive.load(std::memory_order_acquire)) {
+    if (request.host_access) {
       try {
-        deallocate(ptr, std::nullopt, std::nullopt, request.job);
-      } catch (const InvalidArgument&) {
-        // release_job got there first.
+        settle_for_host(device, request.stream);
+      } catch (...) {
+        deallocate(ptr, std::nullopt, std::nullopt);
+        throw;
       }
-      throw UnknownJob(request.job);
     }
     job.raise_peaks(request.lifetime, charge);
     return ptr;
   }
 
+  // The block's stream was made to wait (on the GPU) for whatever its pages still had pending
+  // from other streams, and the block may be reused from this stream's own free space: once the
+  // stream's work so far has finished, nothing can touch the block but its new holder.
+  static void settle_for_host(DeviceHeap& device, StreamHandle stream) {
+    if (device.backend().query_stream(stream, device.device())) return;
+    memory::Fence::after(device.shared_backend(), device.device(), std::span(&stream, 1))->wait();
+  }
+
   // Finds pages for a charged request: the device's own first, then (when harvesting) what
-  // recalling, demoting and borrowing give. Returns 0 with `why_not` set when nothing fits.
+  // recalling, demoting and borrowing give. Returns 0 with `why_not` set when nothing fits, and
+  // with `why_not` empty when the job went meanwhile.
   DevicePtr place(DeviceHeap& device, StreamHeap& heap, const AllocationRequest& request,
                   std::size_t bytes, std::string& why_not) {
     std::vector<memory::Page> stash;
@@ -206,6 +215,7 @@ class MemoryManager::Impl {
       const memory::CarveResult r =
           heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash);
       if (r.ptr != 0) return r.ptr;
+      if (r.job_gone) return 0;  // leaves `why_not` empty: the caller tells the job it is gone
       if (r.out_of_address_space) {
         why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
         device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);

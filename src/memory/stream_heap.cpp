@@ -169,6 +169,18 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
     throw;
   }
 
+  // Checked under this heap's lock, which release_job and orphan_job take after marking the job
+  // gone: either they walk this heap after the block is linked (and free or orphan it), or the
+  // block is never linked. Linking after their walk would leave a block nobody frees.
+  if (JobBlocks& owner = owner_for(job); !owner.record->alive.load(std::memory_order_acquire)) {
+    // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
+    if (std::all_of(std::begin(owner.head), std::end(owner.head),
+                    [](const Block* head) { return head == nullptr; })) {
+      forget_jobs(job);
+    }
+    release_block(block);
+    return {.job_gone = true};
+  }
   block->requested = requested;
   block->job = job;
   block->lifetime = lifetime;
@@ -446,6 +458,17 @@ void StreamHeap::unlink(Block* block) {
 
 Lifetime StreamHeap::disown(Block* block) {
   const Lifetime was = block->lifetime;
+  // Its job's other streams (lanes, bound framework streams) may still have work queued on it;
+  // once it is nobody's, only the block itself can name them.
+  const std::size_t named = block->other_streams.size();
+  JobTable::streams_of(*block->owner->record, device_.device(), block->other_streams);
+  std::erase(block->other_streams, stream());
+  if (block->other_streams.size() > named) {
+    std::sort(block->other_streams.begin(), block->other_streams.end());
+    block->other_streams.erase(
+        std::unique(block->other_streams.begin(), block->other_streams.end()),
+        block->other_streams.end());
+  }
   unlink(block);
   if (was == Lifetime::ephemeral) {
     --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];

@@ -55,6 +55,8 @@ struct CarveResult {
   DevicePtr ptr = 0;            // non-zero on success
   std::size_t pages_short = 0;  // pages the device could not provide
   bool out_of_address_space = false;
+  // The job was released or orphaned meanwhile: nothing was linked to it (nothing to roll back).
+  bool job_gone = false;
 };
 
 class StreamHeap {
@@ -185,7 +187,8 @@ class StreamHeap {
   // or the heap has kMaxRanges already.
   Arena* grow(SizeClass c, std::size_t bytes);
   Block* live_block(DevicePtr ptr, const char* what);
-  // Makes a live block the unattributed job's, persistent; returns its old class.
+  // Makes a live block the unattributed job's, persistent; returns its old class. The streams
+  // its job worked on stay on the block: its free fences them as the job's own free would.
   Lifetime disown(Block* block);
   // Hands each live block of `job` to `visit` (under the lock), then forgets the job.
   template <class F>

@@ -25,6 +25,7 @@ struct State {
   std::shared_ptr<Runtime> keeper;  // guarded by mu; reset when disabled and unused
   Runtime* runtime = nullptr;       // valid while blocks > 0 or enabled
   bool cpu = false;
+  bool host_compute_before = false;  // cpu: the runtime's host_compute before enable
   std::atomic<bool> enabled{true};
   std::atomic<std::int64_t> blocks{0};
   std::mutex mu;
@@ -221,6 +222,10 @@ void enable(std::shared_ptr<Runtime> runtime, bool cpu) {
   state->keeper = std::move(runtime);
   state->cpu = cpu;
   if (cpu) {
+    // PyTorch computes on the CPU threads of the jobs: their host time is their device time,
+    // and the host touches a tensor's memory as soon as it has it.
+    state->host_compute_before = state->runtime->host_compute();
+    state->runtime->set_host_compute(true);
     if (g_previous_cpu == nullptr) g_previous_cpu = c10::GetCPUAllocator();
     // A higher priority than the default's (0): c10 keeps the highest.
     c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/100);
@@ -242,7 +247,10 @@ void disable() {
   std::lock_guard lock(g_mu);
   State* state = g_state.exchange(nullptr);
   if (state == nullptr) return;
-  if (state->cpu) c10::SetCPUAllocator(g_previous_cpu, /*priority=*/100);
+  if (state->cpu) {
+    c10::SetCPUAllocator(g_previous_cpu, /*priority=*/100);
+    state->runtime->set_host_compute(state->host_compute_before);
+  }
   state->enabled.store(false);
   state->drop_if_unused();
 }
