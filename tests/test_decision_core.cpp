@@ -432,5 +432,85 @@ TEST_F(DecisionCoreTest, BadTransitionsThrowNamingTheJob) {
   EXPECT_EQ(core.lane_count(), 0);
 }
 
+// Equal keys take turns, least recently served first: the third of three jobs whose keys never
+// change (fair with no GPU time, pack's lane) is not left waiting while two alternate.
+class DecisionCoreTurns : public DecisionCoreTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(DecisionCoreTurns, EqualKeysNeverStarveAWaitingJob) {
+  const auto p = policy(GetParam());
+  DecisionCore core(*p, 90);  // one lane: 3 x 20 persistent + 30 peak; two lanes need 100
+  for (std::uint32_t id : {1, 2, 3}) core.add(job(id, 20, 30));
+  ASSERT_EQ(core.lane_count(), 1);
+  for (std::uint32_t id : {1, 2, 3}) core.wait(JobId{id});
+  Ids order;
+  double now = 0.0;
+  for (int turn = 0; turn < 12; ++turn) {
+    const Ids started_now = started(core.decide(now));
+    ASSERT_EQ(started_now.size(), 1u) << "turn " << turn;
+    order.push_back(started_now.front());
+    now += 1.0;
+    core.finish(JobId{started_now.front()}, now);
+    core.wait(JobId{started_now.front()});  // asks for its next iteration at once
+  }
+  EXPECT_EQ(order, (Ids{1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DecisionCoreTurns,
+                         ::testing::Values("fair", "srtf", "pack", "memory_aware", "priority"));
+
+// A job whose memory is not known yet runs alone under plans with concurrent lanes: nothing
+// starts beside it, and while it waits nothing new starts until it has had its iteration.
+TEST_F(DecisionCoreTest, AJobWithUnknownMemoryRunsAloneUntilMeasured) {
+  for (const char* name : {"pack", "memory_aware"}) {
+    SCOPED_TRACE(name);
+    const auto p = policy(name);
+    DecisionCore core(*p, 100);
+    core.add(job(1, 10, 20));
+    core.add(job(2, 10, 20));
+    JobView unknown = job(3, 0, 0);
+    unknown.memory_known = false;
+    core.add(unknown);
+    EXPECT_EQ(core.lane_count(), 3);  // it fits anywhere as far as the core knows
+    core.wait(JobId{1});
+    EXPECT_EQ(started(core.decide(0.0)), Ids{1});
+    core.wait(JobId{3});
+    core.wait(JobId{2});
+    EXPECT_TRUE(core.decide(0.1).starts.empty()) << "job 2 started beside an unmeasured waiter";
+    core.finish(JobId{1}, 1.0);
+    core.wait(JobId{1});
+    EXPECT_EQ(started(core.decide(1.0)), Ids{3});  // alone
+    EXPECT_TRUE(core.decide(1.5).starts.empty()) << "something started beside it";
+    EXPECT_EQ(core.running_count(), 1u);
+    core.finish(JobId{3}, 2.0);
+    unknown.memory_known = true;  // its first iteration measured it
+    unknown.persistent_bytes = 10;
+    unknown.ephemeral_peak_bytes = 20;
+    core.update(unknown);
+    const Ids both = started(core.decide(2.0));
+    EXPECT_EQ(both.size(), 2u);  // jobs 1 and 2 in their own lanes, at once
+  }
+}
+
+// A job whose measured needs exceed the whole budget runs alone rather than wait for good.
+TEST_F(DecisionCoreTest, AJobLargerThanTheBudgetIsAdmittedOnlyIntoAnEmptyDevice) {
+  for (const char* name : {"fair", "pack", "memory_aware", "fifo"}) {
+    SCOPED_TRACE(name);
+    const auto p = policy(name);
+    DecisionCore core(*p, 100);
+    core.add(job(1, 10, 20));
+    core.add(job(2, 60, 60));
+    EXPECT_FALSE(core.admitted(JobId{2}));
+    core.remove(JobId{1});
+    EXPECT_TRUE(core.admitted(JobId{2}));
+    core.wait(JobId{2});
+    EXPECT_EQ(started(core.decide(0.0)), Ids{2});
+    core.add(job(3, 10, 10));
+    EXPECT_FALSE(core.admitted(JobId{3})) << "nothing runs beside it";
+    core.finish(JobId{2}, 1.0);
+    core.remove(JobId{2});
+    EXPECT_TRUE(core.admitted(JobId{3}));
+  }
+}
+
 }  // namespace
 }  // namespace salus::sched

@@ -643,7 +643,9 @@ TEST_P(HarvestPropertyRandom, MixedOperationsKeepBytesPointersAccessAndAccountin
   std::printf("  %-26s %zu MiB of %zu\n", "most live", max_live / MiB, capacity / MiB);
   // The run exercised what it claims to.
   EXPECT_GT(counts["allocate"], 2000u);
-  EXPECT_GT(counts["allocate refused"], 0u) << "no pressure";
+  // Pressure: the devices and the host ran close to full. (Refusals are rare and depend on
+  // timing since address space stopped refusing requests that physical pages could serve.)
+  EXPECT_GT(max_live, capacity * 3 / 5) << "no pressure";
   EXPECT_GT(counts["activate"], 100u);
   EXPECT_GT(counts["demote"], 50u);
   EXPECT_GT(counts["prefetch"], 5u);

@@ -50,13 +50,18 @@ struct JobView {
   std::size_t persistent_bytes = 0;  // resident between iterations
   std::size_t ephemeral_peak_bytes = 0;
   const MemoryCurve* curve = nullptr;  // may be null or unknown
+  // Whether the two byte counts above say anything (hinted, or measured by an iteration). A job
+  // whose memory is not known yet runs its iterations alone until one has measured it: beside
+  // others it could take memory they were promised (DESIGN.md, invariant 6).
+  bool memory_known = true;
 
   [[nodiscard]] bool latency_critical() const { return kind == JobKind::inference; }
   // Expected GPU time still to go; +infinity when the job's length is unknown.
   [[nodiscard]] SALUS_API double remaining_seconds() const;
 };
 
-// Waiting jobs are served in increasing key order (ties by arrival).
+// Waiting jobs are served in increasing key order; ties go to the least recently served job, then
+// to the earliest arrival, so that equal keys take turns and never starve (DESIGN.md, invariant 7).
 struct SortKey {
   double primary = 0.0;
   double secondary = 0.0;

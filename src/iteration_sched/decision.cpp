@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -26,8 +27,11 @@ namespace {
 // stays cheap however long the queue is.
 constexpr int kExtraCandidates = 8;
 
+// The policy's key first; among equal keys the job served least recently (0: never), then the
+// earliest arrival.
 struct WaitKey {
   SortKey key;
+  std::uint64_t served = 0;
   std::uint64_t arrival = 0;
   JobId job;
   friend auto operator<=>(const WaitKey&, const WaitKey&) = default;
@@ -40,13 +44,16 @@ struct JobRecord {
   bool waiting = false;
   bool running = false;
   SortKey key;              // valid while waiting
+  std::uint64_t served = 0;  // when it last started (State::starts), 0 before its first start
   double started_at = 0.0;  // valid while running
   bool extra = false;       // valid while running: started beside the lanes, not as a turn
   // What the job is accounted for in its lane (kept so that updates can undo it exactly).
   std::size_t persistent = 0;
   std::size_t peak = 0;
 
-  [[nodiscard]] WaitKey wait_key() const { return {key, view.arrival, view.id}; }
+  [[nodiscard]] WaitKey wait_key() const { return {key, served, view.arrival, view.id}; }
+  // Runs alone until an iteration has measured its memory (packed and memory-aware plans).
+  [[nodiscard]] bool solo() const { return !view.memory_known; }
 };
 
 struct Lane {
@@ -81,6 +88,11 @@ struct DecisionCore::State {
   // Memory-aware: every admitted waiting job (the extra candidates), and the extras running.
   std::set<WaitKey> waiting_admitted;
   std::set<JobId> extras;
+  // Admitted waiting jobs whose memory is not known yet (JobRecord::solo), best first: while one
+  // waits or runs, nothing else starts, so that it runs alone.
+  std::set<WaitKey> solo_waiting;
+  int solo_running = 0;
+  std::uint64_t starts = 0;  // iterations started so far: the clock of JobRecord::served
   std::vector<RunningIteration> scratch;
   std::vector<HeldFrom> held;
   bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
@@ -115,10 +127,21 @@ struct DecisionCore::State {
     }
   }
 
+  [[nodiscard]] bool none_admitted() const {
+    return std::all_of(lanes.begin(), lanes.end(),
+                       [](const auto& entry) { return entry.second.members == 0; });
+  }
+
   // Where `rec` would be admitted now, if anywhere.
   std::optional<int> placement(const JobRecord& rec) const {
     const std::size_t p = rec.persistent;
     const std::size_t e = rec.peak;
+    // More than the whole budget (its measured peak grew, or the budget shrank): it can only run
+    // alone, so it is admitted only into an empty device rather than left waiting for good.
+    if (p > budget || e > budget - p) {
+      return none_admitted() ? std::optional<int>(plan == LanePlan::single ? 0 : first_free_lane())
+                             : std::nullopt;
+    }
     if (plan == LanePlan::single) {
       const auto it = lanes.find(0);
       const Lane* lane = it == lanes.end() ? nullptr : &it->second;
@@ -129,14 +152,7 @@ struct DecisionCore::State {
     }
     // Packed (and the memory-aware backbone): a lane of its own gives the most concurrency; else
     // the lane that grows least.
-    if (committed + p + e <= budget) {
-      int id = 0;
-      for (const auto& entry : lanes) {
-        if (entry.first != id) break;
-        ++id;
-      }
-      return id;
-    }
+    if (committed + p + e <= budget) return first_free_lane();
     std::optional<int> best;
     std::size_t best_growth = 0;
     for (const auto& [id, lane] : lanes) {
@@ -149,14 +165,31 @@ struct DecisionCore::State {
     return best;
   }
 
+  [[nodiscard]] int first_free_lane() const {
+    int id = 0;
+    for (const auto& entry : lanes) {
+      if (entry.first != id) break;
+      ++id;
+    }
+    return id;
+  }
+
+  // Whether solo jobs matter: with one lane nothing runs beside anything anyway.
+  [[nodiscard]] bool concurrent() const { return plan != LanePlan::single; }
+
   // A waiting admitted job joins (leaves) its lane's queue and the extra candidates.
   void enqueue(const JobRecord& rec) {
     lanes.at(*rec.lane).waiting.insert(rec.wait_key());
-    if (plan == LanePlan::memory_aware) waiting_admitted.insert(rec.wait_key());
+    if (rec.solo() && concurrent()) {
+      solo_waiting.insert(rec.wait_key());
+    } else if (plan == LanePlan::memory_aware) {
+      waiting_admitted.insert(rec.wait_key());
+    }
   }
   void dequeue(const JobRecord& rec) {
     lanes.at(*rec.lane).waiting.erase(rec.wait_key());
     waiting_admitted.erase(rec.wait_key());
+    solo_waiting.erase(rec.wait_key());
   }
 
   // Every caller takes `rec` out of `pending` (admission is the only way out besides remove()).
@@ -331,7 +364,9 @@ struct DecisionCore::State {
     rec.waiting = false;
     rec.running = true;
     rec.started_at = now;
+    rec.served = ++starts;
     rec.extra = extra;
+    if (rec.solo() && concurrent()) ++solo_running;
     if (extra) {
       extras.insert(rec.view.id);
     } else {
@@ -348,6 +383,7 @@ struct DecisionCore::State {
   void stop(JobRecord& rec) {
     rec.running = false;
     running.erase(rec.view.id);
+    if (rec.solo() && concurrent()) --solo_running;
     if (rec.extra) {
       extras.erase(rec.view.id);
       rec.extra = false;
@@ -358,8 +394,18 @@ struct DecisionCore::State {
     lane.turn.reset();
   }
 
+  // A job whose memory is not known yet runs alone: while one runs nothing starts, and while one
+  // waits nothing else starts until it has had its turn. Returns true when the device is held.
+  bool decide_solo(double now, Decision& decision) {
+    if (solo_running > 0) return true;
+    if (solo_waiting.empty()) return false;
+    if (running.empty()) start(jobs.at(solo_waiting.begin()->job), now, /*extra=*/false, decision);
+    return true;
+  }
+
   // The lane rule: an idle lane starts its first waiting member.
   void decide_lanes(double now, Decision& decision) {
+    if (concurrent() && decide_solo(now, decision)) return;
     while (!ready.empty()) {
       const int lane_id = *ready.begin();
       const Lane& lane = lanes.at(lane_id);
@@ -390,6 +436,7 @@ struct DecisionCore::State {
   void decide_memory_aware(double now, Decision& decision) {
     if (admission_dirty) admit_pending_beside_extras(now, decision);
     decide_lanes(now, decision);
+    if (solo_running > 0 || !solo_waiting.empty()) return;  // a solo job holds the device
     const std::size_t fixed = picture(now);
     auto next = waiting_admitted.begin();
     for (int examined = 0; examined < kExtraCandidates && next != waiting_admitted.end();
@@ -440,6 +487,7 @@ void DecisionCore::update(const JobView& job) {
   const std::uint64_t arrival = rec.view.arrival;  // registration order never changes
   const bool requeue = rec.waiting && rec.lane.has_value();
   if (requeue) s.dequeue(rec);
+  if (rec.running && s.concurrent()) s.solo_running -= rec.solo() ? 1 : 0;
 
   rec.view = job;
   rec.view.arrival = arrival;
@@ -448,6 +496,7 @@ void DecisionCore::update(const JobView& job) {
   rec.view.curve = job.curve != nullptr ? &rec.curve : nullptr;
   if (rec.waiting) rec.key = s.policy.key(rec.view);
   if (requeue) s.enqueue(rec);
+  if (rec.running && s.concurrent()) s.solo_running += rec.solo() ? 1 : 0;
 
   const std::size_t persistent = job.persistent_bytes;
   const std::size_t peak = ephemeral_peak(rec.view);
@@ -557,6 +606,10 @@ bool DecisionCore::running(JobId job) const {
 std::optional<int> DecisionCore::lane_of(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it == state_->jobs.end() ? std::nullopt : it->second.lane;
+}
+
+std::size_t DecisionCore::running_count() const {
+  return state_->running.size();
 }
 
 std::optional<JobId> DecisionCore::next_in_lane(int lane) const {

@@ -62,6 +62,8 @@ class DecisionCore {
   [[nodiscard]] bool waiting(JobId job) const;
   [[nodiscard]] bool running(JobId job) const;
   [[nodiscard]] std::optional<int> lane_of(JobId job) const;
+  // Iterations running now (turns and extras).
+  [[nodiscard]] std::size_t running_count() const;
   // The waiting job that takes `lane`'s next turn as things stand (what to prefetch).
   [[nodiscard]] std::optional<JobId> next_in_lane(int lane) const;
   [[nodiscard]] int lane_count() const;

@@ -34,6 +34,7 @@ JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
   profile.iteration_seconds = spec.hints.iteration_seconds;
   profile.persistent_bytes = spec.hints.persistent_bytes;
   profile.ephemeral_peak_bytes = spec.hints.ephemeral_peak_bytes;
+  profile.memory_known = spec.hints.persistent_bytes > 0 || spec.hints.ephemeral_peak_bytes > 0;
 }
 
 DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
@@ -89,11 +90,13 @@ JobView DeviceScheduler::view_of(const JobRecordState& job) const {
   v.persistent_bytes = job.profile.persistent_bytes;
   v.ephemeral_peak_bytes = job.profile.ephemeral_peak_bytes;
   v.curve = &job.profile.curve;
+  v.memory_known = job.profile.memory_known;
   return v;
 }
 
 std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
   if (spec.name.empty()) throw InvalidArgument("add_job: a job needs a name");
+  refuse_if_never_fits(spec);
   const JobId id = memory_->register_job(spec.name, spec.limits);
   std::lock_guard lock(mu_);
   auto job = std::make_shared<JobRecordState>(id, std::move(spec), arrivals_++);
@@ -104,13 +107,38 @@ std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
   return job;
 }
 
+void DeviceScheduler::refuse_if_never_fits(const JobSpec& spec) const {
+  const MemoryHints& h = spec.hints;
+  const std::size_t budget = budget_of(*memory_, device_);
+  if (h.persistent_bytes <= budget && h.ephemeral_peak_bytes <= budget - h.persistent_bytes) {
+    return;
+  }
+  // Its hints say it cannot run even alone: refused now, not left waiting for good.
+  const bool overflow = h.ephemeral_peak_bytes > kUnlimited - h.persistent_bytes;
+  const DeviceMemoryStats device = memory_->device_stats(device_);
+  throw OutOfMemory({.job = kUnattributedJob,
+                     .job_name = spec.name,
+                     .device = device_,
+                     .requested_bytes = overflow ? kUnlimited
+                                                 : h.persistent_bytes + h.ephemeral_peak_bytes,
+                     .device_in_use_bytes = device.allocated,
+                     .device_limit_bytes = device.limit,
+                     .reason = fmt::format("its hints (persistent {} bytes + ephemeral peak {} "
+                                           "bytes) exceed the {} bytes device {} can ever give a "
+                                           "job, so it could never be admitted",
+                                           h.persistent_bytes, h.ephemeral_peak_bytes, budget,
+                                           device_)});
+}
+
 void DeviceScheduler::forget_old_jobs() {
   const std::size_t finished = history_.size() - jobs_.size();
   if (finished <= 2 * kFinishedJobsKept) return;
   std::size_t excess = finished - kFinishedJobsKept;
   // Oldest first: history_ is in arrival order.
   std::erase_if(history_, [&](const std::shared_ptr<JobRecordState>& job) {
-    if (excess == 0 || jobs_.contains(job->id)) return false;
+    // A cancelled job whose handle has not left yet still answers JobCancelled (throw_if_cancelled).
+    const bool cancelled_held = job->state == JobState::cancelled && !job->retired;
+    if (excess == 0 || jobs_.contains(job->id) || cancelled_held) return false;
     --excess;
     return true;
   });
@@ -206,6 +234,7 @@ void DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
+  if (holds_ > 0) return to_wake;  // an allocation waits for running iterations to end
   const sched::Decision decision = core_.decide(seconds_since_start(SteadyClock::now()));
   for (const sched::Start& start : decision.starts) {
     auto it = jobs_.find(start.job);
@@ -292,6 +321,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   release_slot(job.lane);
   if (current_job == &job) current_job = nullptr;
   core_.finish(job.id, seconds_since_start(now));
+  note_iteration_gone();
   const auto to_wake = run_decisions();
   hand_off_timer(job, timed);
   if (job.host_timed) charge_gpu_time(job, host_seconds);
@@ -360,6 +390,7 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
                                      std::size_t persistent_bytes) {
   JobProfile& p = job.profile;
   p.persistent_bytes = persistent_bytes;
+  p.memory_known = true;
   std::size_t peak = 0;
   for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
   if (samples.empty()) return;  // nothing allocated through Salus this iteration
@@ -404,12 +435,12 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   lock.unlock();
   DevicePtr ptr = 0;
   try {
-    ptr = memory_->allocate({.bytes = bytes,
-                             .device = device_,
-                             .stream = stream,
-                             .job = job.id,
-                             .lifetime = life,
-                             .host_access = host_compute_->load(std::memory_order_relaxed)});
+    ptr = allocate_or_wait(job, {.bytes = bytes,
+                                 .device = device_,
+                                 .stream = stream,
+                                 .job = job.id,
+                                 .lifetime = life,
+                                 .host_access = host_compute_->load(std::memory_order_relaxed)});
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled by another thread meanwhile
     throw;
@@ -486,7 +517,12 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
 void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job) {
   // The memory manager first: it refuses a handle that is no stream of this device, and from now
   // on the job's memory is ordered against the work enqueued on the stream.
-  memory_->add_job_stream(job->id, device_, stream);
+  try {
+    memory_->add_job_stream(job->id, device_, stream);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(*job);  // cancelled meanwhile: JobCancelled says more
+    throw;
+  }
   std::lock_guard lock(mu_);
   check_usable(*job, "bind_stream");
   bound_streams_[stream.value] = job->id;
@@ -507,7 +543,8 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     std::unique_lock lock(mu_);
     if (job.state == JobState::cancelled && !cancelled) job.retired = true;
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
-    if (job.state == JobState::running) {
+    const bool was_running = job.state == JobState::running;
+    if (was_running) {
       running_on_stream_.erase(job.stream.value);
       release_slot(job.lane);
     }
@@ -519,6 +556,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     }
     if (current_job == &job) current_job = nullptr;
     core_.remove(job.id);
+    if (was_running) note_iteration_gone();
     jobs_.erase(job.id);
     std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
     job.wakeup.notify_all();

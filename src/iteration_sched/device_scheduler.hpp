@@ -30,6 +30,7 @@ struct JobProfile {
   std::size_t ephemeral_peak_bytes = 0;
   MemoryCurve curve;
   bool measured = false;  // at least one iteration was timed on the GPU
+  bool memory_known = false;  // hinted, or an iteration has ended (JobView::memory_known)
 };
 
 // One job as its device's scheduler keeps it. Everything mutable is guarded by the scheduler's
@@ -116,6 +117,8 @@ class DeviceScheduler {
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
   [[nodiscard]] JobView view_of(const JobRecordState& job) const;
+  // Throws OutOfMemory when the spec's hints exceed what the device can ever give one job.
+  void refuse_if_never_fits(const JobSpec& spec) const;
   void check_usable(const JobRecordState& job, const char* what) const;  // with mu_ held
   // With mu_ held: check_usable, and the job must be inside an iteration.
   void check_running(const JobRecordState& job, const char* what) const;
@@ -160,6 +163,18 @@ class DeviceScheduler {
   // After end() let the next job in: the marker behind the end event, on `stream`.
   void launch_marker(StreamHandle stream, EventHandle end);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
+  // Memory waits (memory_wait.cpp). Device memory that other jobs' running iterations hold comes
+  // back as they free it and end: an allocation the device refuses while they run waits for
+  // them and tries again, and no new iteration starts meanwhile (holds_), so the memory they
+  // free goes to the waiter. It fails when nothing else runs (the job does not fit beside the
+  // others' persistent memory) or when every other running iteration waits for memory too.
+  DevicePtr allocate_or_wait(JobRecordState& job, const AllocationRequest& request);
+  // With mu_ held: false when waiting cannot help; else waits a while (an iteration ending, the
+  // job finishing, or a short time for frees in the middle of others' iterations).
+  bool wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  // With mu_ held: an iteration ended or a running job left; memory waiters try again.
+  void note_iteration_gone();
+  class StartHold;
   // The memory counters of the trace, as an iteration of `job` ends at `now`.
   void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
                     SteadyClock::time_point now);
@@ -200,6 +215,10 @@ class DeviceScheduler {
   std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job
   std::unordered_map<std::uint64_t, JobId> bound_streams_;      // stream -> job
   std::optional<SteadyClock::time_point> recheck_at_;
+  int holds_ = 0;              // allocations waiting for memory: run_decisions starts nothing
+  int running_holders_ = 0;    // ... of which inside an iteration
+  std::uint64_t iterations_gone_ = 0;  // iterations that ended or left running, ever
+  std::condition_variable memory_back_;  // iterations_gone_ moved
   std::vector<PendingTiming> pending_timings_;  // ended iterations whose GPU time is not read yet
   std::uint64_t arrivals_ = 0;
 };

@@ -64,6 +64,12 @@ SortKey by_arrival(const JobView& job) {
   return {static_cast<double>(job.arrival), 0.0};
 }
 
+// Every key is equal: the jobs of a lane take turns, least recently served first (the core's
+// tie-break), and no member of a lane of three waits while the other two alternate.
+SortKey in_turn(const JobView&) {
+  return {};
+}
+
 class FifoPolicy final : public Policy {
  public:
   std::string_view name() const override { return "fifo"; }
@@ -74,7 +80,7 @@ class FifoPolicy final : public Policy {
 class SrtfPolicy final : public Policy {
  public:
   std::string_view name() const override { return "srtf"; }
-  // Unknown lengths are +inf and fall back to arrival order (the core's tie-break).
+  // Unknown lengths are +inf: such jobs take turns (the core's tie-break).
   SortKey key(const JobView& job) const override { return {job.remaining_seconds(), 0.0}; }
 };
 
@@ -99,7 +105,7 @@ class PriorityPolicy final : public Policy {
 class PackPolicy final : public Policy {
  public:
   std::string_view name() const override { return "pack"; }
-  SortKey key(const JobView& job) const override { return by_arrival(job); }
+  SortKey key(const JobView& job) const override { return in_turn(job); }
   LanePlan lanes() const override { return LanePlan::packed; }
 };
 
@@ -110,7 +116,7 @@ class PackPolicy final : public Policy {
 class MemoryAwarePolicy final : public Policy {
  public:
   std::string_view name() const override { return "memory_aware"; }
-  SortKey key(const JobView& job) const override { return by_arrival(job); }
+  SortKey key(const JobView& job) const override { return in_turn(job); }
   LanePlan lanes() const override { return LanePlan::memory_aware; }
   std::optional<double> start_delay(const DeviceView& device,
                                     const JobView& candidate) const override {

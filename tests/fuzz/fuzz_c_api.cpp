@@ -203,7 +203,15 @@ class Program {
     const Snapshot before = m_.snapshot("salus_job_add");
     std::uint32_t id = 0;
     const salus_status st = salus_job_add(m_.runtime, &spec, &id);
-    m_.expect(st, {valid ? SALUS_OK : SALUS_ERROR_INVALID_ARGUMENT}, "salus_job_add", before);
+    // Hints beyond what the device can ever give (its own memory, peers' and the host's) are
+    // refused: such a job could never be admitted.
+    const bool never_fits =
+        spec.hint_persistent_bytes > m_.budget ||
+        spec.hint_ephemeral_peak_bytes > m_.budget - spec.hint_persistent_bytes;
+    m_.expect(st,
+              {!valid ? SALUS_ERROR_INVALID_ARGUMENT
+                      : never_fits ? SALUS_ERROR_OUT_OF_MEMORY : SALUS_OK},
+              "salus_job_add", before);
     if (st == SALUS_OK) {
       FUZZ_CHECK(id != 0 && m_.job(id) == nullptr, "salus_job_add: a new id");
       m_.jobs.push_back({id, spec.device, spec.blocks_outlive_job != 0, JobState::idle, nullptr});

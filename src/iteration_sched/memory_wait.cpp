@@ -1,0 +1,84 @@
+// DeviceScheduler: allocations that wait for memory held by the device's other running
+// iterations (see device_scheduler.hpp, allocate_or_wait).
+#include <spdlog/spdlog.h>
+
+#include "iteration_sched/device_scheduler.hpp"
+
+namespace salus {
+
+namespace {
+
+// How often a waiting allocation tries again while the iterations it waits for still run: they
+// free memory in the middle too (a backward pass frees its activations).
+constexpr auto kRetryEvery = std::chrono::milliseconds(20);
+
+}  // namespace
+
+// While it lives, no new iteration starts on the device; its end lets the held ones start.
+class DeviceScheduler::StartHold {
+ public:
+  StartHold(DeviceScheduler& scheduler, bool running) : scheduler_(scheduler), running_(running) {
+    ++scheduler_.holds_;
+    if (running_) ++scheduler_.running_holders_;
+  }
+  StartHold(const StartHold&) = delete;
+  StartHold& operator=(const StartHold&) = delete;
+  ~StartHold() {
+    std::vector<std::shared_ptr<JobRecordState>> to_wake;
+    {
+      std::lock_guard lock(scheduler_.mu_);
+      if (running_) --scheduler_.running_holders_;
+      if (--scheduler_.holds_ > 0) return;
+      try {
+        to_wake = scheduler_.run_decisions();
+      } catch (const Error& e) {
+        // The next iteration end decides again; a failing stream must not unwind a destructor.
+        spdlog::error("salus: device {}: deciding after a memory wait failed: {}",
+                      scheduler_.device_, e.what());
+      }
+    }
+    wake(to_wake);
+  }
+
+ private:
+  DeviceScheduler& scheduler_;
+  const bool running_;
+};
+
+DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
+                                            const AllocationRequest& request) {
+  std::optional<StartHold> hold;
+  for (;;) {
+    try {
+      return memory_->allocate(request);
+    } catch (const OutOfMemory& e) {
+      if (e.info().job_limit_bytes != 0) throw;  // its own budget: others ending changes nothing
+      std::unique_lock lock(mu_);
+      check_usable(job, "allocate");  // cancelled meanwhile: that says more
+      if (!hold) hold.emplace(*this, job.state == JobState::running);
+      if (!wait_for_memory(job, lock)) throw;
+    }
+  }
+}
+
+bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+  const int self = job.state == JobState::running ? 1 : 0;
+  const int others = static_cast<int>(core_.running_count()) - self;
+  // Running iterations that wait for memory too will not end by themselves: waiting on them
+  // alone would never end. Nothing running at all means the device is as empty as it gets.
+  if (others - (running_holders_ - self) <= 0) return false;
+  const std::uint64_t seen = iterations_gone_;
+  memory_back_.wait_for(lock, kRetryEvery, [&] {
+    return iterations_gone_ != seen || job.state == JobState::cancelled ||
+           job.state == JobState::left;
+  });
+  check_usable(job, "allocate");
+  return true;
+}
+
+void DeviceScheduler::note_iteration_gone() {
+  ++iterations_gone_;
+  memory_back_.notify_all();
+}
+
+}  // namespace salus

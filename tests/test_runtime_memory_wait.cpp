@@ -1,0 +1,181 @@
+// Memory that is free must be usable, and no job may starve (DESIGN.md, invariants 6 and 7): jobs
+// whose estimates are missing or wrong wait for concurrent iterations instead of failing, a job
+// that can never fit is refused at once, and jobs with equal keys take turns.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "salus/runtime.hpp"
+#include "salus/sim.hpp"
+
+namespace salus::testing {
+namespace {
+
+std::shared_ptr<DeviceBackend> sim(std::size_t bytes) {
+  return make_sim_backend(SimConfig::uniform(1, bytes));
+}
+
+JobSpec hinted(std::string name, std::size_t persistent, std::size_t peak) {
+  JobSpec spec{.name = std::move(name)};
+  spec.hints = {.persistent_bytes = persistent, .ephemeral_peak_bytes = peak};
+  return spec;
+}
+
+// Runs `iterations` iterations that each take `bytes` of ephemeral memory in two halves, with a
+// short pause between (so that iterations of other lanes overlap); counts OutOfMemory.
+void run_job(Job& job, int iterations, std::size_t bytes, std::atomic<int>& oom) {
+  for (int i = 0; i < iterations; ++i) {
+    auto it = job.iteration();
+    try {
+      const DevicePtr a = job.allocate(bytes / 2);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const DevicePtr b = job.allocate(bytes / 2);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      job.deallocate(b);
+      job.deallocate(a);
+    } catch (const OutOfMemory&) {
+      ++oom;
+    }
+  }
+}
+
+// Hints that understate the jobs' needs put them in lanes of their own; their iterations then
+// meet on the device and one waits for the other's memory instead of failing.
+TEST(RuntimeMemoryWait, AnIterationShortOfMemoryBecauseOfAnotherLaneWaits) {
+  for (const char* policy : {"pack", "memory_aware"}) {
+    SCOPED_TRACE(policy);
+    Runtime runtime(sim(64 * MiB), {.policy = policy});
+    Job a = runtime.add_job(hinted("a", 1 * MiB, 4 * MiB));
+    Job b = runtime.add_job(hinted("b", 1 * MiB, 4 * MiB));
+    std::atomic<int> oom{0};
+    std::thread ta([&] { run_job(a, 10, 40 * MiB, oom); });
+    std::thread tb([&] { run_job(b, 10, 40 * MiB, oom); });
+    ta.join();
+    tb.join();
+    EXPECT_EQ(oom, 0);
+    EXPECT_EQ(a.stats().iterations, 10u);
+    EXPECT_EQ(b.stats().iterations, 10u);
+  }
+}
+
+// Two iterations that each hold half the device and ask for more wait on each other: one of them
+// (the second to ask) fails instead of both waiting for good; the other completes.
+TEST(RuntimeMemoryWait, TwoIterationsWaitingOnEachOtherFailOneNotBoth) {
+  Runtime runtime(sim(64 * MiB), {.policy = "pack"});
+  Job a = runtime.add_job(hinted("a", 1 * MiB, 2 * MiB));
+  Job b = runtime.add_job(hinted("b", 1 * MiB, 2 * MiB));
+  std::barrier both_hold(2);
+  std::atomic<int> failed{0};
+  auto body = [&](Job& job) {
+    auto it = job.iteration();
+    const DevicePtr half = job.allocate(30 * MiB);
+    both_hold.arrive_and_wait();
+    try {
+      job.deallocate(job.allocate(30 * MiB));
+    } catch (const OutOfMemory&) {
+      ++failed;
+    }
+    job.deallocate(half);
+  };
+  std::thread ta([&] { body(a); });
+  std::thread tb([&] { body(b); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(failed, 1);
+}
+
+// A job that runs alone on the device and cannot get memory fails at once: there is nothing
+// to wait for.
+TEST(RuntimeMemoryWait, AnIterationAloneOnTheDeviceFailsAtOnce) {
+  Runtime runtime(sim(64 * MiB), {.policy = "pack"});
+  Job a = runtime.add_job(hinted("a", 1 * MiB, 2 * MiB));
+  auto it = a.iteration();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW((void)a.allocate(80 * MiB), InvalidArgument);  // larger than the device
+  const DevicePtr most = a.allocate(60 * MiB);
+  EXPECT_THROW((void)a.allocate(8 * MiB), OutOfMemory);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  a.deallocate(most);
+}
+
+// Hints beyond what the device can ever give are refused with a typed error that says why, under
+// every policy, instead of a begin_iteration that never returns.
+TEST(RuntimeMemoryWait, HintsBeyondTheDeviceAreRefusedAtOnce) {
+  for (const char* policy : {"fifo", "srtf", "fair", "pack", "priority", "memory_aware"}) {
+    SCOPED_TRACE(policy);
+    Runtime runtime(sim(64 * MiB), {.policy = policy});
+    try {
+      (void)runtime.add_job(hinted("huge", 80 * MiB, 0));
+      ADD_FAILURE() << "admitted a job that can never fit";
+    } catch (const OutOfMemory& e) {
+      EXPECT_EQ(e.info().job_name, "huge");
+      EXPECT_EQ(e.info().requested_bytes, 80 * MiB);
+      EXPECT_EQ(e.info().device_limit_bytes, 64 * MiB);
+      EXPECT_NE(e.info().reason.find("could never be admitted"), std::string::npos);
+    }
+    EXPECT_THROW((void)runtime.add_job(hinted("huge", 40 * MiB, 40 * MiB)), OutOfMemory);
+    EXPECT_THROW((void)runtime.add_job(hinted("huge", kUnlimited, kUnlimited)), OutOfMemory);
+    // Nothing was registered: the device is as before, and a job that fits runs.
+    Job ok = runtime.add_job(hinted("ok", 32 * MiB, 32 * MiB));
+    { auto it = ok.iteration(); }
+    EXPECT_EQ(runtime.job_stats().size(), 1u);
+  }
+}
+
+// Three equal jobs that compute on their own threads (host_compute): whatever the policy, each
+// gets a turn within a bounded number of turns while all three are present (fair sees the host
+// time as GPU time; pack and memory_aware take turns in their lane).
+TEST(RuntimeMemoryWait, ThreeJobsTakeTurnsUntilTheEnd) {
+  for (const char* policy : {"fair", "pack", "srtf", "priority", "memory_aware"}) {
+    SCOPED_TRACE(policy);
+    Runtime runtime(sim(64 * MiB), {.policy = policy, .host_compute = true});
+    std::mutex mu;
+    std::vector<int> order;
+    std::vector<Job> jobs;
+    // One lane under pack: 3 x 10 MiB persistent + a 30 MiB peak; two lanes would need 80.
+    for (int j = 0; j < 3; ++j) {
+      jobs.push_back(runtime.add_job(hinted("j" + std::to_string(j), 10 * MiB, 30 * MiB)));
+    }
+    constexpr int kTurns = 8;
+    std::vector<std::thread> threads;
+    for (int j = 0; j < 3; ++j) {
+      threads.emplace_back([&, j] {
+        for (int i = 0; i < kTurns; ++i) {
+          auto it = jobs[static_cast<std::size_t>(j)].iteration();
+          {
+            std::lock_guard lock(mu);
+            order.push_back(j);
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(4));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(order.size(), 3u * kTurns);
+    // Up to the first job's last turn all three are present: no job waits more than 4 turns.
+    std::size_t present_until = order.size();
+    int done[3] = {};
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (++done[order[i]] == kTurns) {
+        present_until = i;
+        break;
+      }
+    }
+    std::ptrdiff_t last[3] = {-1, -1, -1};
+    for (std::size_t i = 0; i <= present_until; ++i) {
+      const int j = order[i];
+      EXPECT_LE(static_cast<std::ptrdiff_t>(i) - last[j], 5) << "job " << j << " at turn " << i;
+      last[j] = static_cast<std::ptrdiff_t>(i);
+    }
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_LE(static_cast<std::ptrdiff_t>(present_until) - last[j], 5) << "job " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace salus::testing
