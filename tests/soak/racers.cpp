@@ -169,13 +169,16 @@ void AllocationRace::race(std::mt19937_64& rng, Heartbeat& beat) {
     const bool on_bound = rng() % 2 == 0;
     DevicePtr ptr = 0;
     try {
+      // Now and then the stream is bound again (a framework thread making it current): that
+      // call races the job's end too, and must answer it as the allocations do.
+      if (rng() % 8 == 0) shared_.runtime.bind_stream(device_, stream_, id_);
       ptr = on_bound ? shared_.runtime.allocate(bytes, device_, stream_, id_) : job.allocate(bytes);
     } catch (const OutOfMemory&) {
       c.out_of_memory.fetch_add(1, std::memory_order_relaxed);
       continue;
     } catch (const std::exception& e) {
       c.race_lost.fetch_add(1, std::memory_order_relaxed);
-      count_answer(shared_, ended_by_.load(), e, name + ": racing allocation");
+      count_answer(shared_, ended_by_.load(), e, name + ": racing allocation or bind_stream");
       break;
     }
     c.race_allocations.fetch_add(1, std::memory_order_relaxed);

@@ -296,6 +296,13 @@ void Population::live(Slot& slot, const std::string& name, std::mt19937_64& rng,
 
 bool Population::run_iteration(Slot& slot, const std::string& name, std::mt19937_64& rng,
                                Heartbeat& beat, Held& held, bool end_inside, Fate fate) {
+  if (rng() % 2 == 0) {
+    // As a framework that binds its stream again before each step: the canceller's cancels and
+    // leaves race this call too.
+    slot.step = "bind_stream (again)";
+    shared_.runtime.bind_stream(slot.device, slot.streams[static_cast<std::size_t>(slot.device)],
+                                slot.id);
+  }
   slot.step = "begin_iteration";
   beat.beat(Phase::waiting_turn);
   const StreamHandle lane = slot.job->begin_iteration();
