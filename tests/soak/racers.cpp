@@ -54,10 +54,10 @@ void AllocationRace::coordinator() {
     }
     beat.beat(Phase::working);
     run_round(number, rng, beat);
-    // A pause as long as a round, the racers idle: they spin only around a job's end, and
-    // leave the two shared cores to the slots half the time.
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(rng() % static_cast<std::uint64_t>(config_.max_round.count())));
+    // A pause three rounds long on average, the racers idle: they spin only around a job's
+    // end, and leave the two shared cores to the slots most of the time.
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        rng() % static_cast<std::uint64_t>(6 * config_.max_round.count())));
   }
   beat.beat(Phase::done);
 }

@@ -41,7 +41,7 @@ struct PopulationConfig {
   bool stream_readers = true;  // blocks read on the job's second stream
   // Between two moves of the canceller (a cancel, or a leave one time in three): uniform in
   // [1, max].
-  std::chrono::milliseconds cancel_interval_max{250};
+  std::chrono::milliseconds cancel_interval_max{400};
   // Test only: after this many seconds, slot 0's thread wedges (the watchdog must fire).
   std::optional<double> simulate_hang_after;
 };

@@ -11,7 +11,7 @@
 //   salus_soak --seconds 40 [--seed N] [--csv PATH] [--stuck-seconds 30] [--warmup-seconds W]
 //              [--mode release|outlive] [--policy fair] [--spill on|off]
 //              [--combos all|MODE.POLICY.SPILL,...]   (--seconds is then for all of them)
-//              [--slots 16] [--racers 6] [--max-iterations-per-job 24] [--cancel-interval-ms 250]
+//              [--slots 16] [--racers 6] [--max-iterations-per-job 24] [--cancel-interval-ms 400]
 //              [--device-limit-mib 24] [--host-limit-mib 256] [--sample-ms 1000]
 //              [--rss-tolerance-mib 8] [--no-rss-verdict] [--no-kernels] [--no-stream-readers]
 //              [--simulate-hang S]

@@ -34,7 +34,7 @@ struct Options {
   std::size_t device_limit_mib = 24;
   std::size_t host_limit_mib = 256;
   int sample_ms = 1000;
-  int cancel_interval_ms = 250;
+  int cancel_interval_ms = 400;
   double rss_tolerance_mib = 8.0;
   bool judge_rss = true;  // --no-rss-verdict: RSS is reported, not judged
   bool kernels = true;
