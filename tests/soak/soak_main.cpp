@@ -1,25 +1,30 @@
-// salus_soak: jobs arrive, run, get cancelled and leave at random, for a while, on a simulated
-// 4-GPU NVLink mesh with spilling on (peer, then host) and memory small enough that pages really
-// move. It samples resident memory and reserved bytes into a CSV, judges "flat after warm-up"
-// (flatness.hpp), runs a watchdog over every thread (watchdog.hpp), and at the end checks that
-// every job left and all memory came back. Exit codes: 0 all good; 1 a check failed; 2 bad
-// command line; 3 the watchdog found a stuck thread (stacks on stderr).
+// salus_soak: jobs arrive, run, get cancelled, leave (by themselves or from another thread) and
+// free their memory from other threads, at random, for a while, on a simulated 4-GPU NVLink mesh
+// small enough that pages really move when spilling is on. It runs one combination, or several
+// in turn (--combos): JobSpec::blocks_outlive_job on or off, a policy, spilling on or off. Each
+// gets a fresh runtime, a watchdog over every thread (watchdog.hpp), and at its end the checks of
+// soak_report.hpp. It samples resident memory and reserved bytes into a CSV and judges "flat
+// after warm-up" (flatness.hpp). Exit codes: 0 all good; 1 a check failed; 2 bad command line;
+// 3 the watchdog found a stuck thread (stacks on stderr). A fault (a reader whose page was
+// unmapped) kills the process.
 //
 //   salus_soak --seconds 40 [--seed N] [--csv PATH] [--stuck-seconds 30] [--warmup-seconds W]
-//              [--slots 16] [--max-iterations-per-job 24] [--policy fair] [--device-limit-mib 24]
-//              [--host-limit-mib 256]
-//              [--sample-ms 1000] [--rss-tolerance-mib 8] [--no-rss-verdict] [--no-kernels]
+//              [--mode release|outlive] [--policy fair] [--spill on|off]
+//              [--combos all|MODE.POLICY.SPILL,...]   (--seconds is then for all of them)
+//              [--slots 16] [--racers 6] [--max-iterations-per-job 24] [--cancel-interval-ms 400]
+//              [--device-limit-mib 24] [--host-limit-mib 256] [--sample-ms 1000]
+//              [--rss-tolerance-mib 8] [--no-rss-verdict] [--no-kernels] [--no-stream-readers]
 //              [--simulate-hang S]
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <limits>
-#include <algorithm>
+#include <cstring>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,357 +32,63 @@
 
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
-#include "soak/flatness.hpp"
+#include "soak/holder.hpp"
+#include "soak/racers.hpp"
 #include "soak/soak_jobs.hpp"
+#include "soak/soak_options.hpp"
+#include "soak/soak_report.hpp"
 #include "soak/watchdog.hpp"
 
 namespace salus::soak {
 namespace {
 
 constexpr int kDevices = 4;
+// A combination shorter than this cannot judge reserved bytes after warm-up, nor count on every
+// kind of lending and borrowing having happened.
+constexpr double kLongCombo = 20.0;
 
-struct Options {
-  double seconds = 40.0;
-  std::optional<std::uint64_t> seed;
-  std::string csv;
-  double stuck_seconds = 30.0;
-  std::optional<double> warmup_seconds;  // default: a quarter of the run, at least 10 s
-  int slots = 16;
-  int max_iterations_per_job = 24;
-  std::string policy = "fair";
-  std::size_t device_limit_mib = 24;
-  std::size_t host_limit_mib = 256;
-  int sample_ms = 1000;
-  double rss_tolerance_mib = 8.0;
-  bool judge_rss = true;  // --no-rss-verdict: RSS is reported, not judged
-  bool kernels = true;
-  std::optional<double> simulate_hang_after;
-};
+using Clock = std::chrono::steady_clock;
 
-double parse_number(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !(value >= 0.0)) {
-    throw std::invalid_argument(flag + " wants a non-negative number, got '" + text + "'");
-  }
-  return value;
+// The combination running, for the fault report (written before its actors start).
+char g_combo[96] = "";
+
+// A fault (a reader on a second stream, or a host access, touching a page Salus unmapped or
+// handed on) kills the process; this says where first. Async-signal-safe calls only.
+void report_fault(int signal, siginfo_t* info, void* /*context*/) {
+  char text[256];
+  char thread[17] = "";
+  (void)::prctl(PR_GET_NAME, thread);
+  const int length = std::snprintf(
+      text, sizeof text,
+      "\nsalus_soak: FATAL signal %d at address %p in thread '%s' (streams are named after the "
+      "thread that made them), combination %s: a block's page was unmapped or handed on under "
+      "its user\n",
+      signal, info->si_addr, thread, g_combo);
+  if (length > 0) (void)!::write(STDERR_FILENO, text, static_cast<std::size_t>(length));
+  void* frames[48];
+  ::backtrace_symbols_fd(frames, ::backtrace(frames, 48), STDERR_FILENO);
+  ::raise(signal);  // SA_RESETHAND: the default action now (the process dies with the signal)
 }
 
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--no-kernels" || flag == "--no-rss-verdict") {
-      (flag == "--no-kernels" ? o.kernels : o.judge_rss) = false;
-      continue;
-    }
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
-    const char* value = argv[++i];
-    if (flag == "--seconds")
-      o.seconds = parse_number(flag, value);
-    else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(std::strtoull(value, nullptr, 0));
-    else if (flag == "--csv")
-      o.csv = value;
-    else if (flag == "--stuck-seconds")
-      o.stuck_seconds = parse_number(flag, value);
-    else if (flag == "--warmup-seconds")
-      o.warmup_seconds = parse_number(flag, value);
-    else if (flag == "--slots")
-      o.slots = static_cast<int>(parse_number(flag, value));
-    else if (flag == "--max-iterations-per-job")
-      o.max_iterations_per_job = static_cast<int>(parse_number(flag, value));
-    else if (flag == "--policy")
-      o.policy = value;
-    else if (flag == "--device-limit-mib")
-      o.device_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
-    else if (flag == "--host-limit-mib")
-      o.host_limit_mib = static_cast<std::size_t>(parse_number(flag, value));
-    else if (flag == "--sample-ms")
-      o.sample_ms = static_cast<int>(parse_number(flag, value));
-    else if (flag == "--rss-tolerance-mib")
-      o.rss_tolerance_mib = parse_number(flag, value);
-    else if (flag == "--simulate-hang")
-      o.simulate_hang_after = parse_number(flag, value);
-    else
-      throw std::invalid_argument("unknown option " + flag);
-  }
-  if (o.slots < 1) throw std::invalid_argument("--slots wants at least 1");
-  if (o.max_iterations_per_job < 1)
-    throw std::invalid_argument("--max-iterations-per-job wants at least 1");
-  if (o.sample_ms < 10) throw std::invalid_argument("--sample-ms wants at least 10");
-  if (o.device_limit_mib < 8) throw std::invalid_argument("--device-limit-mib wants at least 8");
-  if (o.stuck_seconds <= 0.0) throw std::invalid_argument("--stuck-seconds wants more than 0");
-  return o;
+void install_fault_report() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return;  // the sanitizer's own report of the fault says more
+#endif
+  void* frames[4];
+  (void)::backtrace(frames, 4);  // loads the unwinder now, not in the handler
+  struct sigaction action {};
+  action.sa_sigaction = report_fault;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  for (const int signal : {SIGSEGV, SIGBUS}) (void)::sigaction(signal, &action, nullptr);
 }
 
-// Resident memory from /proc/self/status: VmRSS (all of it), RssAnon (the heap and stacks: where
-// a leak shows) and RssShmem (the simulated devices' memfd pages and host spill pages touched).
-struct Resident {
-  std::size_t total = 0;
-  std::size_t anon = 0;
-  std::size_t shmem = 0;
-};
-
-Resident resident_memory() {
-  std::ifstream status("/proc/self/status");
-  Resident r;
-  std::string key;
-  std::size_t kib = 0;
-  while (status >> key) {
-    if (key == "VmRSS:" && status >> kib)
-      r.total = kib * KiB;
-    else if (key == "RssAnon:" && status >> kib)
-      r.anon = kib * KiB;
-    else if (key == "RssShmem:" && status >> kib)
-      r.shmem = kib * KiB;
-    status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return r;
-}
-
-// One row of the CSV.
-struct Sample {
-  double seconds = 0.0;
-  std::size_t rss = 0;
-  std::size_t rss_anon = 0;
-  std::size_t rss_shmem = 0;
-  std::size_t reserved = 0;  // device pages held, all devices, plus host spill pages
-  std::size_t device_reserved = 0;
-  std::size_t host_spill = 0;
-  std::size_t allocated = 0;
-  std::size_t lent = 0;
-  std::size_t borrowed_peer = 0;
-  std::size_t borrowed_host = 0;
-  std::uint64_t pages_moved = 0;
-  std::uint64_t recalled_pages = 0;
-  std::uint64_t arrived = 0;
-  std::uint64_t iterations = 0;
-  std::uint64_t cancelled = 0;
-  int live_jobs = 0;
-};
-
-Sample take_sample(double seconds, Runtime& runtime, Population& population) {
-  Sample s;
-  s.seconds = seconds;
-  const Resident resident = resident_memory();
-  s.rss = resident.total;
-  s.rss_anon = resident.anon;
-  s.rss_shmem = resident.shmem;
-  const MemoryStats stats = runtime.memory().stats();
-  for (const DeviceMemoryStats& d : stats.devices) {
-    s.device_reserved += d.reserved;
-    s.allocated += d.allocated;
-    s.lent += d.lent;
-    s.borrowed_peer += d.borrowed_peer;
-    s.borrowed_host += d.borrowed_host;
-    s.pages_moved += d.pages_moved;
-    s.recalled_pages += d.recalled_pages;
-  }
-  s.host_spill = stats.host_spill_bytes;
-  s.reserved = s.device_reserved + s.host_spill;
-  const Counters& c = population.counters();
-  s.arrived = c.arrived.load();
-  s.iterations = c.iterations.load();
-  s.cancelled = c.cancelled.load();
-  s.live_jobs = population.live_jobs();
-  return s;
-}
-
-void write_csv_header(std::FILE* csv) {
-  std::fprintf(csv,
-               "seconds,rss_bytes,rss_anon_bytes,rss_shmem_bytes,reserved_bytes,device_reserved_"
-               "bytes,host_spill_bytes,"
-               "allocated_bytes,lent_bytes,borrowed_peer_bytes,borrowed_host_bytes,"
-               "pages_moved,recalled_pages,jobs_arrived,iterations,jobs_cancelled,live_jobs\n");
-}
-
-void write_csv_row(std::FILE* csv, const Sample& s) {
-  std::fprintf(
-      csv, "%.3f,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%d\n", s.seconds,
-      s.rss, s.rss_anon, s.rss_shmem, s.reserved, s.device_reserved, s.host_spill, s.allocated,
-      s.lent, s.borrowed_peer, s.borrowed_host, static_cast<unsigned long long>(s.pages_moved),
-      static_cast<unsigned long long>(s.recalled_pages), static_cast<unsigned long long>(s.arrived),
-      static_cast<unsigned long long>(s.iterations), static_cast<unsigned long long>(s.cancelled),
-      s.live_jobs);
-  std::fflush(csv);
-}
-
-// Failed checks, printed at the end; any makes the exit code 1.
-struct Report {
-  std::vector<std::string> failures;
-  void check(bool ok, const std::string& what) {
-    std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
-    if (!ok) failures.push_back(what);
-  }
-};
-
-std::string mib(std::size_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / double(MiB));
-  return text;
-}
-
-// The most bytes lent and borrowed at once (all devices together) over the run.
-struct HarvestMaxima {
-  std::size_t lent = 0;
-  std::size_t borrowed_peer = 0;
-  std::size_t borrowed_host = 0;
-  void observe(Runtime& runtime) {
-    std::size_t l = 0, p = 0, h = 0;
-    for (int d = 0; d < runtime.device_count(); ++d) {
-      const DeviceMemoryStats s = runtime.memory().device_stats(d);
-      l += s.lent;
-      p += s.borrowed_peer;
-      h += s.borrowed_host;
-    }
-    lent = std::max(lent, l);
-    borrowed_peer = std::max(borrowed_peer, p);
-    borrowed_host = std::max(borrowed_host, h);
-  }
-};
-
-// Runs the population for the configured time, sampling; returns the samples.
-std::vector<Sample> run_and_sample(const Options& o, Runtime& runtime, Population& population,
-                                   Heartbeat& main_beat, HarvestMaxima& harvest) {
-  std::FILE* csv = nullptr;
-  if (!o.csv.empty()) {
-    csv = std::fopen(o.csv.c_str(), "w");
-    if (csv == nullptr) throw std::runtime_error("cannot write " + o.csv);
-    write_csv_header(csv);
-  }
-  std::vector<Sample> samples;
-  const auto start = std::chrono::steady_clock::now();
-  const auto period = std::chrono::milliseconds(o.sample_ms);
-  auto next_sample = start + period;
-  population.start();
-  // Lending and borrowing come and go within a second: their maxima are watched every 100 ms.
-  for (auto tick = start;;) {
-    tick += std::chrono::milliseconds(100);
-    std::this_thread::sleep_until(std::min(tick, next_sample));
-    main_beat.beat(Phase::working);
-    harvest.observe(runtime);
-    if (std::chrono::steady_clock::now() < next_sample) continue;
-    next_sample += period;
-    const double t =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    samples.push_back(take_sample(t, runtime, population));
-    if (csv != nullptr) write_csv_row(csv, samples.back());
-    if (t >= o.seconds) break;
-  }
-  if (csv != nullptr) std::fclose(csv);
-  return samples;
-}
-
-void judge_series(const Options& o, const std::vector<Sample>& samples, Report& report) {
-  const double warmup = o.warmup_seconds.value_or(std::max(10.0, o.seconds / 4.0));
-  // VmRSS counts the simulated devices' memfd pages (RssShmem) as they are first touched, which
-  // goes on for minutes while reserved stays flat: that is device memory, judged as "reserved".
-  // The process's own memory is VmRSS without it.
-  std::vector<SeriesPoint> rss, anon, reserved;
-  for (const Sample& s : samples) {
-    rss.push_back({s.seconds, static_cast<double>(s.rss - std::min(s.rss, s.rss_shmem))});
-    anon.push_back({s.seconds, static_cast<double>(s.rss_anon)});
-    reserved.push_back({s.seconds, static_cast<double>(s.reserved)});
-  }
-  // RSS: a few MiB of allocator and sanitizer noise, or 5%. Reserved: pages are pooled, not given
-  // back (until trim), so reserved is a high-water mark of demand, and rarer peaks come with time;
-  // a tenth of all Salus may hold (device limits and the host spill limit) is allowed for that.
-  const FlatnessVerdict rss_verdict =
-      judge_flatness(rss, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
-  const FlatnessVerdict anon_verdict =
-      judge_flatness(anon, {warmup, o.rss_tolerance_mib * double(MiB), 0.05});
-  const double reservable = double((kDevices * o.device_limit_mib + o.host_limit_mib) * MiB);
-  const FlatnessVerdict reserved_verdict =
-      judge_flatness(reserved, {warmup, 0.10 * reservable, 0.0});
-  std::printf("flatness (warm-up %.1f s):\n", warmup);
-  // Sanitizer allocators warm up for minutes (quarantine, shadow, per-thread caches): a short run
-  // under them reports RSS but cannot judge it (--no-rss-verdict); the long run judges it.
-  auto judge_rss = [&](const FlatnessVerdict& verdict, const char* what) {
-    const std::string line = describe(what, verdict, double(MiB), "MiB");
-    if (o.judge_rss) {
-      report.check(verdict.judged && verdict.flat, line);
-    } else {
-      std::printf("  [not judged: --no-rss-verdict] %s\n", line.c_str());
-    }
-  };
-  judge_rss(rss_verdict, "RSS without simulated device memory (VmRSS - RssShmem)");
-  judge_rss(anon_verdict, "RSS anonymous (heap)");
-  report.check(reserved_verdict.judged && reserved_verdict.flat,
-               describe("reserved (devices + host spill)", reserved_verdict, double(MiB), "MiB"));
-}
-
-void print_counters(const Counters& c) {
-  auto n = [](const std::atomic<std::uint64_t>& v) {
-    return static_cast<unsigned long long>(v.load());
-  };
-  std::printf(
-      "jobs: %llu arrived, %llu left normally, %llu left mid-iteration, %llu dropped "
-      "mid-iteration, %llu cancelled (+%llu at shutdown)\n",
-      n(c.arrived), n(c.left_normally), n(c.left_mid_iteration), n(c.dropped_mid_iteration),
-      n(c.cancelled), n(c.cancelled_at_shutdown));
-  std::printf(
-      "work: %llu iterations, %llu allocations (%llu out of memory), %llu kernels, %llu "
-      "block checks, %llu mismatches, %llu cancel races, %llu errors\n",
-      n(c.iterations), n(c.allocations), n(c.out_of_memory), n(c.kernels), n(c.blocks_checked),
-      n(c.mismatches), n(c.cancel_races), n(c.errors));
-}
-
-// After every job left: nothing allocated, lent or borrowed; after trim nothing reserved.
-void check_memory_returned(Runtime& runtime, Report& report) {
-  MemoryStats stats = runtime.memory().stats();
-  std::size_t allocated = 0, lent = 0, borrowed = 0, alive = 0;
-  for (const DeviceMemoryStats& d : stats.devices) {
-    allocated += d.allocated;
-    lent += d.lent;
-    borrowed += d.borrowed_peer + d.borrowed_host;
-  }
-  for (const JobMemoryStats& j : stats.jobs) alive += j.alive && j.job != kUnattributedJob ? 1 : 0;
-  report.check(alive == 0, "no job alive in the memory manager (" + std::to_string(alive) + ")");
-  report.check(allocated == 0, "nothing allocated at the end (" + mib(allocated) + ")");
-  report.check(lent == 0 && borrowed == 0,
-               "nothing lent or borrowed (" + mib(lent) + " lent, " + mib(borrowed) + " borrowed)");
-  const std::size_t trimmed = runtime.memory().trim();
-  stats = runtime.memory().stats();
-  std::size_t reserved = 0, mapped = 0;
-  for (const DeviceMemoryStats& d : stats.devices) {
-    reserved += d.reserved;
-    mapped += d.mapped;
-  }
-  report.check(reserved == 0 && mapped == 0 && stats.host_spill_bytes == 0,
-               "after trim (released " + mib(trimmed) + "): " + mib(reserved) + " reserved, " +
-                   mib(mapped) + " mapped, " + mib(stats.host_spill_bytes) + " host spill");
-  std::printf("memory manager job records at the end: %zu (retired ones included)\n",
-              stats.jobs.size());
-}
-
-void check_run(const Options& o, const std::vector<Sample>& samples, const HarvestMaxima& harvest,
-               Population& population, Report& report) {
-  const Counters& c = population.counters();
-  const Sample& last = samples.back();
-  std::printf(
-      "harvesting: %llu pages moved, %llu recalled; at most %s lent, %s borrowed from "
-      "peers, %s borrowed from the host at once (watched every 100 ms)\n",
-      static_cast<unsigned long long>(last.pages_moved),
-      static_cast<unsigned long long>(last.recalled_pages), mib(harvest.lent).c_str(),
-      mib(harvest.borrowed_peer).c_str(), mib(harvest.borrowed_host).c_str());
-  report.check(c.iterations.load() > 0, "iterations ran");
-  report.check(
-      last.pages_moved > 0 && harvest.lent > 0 && harvest.borrowed_peer > 0 &&
-          harvest.borrowed_host > 0,
-      "spilling happened (pages moved; pages lent, borrowed from peers and from the host)");
-  report.check(c.mismatches.load() == 0, "every block read back its stamps");
-  report.check(c.errors.load() == 0, "no unexplained errors");
-  for (const std::string& m : population.messages()) std::printf("    %s\n", m.c_str());
-  judge_series(o, samples, report);
-}
-
-// Spilling on, peer first then host, with devices small enough that it happens all the time.
-RuntimeOptions runtime_options(const Options& o) {
+// Small devices, so that pages move when spilling is on (peer first, then host).
+RuntimeOptions runtime_options(const Options& o, const Combo& combo) {
   RuntimeOptions options;
-  options.policy = o.policy;
+  options.policy = combo.policy;
   options.memory.device_limits.assign(kDevices, o.device_limit_mib * MiB);
-  options.memory.harvest.spill = SpillPolicy::peer_then_host;
+  options.memory.harvest.spill = combo.spill ? SpillPolicy::peer_then_host : SpillPolicy::none;
   options.memory.harvest.host_limit_bytes = o.host_limit_mib * MiB;
   options.memory.harvest.recall_wait = std::chrono::milliseconds(200);
   // One page kept back from lending (the default is an eighth of the device): quiet devices lend.
@@ -391,45 +102,141 @@ PopulationConfig population_config(const Options& o, std::uint64_t seed) {
   config.devices = kDevices;
   config.seed = seed;
   config.kernels = o.kernels;
+  config.stream_readers = o.stream_readers;
   config.max_iterations_per_job = o.max_iterations_per_job;
+  config.cancel_interval_max = std::chrono::milliseconds(o.cancel_interval_ms);
   config.simulate_hang_after = o.simulate_hang_after;
   return config;
 }
 
-int run(const Options& o) {
-  const std::uint64_t seed = o.seed.value_or(
-      static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+// The process's sampling: one CSV and one RSS series over every combination.
+struct Sampling {
+  Clock::time_point start = Clock::now();
+  std::FILE* csv = nullptr;
+  std::vector<Sample> samples;
+  [[nodiscard]] double now() const {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+};
+
+// Runs the actors of one combination for `seconds`, sampling; returns its samples.
+std::vector<Sample> run_and_sample(const Options& o, const Combo& combo, double seconds,
+                                   SoakShared& shared, Population& population, Heartbeat& main_beat,
+                                   HarvestMaxima& harvest, Sampling& sampling) {
+  std::vector<Sample> samples;
+  const auto start = Clock::now();
+  const auto end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto period = std::chrono::milliseconds(o.sample_ms);
+  auto next_sample = start + period;
+  population.start();
+  // Lending and borrowing come and go within a second: their maxima are watched every 100 ms.
+  for (auto tick = start;;) {
+    tick += std::chrono::milliseconds(100);
+    std::this_thread::sleep_until(std::min({tick, next_sample, end}));
+    main_beat.beat(Phase::working);
+    harvest.observe(shared.runtime);
+    const auto now = Clock::now();
+    if (now >= next_sample || now >= end) {
+      next_sample += period;
+      samples.push_back(take_sample(combo.name(), sampling.now(), shared.runtime, shared.counters,
+                                    population.live_jobs()));
+      sampling.samples.push_back(samples.back());
+      if (sampling.csv != nullptr) write_csv_row(sampling.csv, samples.back());
+    }
+    if (now >= end) break;
+  }
+  return samples;
+}
+
+// One combination, start to end, in a fresh runtime under its own watchdog.
+void run_combo(const Options& o, const Combo& combo, std::uint64_t seed, double seconds,
+               Sampling& sampling, Report& report) {
   std::printf(
-      "salus_soak: seed %llu, %.0f s, %d slots, policy %s, %zu MiB per device, host "
-      "spill limit %zu MiB, stuck after %.0f s\n",
-      static_cast<unsigned long long>(seed), o.seconds, o.slots, o.policy.c_str(),
-      o.device_limit_mib, o.host_limit_mib, o.stuck_seconds);
+      "\n=== %s: seed %llu, %.1f s (replay: salus_soak --combos %s --seconds %.1f --seed "
+      "%llu)\n",
+      combo.name().c_str(), static_cast<unsigned long long>(seed), seconds, combo.name().c_str(),
+      seconds, static_cast<unsigned long long>(seed));
   std::fflush(stdout);
+  report.prefix = o.combos.size() > 1 ? combo.name() : "";
+  std::snprintf(g_combo, sizeof g_combo, "%s (seed %llu)", combo.name().c_str(),
+                static_cast<unsigned long long>(seed));
   WatchdogOptions watch;
   watch.stuck = std::chrono::milliseconds(static_cast<std::int64_t>(o.stuck_seconds * 1000));
   watch.devices = kDevices;
   Watchdog watchdog(watch);
   Heartbeat& main_beat = watchdog.enroll("soak-main");
   watchdog.start();
-  Report report;
   {
     auto backend = make_sim_backend(SimConfig::nvlink_mesh(kDevices, 256 * MiB));
-    Runtime runtime(backend, runtime_options(o));
-    Population population(runtime, watchdog, population_config(o, seed));
+    Runtime runtime(backend, runtime_options(o, combo));
+    Counters counters;
+    ErrorLog log;
+    Holder holder(runtime, counters, log);
+    SoakShared shared{runtime, watchdog, counters, log, holder, combo.blocks_outlive_job};
+    Population population(shared, population_config(o, seed));
+    AllocationRace race(shared, {o.racers, kDevices, seed, std::chrono::milliseconds(30)});
     HarvestMaxima harvest;
-    const std::vector<Sample> samples = run_and_sample(o, runtime, population, main_beat, harvest);
+    holder.start(watchdog);
+    race.start();
+    const std::vector<Sample> samples =
+        run_and_sample(o, combo, seconds, shared, population, main_beat, harvest, sampling);
     watchdog.expect_system_progress(false);  // from here on, jobs only leave
     main_beat.beat(Phase::working);
-    population.stop(std::chrono::seconds(10));
+    // Jobs finish the iteration they are in; those that wait for a turn longer are cancelled.
+    population.stop(std::chrono::milliseconds(
+        static_cast<std::int64_t>(1000 * std::clamp(seconds / 5.0, 1.0, 10.0))));
+    race.stop();
+    holder.stop();
+    population.retire_streams();
+    race.retire_streams();
     main_beat.beat(Phase::working);
-    print_counters(population.counters());
-    check_run(o, samples, harvest, population, report);
-    check_memory_returned(runtime, report);
+    print_counters(counters);
+    const bool long_combo = seconds >= kLongCombo;
+    check_counters(counters, log, harvest, samples.back().pages_moved, combo.spill,
+                   combo.spill && long_combo, report);
+    if (o.combos.size() == 1) {
+      const double warmup = o.warmup_seconds.value_or(std::max(10.0, seconds / 4.0));
+      judge_series(samples,
+                   {warmup, o.rss_tolerance_mib, o.judge_rss, long_combo,
+                    (kDevices * o.device_limit_mib + o.host_limit_mib) * MiB},
+                   true, report);
+    }
+    check_memory_returned(runtime, o.device_limit_mib * MiB, report);
     main_beat.beat(Phase::working);
   }  // the runtime and the backend are destroyed here (the watchdog still watches)
   main_beat.beat(Phase::done);
   watchdog.stop();
-  std::printf("salus_soak: seed %llu: %s\n", static_cast<unsigned long long>(seed),
+}
+
+int run(const Options& o) {
+  const std::uint64_t seed = o.seed.value_or(
+      static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  const double per_combo = o.seconds / static_cast<double>(o.combos.size());
+  std::printf(
+      "salus_soak: seed %llu, %.0f s over %zu combination(s), %d slots, %d racers, %zu MiB per "
+      "device, host spill limit %zu MiB, stuck after %.0f s\n",
+      static_cast<unsigned long long>(seed), o.seconds, o.combos.size(), o.slots, o.racers,
+      o.device_limit_mib, o.host_limit_mib, o.stuck_seconds);
+  Sampling sampling;
+  if (!o.csv.empty()) {
+    sampling.csv = std::fopen(o.csv.c_str(), "w");
+    if (sampling.csv == nullptr) throw std::runtime_error("cannot write " + o.csv);
+    write_csv_header(sampling.csv);
+  }
+  Report report;
+  for (std::size_t i = 0; i < o.combos.size(); ++i) {
+    run_combo(o, o.combos[i], seed + i, per_combo, sampling, report);
+  }
+  if (sampling.csv != nullptr) std::fclose(sampling.csv);
+  if (o.combos.size() > 1) {
+    // The process's own memory over every combination (each had its own runtime).
+    report.prefix = "all combinations";
+    const double warmup = o.warmup_seconds.value_or(std::max(10.0, o.seconds / 4.0));
+    judge_series(sampling.samples, {warmup, o.rss_tolerance_mib, o.judge_rss, false, 0}, false,
+                 report);
+  }
+  std::printf("\nsalus_soak: seed %llu: %s\n", static_cast<unsigned long long>(seed),
               report.failures.empty() ? "PASSED" : "FAILED");
   for (const std::string& f : report.failures) std::printf("  failed: %s\n", f.c_str());
   return report.failures.empty() ? 0 : 1;
@@ -455,6 +262,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "salus_soak: %s\n", e.what());
     return 2;
   }
+  salus::soak::install_fault_report();
   try {
     return salus::soak::run(options);
   } catch (const std::exception& e) {
