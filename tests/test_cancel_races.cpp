@@ -15,6 +15,7 @@
 
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
+#include "support/memory_fixture.hpp"
 
 namespace salus::testing {
 namespace {
@@ -119,7 +120,9 @@ INSTANTIATE_TEST_SUITE_P(RuntimeCancelRaces, OrphanedBlock,
 // stream. Here the job's own block, used on its bound stream, is freed and taken again.
 TEST(RuntimeCancelRaces, HostConsumerNeverGetsMemoryWithWorkPendingOnAnotherStream) {
   auto backend = small_sim();
-  Runtime runtime(backend, fair());
+  RuntimeOptions options = fair();
+  options.host_compute = true;  // what salus::torch's CPU mode sets
+  Runtime runtime(backend, options);
   const StreamHandle bound = backend->create_stream(0, 0);
   Job a = runtime.add_job(job_spec("cpu"));
   runtime.bind_stream(0, bound, a.id());
@@ -215,6 +218,152 @@ TEST_P(RacingAllocations, ThatLoseToACancelLeakNothing) {
 
 INSTANTIATE_TEST_SUITE_P(RuntimeCancelRaces, RacingAllocations, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Outlive" : "Release"; });
+
+// --- the same races with real bytes, and the CPU consumer -------------------------------------
+
+constexpr std::size_t kBlock = 1 * MiB;
+
+struct Reader {
+  std::atomic<bool> ran{false};
+  std::atomic<bool> intact{false};
+};
+
+// Queues on `stream` a simulated kernel, then a host function that checks the pattern `seed` at
+// `ptr`: the reader stands for a kernel still reading the block when the host lets go of it.
+void queue_reader(DeviceBackend& backend, StreamHandle stream, DevicePtr ptr, std::uint64_t seed,
+                  Reader& reader) {
+  launch_sim_kernel(backend, stream, 0, 0.2);
+  backend.launch_host_func(stream, [ptr, seed, &reader] {
+    reader.intact = check_pattern(ptr, kBlock, seed);
+    reader.ran = true;
+  });
+}
+
+enum class SecondStream { lane, bound };
+
+struct OrphanCase {
+  bool blocks_outlive_job;
+  SecondStream where;
+  End ending;
+};
+
+std::string name_of(const ::testing::TestParamInfo<OrphanCase>& info) {
+  const OrphanCase& c = info.param;
+  return std::string(c.blocks_outlive_job ? "Outlive" : "Release") +
+         (c.where == SecondStream::lane ? "Lane" : "Bound") +
+         (c.ending == End::cancel ? "Cancel" : "Leave");
+}
+
+class OrphanedBlockBytes : public ::testing::TestWithParam<OrphanCase> {};
+
+// A persistent block made on one stream is read on a second stream of its job when the job ends;
+// then the holder frees it and another user reuses its address in stream order. The reader must
+// still see the job's bytes: the free waits for every stream the job used.
+TEST_P(OrphanedBlockBytes, AReaderQueuedOnTheJobsOtherStreamSeesItsBytes) {
+  const OrphanCase c = GetParam();
+  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  Runtime runtime(backend);
+  JobSpec spec{.name = "holder"};
+  spec.blocks_outlive_job = c.blocks_outlive_job;
+  Job job = runtime.add_job(spec);
+  const DevicePtr block = job.allocate(kBlock);  // persistent, on the device's default stream
+  fill_pattern(block, kBlock, 1);
+
+  Stream framework(backend, 0);
+  StreamHandle second = framework.handle();
+  if (c.where == SecondStream::bound) {
+    runtime.bind_stream(0, second, job.id());
+  } else {
+    second = job.begin_iteration();
+  }
+  Reader reader;
+  queue_reader(*backend, second, block, 1, reader);
+  if (c.where == SecondStream::lane) job.end_iteration();
+  end(job, c.ending);
+  if (c.blocks_outlive_job) runtime.deallocate(block);  // the holder lets go
+  // Another user takes the same address on the same stream and writes it in stream order.
+  const DevicePtr again = runtime.allocate(kBlock, 0, StreamHandle{});
+  ASSERT_EQ(again, block) << "the test needs the address reused";
+  backend->launch_host_func(StreamHandle{}, [again] { fill_pattern(again, kBlock, 2); });
+  backend->synchronize_stream(second);
+  backend->synchronize_stream(StreamHandle{});
+  ASSERT_TRUE(reader.ran);
+  EXPECT_TRUE(reader.intact) << "the new user's write landed before the old reader ran";
+  runtime.deallocate(again);
+  EXPECT_EQ(runtime.memory().device_stats(0).allocated, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RuntimeCancelRaces, OrphanedBlockBytes,
+    ::testing::Values(OrphanCase{true, SecondStream::lane, End::cancel},
+                      OrphanCase{true, SecondStream::lane, End::leave},
+                      OrphanCase{true, SecondStream::bound, End::cancel},
+                      OrphanCase{true, SecondStream::bound, End::leave},
+                      OrphanCase{false, SecondStream::lane, End::cancel},
+                      OrphanCase{false, SecondStream::bound, End::leave}),
+    name_of);
+
+// A CPU consumer gets memory with no work pending on it: a block freed on the host while a
+// kernel still reads it is handed to the next allocation only once that kernel is done.
+TEST(RuntimeCancelRaces, ACpuConsumerNeverGetsMemoryQueuedWorkStillReads) {
+  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  Runtime runtime(backend, {.host_compute = true});
+  Job job = runtime.add_job({.name = "cpu"});
+  auto it = job.iteration();
+  const DevicePtr block = job.allocate(kBlock);
+  fill_pattern(block, kBlock, 3);
+  Reader reader;
+  queue_reader(*backend, it.stream(), block, 3, reader);
+  job.deallocate(block);  // freed on the host at once, as a tensor going out of scope
+  const DevicePtr again = job.allocate(kBlock);
+  ASSERT_EQ(again, block) << "the test needs the address reused";
+  EXPECT_TRUE(reader.ran) << "handed to the host while a kernel still reads it";
+  fill_pattern(again, kBlock, 4);  // the CPU consumer writes at once
+  backend->synchronize_stream(it.stream());
+  EXPECT_TRUE(reader.intact);
+  job.deallocate(again);
+}
+
+// ... also when the block's last reader ran on another stream (record_stream).
+TEST(RuntimeCancelRaces, ACpuConsumerWaitsForOtherStreamsRecordedOnTheBlock) {
+  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  Runtime runtime(backend, {.host_compute = true});
+  Stream other(backend, 0);
+  const DevicePtr block = runtime.allocate(kBlock, 0, StreamHandle{});
+  fill_pattern(block, kBlock, 5);
+  Reader reader;
+  queue_reader(*backend, other.handle(), block, 5, reader);
+  runtime.record_stream(block, other.handle());
+  runtime.deallocate(block);
+  const DevicePtr again = runtime.allocate(kBlock, 0, StreamHandle{});
+  ASSERT_EQ(again, block);
+  EXPECT_TRUE(reader.ran);
+  fill_pattern(again, kBlock, 6);
+  other.synchronize();
+  EXPECT_TRUE(reader.intact);
+  runtime.deallocate(again);
+}
+
+// Compute on the job's own thread is its device time: fair and the statistics see the work.
+TEST(RuntimeCancelRaces, AnIterationsHostTimeCountsAsItsDeviceTime) {
+  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  Runtime runtime(backend);
+  runtime.set_host_compute(true);
+  Job job = runtime.add_job({.name = "cpu"});
+  for (int i = 0; i < 3; ++i) {
+    auto it = job.iteration();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const JobStats s = job.stats();
+  EXPECT_GE(s.attained_seconds, 0.055);
+  EXPECT_GE(s.iteration_seconds, 0.018);
+  runtime.set_host_compute(false);
+  {
+    auto it = job.iteration();  // now timed on the stream, which ran nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_LT(job.stats().attained_seconds, s.attained_seconds + 0.015);
+}
 
 }  // namespace
 }  // namespace salus::testing

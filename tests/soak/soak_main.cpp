@@ -87,6 +87,9 @@ void install_fault_report() {
 RuntimeOptions runtime_options(const Options& o, const Combo& combo) {
   RuntimeOptions options;
   options.policy = combo.policy;
+  // The soak's jobs write and read their blocks on the host as soon as they have them, as
+  // PyTorch's CPU tensors over a simulated GPU do: they are CPU consumers.
+  options.host_compute = true;
   options.memory.device_limits.assign(kDevices, o.device_limit_mib * MiB);
   options.memory.harvest.spill = combo.spill ? SpillPolicy::peer_then_host : SpillPolicy::none;
   options.memory.harvest.host_limit_bytes = o.host_limit_mib * MiB;
