@@ -118,6 +118,8 @@ class SALUS_API Job {
   // Memory owned by this job. Inside an iteration it is ephemeral unless asked otherwise;
   // outside, persistent. Ephemeral blocks that survive an iteration become persistent.
   [[nodiscard]] DevicePtr allocate(std::size_t bytes, std::optional<Lifetime> lifetime = {});
+  // After the job left or was cancelled, its blocks' holders may still free them here when they
+  // outlive it (JobSpec::blocks_outlive_job); otherwise that throws as other calls do.
   void deallocate(DevicePtr ptr);
 
   // The job is done: frees everything it holds and lets others in. Idempotent.

@@ -464,21 +464,35 @@ void DeviceScheduler::rethrow_if_finished(const JobRecordState& job) const {
 
 void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr,
                                  MemoryManager::FreeCheck check) {
-  rethrow_if_finished(job);
-  MemoryManager::FreedBlockInfo freed;
-  try {
-    // The owner is checked where the block is freed, under the lock that frees it: a cancel from
-    // another thread may have freed the job's blocks, and another job reused the address.
-    check.job = job.id;
-    freed = memory_->deallocate(ptr, check);
-  } catch (const InvalidArgument&) {
-    rethrow_if_finished(job);  // a JobCancelled says more than "not this job's block"
-    throw;
+  if (!holder_frees(job)) {
+    try {
+      // The owner is checked where the block is freed, under the lock that frees it: a cancel
+      // from another thread may have freed the job's blocks, and another job reused the address.
+      check.job = job.id;
+      const MemoryManager::FreedBlockInfo freed = memory_->deallocate(ptr, check);
+      if (freed.lifetime == Lifetime::ephemeral) {
+        std::lock_guard lock(mu_);
+        note_memory(job, -static_cast<std::ptrdiff_t>(freed.bytes));
+      }
+      return;
+    } catch (const InvalidArgument&) {
+      // The job may have ended meanwhile and handed the block to nobody (then it is still the
+      // holder's to free, below); else a JobCancelled says more than "not this job's block".
+      if (!holder_frees(job)) throw;
+    }
   }
-  if (freed.lifetime == Lifetime::ephemeral) {
-    std::lock_guard lock(mu_);
-    note_memory(job, -static_cast<std::ptrdiff_t>(freed.bytes));
-  }
+  // Its blocks outlived it and are still its holders' to free: refusing would leak them. No
+  // address of such a block is reused while it is held, so `ptr` is still the holder's.
+  check.job.reset();
+  (void)memory_->deallocate(ptr, check);
+}
+
+bool DeviceScheduler::holder_frees(const JobRecordState& job) const {
+  std::lock_guard lock(mu_);
+  const bool ended = job.state == JobState::cancelled || job.state == JobState::left;
+  if (ended && job.spec.blocks_outlive_job) return true;
+  check_usable(job, "free");
+  return false;
 }
 
 void DeviceScheduler::note_free(const MemoryManager::FreedBlockInfo& freed) {

@@ -123,6 +123,10 @@ class DeviceScheduler {
   // With mu_ held: check_usable, and the job must be inside an iteration.
   void check_running(const JobRecordState& job, const char* what) const;
   void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
+  // Takes mu_: true when the job ended and its blocks outlive it (JobSpec::blocks_outlive_job),
+  // so that their holders free them; false while the job may free its own; throws as
+  // check_usable when it ended otherwise. One decision under one lock: no end slips between.
+  [[nodiscard]] bool holder_frees(const JobRecordState& job) const;
   // With mu_ held (by `lock`): waits until the core starts the job, or it is cancelled; a waiter
   // also watches the clock for a decision that asked to be made again later.
   void wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock);
