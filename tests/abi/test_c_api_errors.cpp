@@ -8,14 +8,6 @@
 
 namespace {
 
-// The call's status, and its message containing `needle`.
-#define EXPECT_STATUS(call, status, needle)                                      \
-  do {                                                                           \
-    EXPECT_EQ((call), (status)) << #call;                                        \
-    EXPECT_NE(std::string(salus_last_error()).find(needle), std::string::npos)   \
-        << #call << " said: " << salus_last_error();                             \
-  } while (0)
-
 TEST_F(CApi, NullArgumentsAreNamed) {
   void* p = nullptr;
   uint32_t job = 0;
