@@ -123,6 +123,8 @@ typedef enum salus_spill_policy {
   SALUS_SPILL_FORCE_INT = 0x7fffffff
 } salus_spill_policy;
 
+/* The most simulated GPUs a runtime holds (salus::kMaxSimDevices). */
+#define SALUS_MAX_SIM_DEVICES 1024
 /* "Not set": the library's default applies. */
 #define SALUS_DEFAULT_SIZE ((size_t)-1)
 #define SALUS_MAX_DEVICE_LIMITS 16
@@ -131,7 +133,8 @@ typedef struct salus_runtime_options {
   size_t struct_size;
   salus_backend_kind backend;
   /* Simulated backend (and AUTO without a GPU). */
-  int sim_device_count;           /* default 1; SALUS_SIM_TWO_ISLANDS needs an even count */
+  int sim_device_count; /* default 1, at most SALUS_MAX_SIM_DEVICES; SALUS_SIM_TWO_ISLANDS needs
+                           an even count */
   size_t sim_device_memory_bytes; /* default 1 GiB */
   salus_sim_topology sim_topology;
   /* Scheduling: "fifo", "srtf", "fair" (default), "pack", "priority", "memory_aware". */
