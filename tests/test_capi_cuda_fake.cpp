@@ -127,6 +127,31 @@ TEST_F(CApiCudaFake, HandlesThatAreNoStreamOrAnotherDevicesAreRefused) {
   EXPECT_EQ(salus_trim(runtime_, nullptr), SALUS_OK) << salus_last_error();
 }
 
+// On CUDA the driver says what a handle is: one that is no CUstream, or another device's, is not
+// retired as a no-op but refused; the framework's own streams still retire.
+TEST_F(CApiCudaFake, RetiringAHandleThatIsNoStreamIsRefused) {
+  void* bogus = reinterpret_cast<void*>(std::uintptr_t{0xdeadbeef});
+  EXPECT_EQ(salus_stream_retire(runtime_, 0, bogus), SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("0xdeadbeef"), std::string::npos)
+      << salus_last_error();
+  void* on1 = framework_stream(1);
+  EXPECT_EQ(salus_stream_retire(runtime_, 0, on1), SALUS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(salus_last_error()).find("device 1"), std::string::npos)
+      << salus_last_error();
+  EXPECT_EQ(salus_stream_retire(runtime_, 1, on1), SALUS_OK) << salus_last_error();
+
+  void* framework = framework_stream(0);
+  void* p = nullptr;
+  ASSERT_EQ(salus_allocate(runtime_, MiB, 0, framework, SALUS_JOB_AUTO, SALUS_PERSISTENT, &p),
+            SALUS_OK)
+      << salus_last_error();
+  EXPECT_EQ(device_stats(0).stream_heaps, 1u);
+  EXPECT_EQ(salus_stream_retire(runtime_, 0, framework), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(salus_deallocate(runtime_, p, MiB, 0), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(device_stats(0).allocated, 0u);
+  EXPECT_TRUE(fake_->violations().empty()) << fake_->violations().front();
+}
+
 TEST_F(CApiCudaFake, AttributionOnCuStreams) {
   const uint32_t a = add_job("a");
   const uint32_t b = add_job("b");

@@ -192,7 +192,13 @@ TEST_F(FrameworkStreams, ABogusHandleIsRefusedAtFirstUseAndChangesNothing) {
   const DevicePtr on1 = alloc(kBlock, 1, job, Lifetime::persistent, other);
   memory->deallocate(on1);
   EXPECT_THROW(memory->retire_stream(0, StreamHandle{0}), InvalidArgument);
-  EXPECT_NO_THROW(memory->retire_stream(0, bogus)) << "no heap: a no-op";
+  // Retiring is refused too for what is no stream of the device (it used to be a no-op).
+  expect_refused([&] { memory->retire_stream(0, bogus); }, {"0x1234", "device 0"});
+  expect_refused([&] { memory->retire_stream(0, gone); }, {"device 0"});
+  expect_refused([&] { memory->retire_stream(0, other); }, {"device 1", "device 0"});
+  EXPECT_EQ(memory->device_stats(1).stream_heaps, 1u) << "the refused retire changed nothing";
+  const StreamHandle unused = outside_stream();
+  EXPECT_NO_THROW(retire_and_destroy(0, unused)) << "a live stream with no heap: a no-op";
   retire_and_destroy(1, other);
   d = memory->device_stats(0);
   EXPECT_EQ(d.allocated, 0u);

@@ -28,6 +28,8 @@ TEST(PublicHeaders, SalusHppBringsTheWholeCppApi) {
   // salus/job_id.hpp
   EXPECT_EQ(std::hash<salus::JobId>{}(salus::kUnattributedJob),
             std::hash<salus::JobId>{}(salus::JobId{0}));
+  // salus/log.hpp
+  EXPECT_EQ(salus::parse_log_level(salus::to_string(salus::LogLevel::warn)), salus::LogLevel::warn);
   // salus/memory.hpp
   EXPECT_STREQ(salus::to_string(salus::Lifetime::ephemeral), "ephemeral");
   // salus/runtime.hpp

@@ -1,5 +1,6 @@
 // Tests of the simulated-GPU backend: config, memory (chunks, mapping, access, remap), streams,
 // events, copies (throttled too), topology, shutdown and concurrency.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <latch>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -102,6 +104,24 @@ TEST(SimConfig, RejectsInconsistentConfigs) {
   auto self = small_config();
   self.links.push_back({1, 1});
   expect_throw_with<InvalidArgument>([&] { (void)make_sim_backend(self); }, "self-link");
+}
+
+// One cap on the count, shared with the C ABI (SALUS_MAX_SIM_DEVICES) and Python; a count of
+// billions (a size given as a count) is refused before a device is made, not after minutes.
+TEST(SimConfig, RefusesMoreDevicesThanTheCap) {
+  EXPECT_EQ(SimConfig::uniform(kMaxSimDevices, MiB).devices.size(),
+            static_cast<std::size_t>(kMaxSimDevices));
+  for (int count : {kMaxSimDevices + 1, std::numeric_limits<int>::max()}) {
+    expect_throw_with<InvalidArgument>([&] { (void)SimConfig::uniform(count); },
+                                       fmt::format("{} devices; at most 1024", count));
+    expect_throw_with<InvalidArgument>([&] { (void)SimConfig::nvlink_mesh(count); }, "at most");
+    expect_throw_with<InvalidArgument>([&] { (void)SimConfig::pcie_only(count); }, "at most");
+  }
+  expect_throw_with<InvalidArgument>([&] { (void)SimConfig::two_islands(kMaxSimDevices); },
+                                     "2048 devices");
+  SimConfig many = SimConfig::uniform(kMaxSimDevices, 2 * MiB);
+  many.devices.push_back(many.devices.back());
+  expect_throw_with<InvalidArgument>([&] { (void)make_sim_backend(many); }, "1025 devices");
 }
 
 TEST(SimTopology, PresetsDescribeTheirLinks) {

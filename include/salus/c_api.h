@@ -62,6 +62,39 @@ SALUS_API const char* salus_last_error(void);
 /* "SALUS_OK", "SALUS_ERROR_OUT_OF_MEMORY", ... */
 SALUS_API const char* salus_status_name(salus_status status);
 
+/* ---- Logging --------------------------------------------------------------------------------- */
+
+/* Salus writes its messages (memory still live at shutdown, a driver call that failed...) to
+ * standard error, never to standard output, or to the callback installed below. The level starts
+ * from the environment variable SALUS_LOG_LEVEL (trace, debug, info, warn, error, critical or
+ * off; any case), else SALUS_LOG_WARN: a library speaks only when something needs its user's
+ * attention. An unknown SALUS_LOG_LEVEL is reported on standard error and the default applies.
+ * Salus never touches spdlog's default logger, which belongs to the program. */
+typedef enum salus_log_level {
+  SALUS_LOG_TRACE = 0,
+  SALUS_LOG_DEBUG = 1,
+  SALUS_LOG_INFO = 2,
+  SALUS_LOG_WARN = 3,
+  SALUS_LOG_ERROR = 4,
+  SALUS_LOG_CRITICAL = 5,
+  SALUS_LOG_OFF = 6, /* as a level to set: nothing is logged */
+  SALUS_LOG_LEVEL_FORCE_INT = 0x7fffffff
+} salus_log_level;
+
+/* Messages below `level` are dropped. Overrides SALUS_LOG_LEVEL. */
+SALUS_API salus_status salus_set_log_level(salus_log_level level);
+SALUS_API salus_status salus_get_log_level(salus_log_level* out);
+
+/* Receives each message that passes the level, instead of standard error: its level, its text
+ * (NUL-terminated, valid during the call; no time stamp or "salus" prefix) and `user_data`. It is
+ * called on the thread that logs, which may hold Salus's internal locks or be a stream's worker
+ * thread: it must return quickly and must not call any salus_* function. One message at a time
+ * reaches it. */
+typedef void (*salus_log_callback)(salus_log_level level, const char* message, void* user_data);
+/* Installs `callback` (NULL: standard error again). When it returns, the previous callback is
+ * not running and is never called again. */
+SALUS_API salus_status salus_set_log_callback(salus_log_callback callback, void* user_data);
+
 /* ---- Runtimes --------------------------------------------------------------------------------- */
 
 typedef struct salus_runtime salus_runtime;
@@ -90,6 +123,8 @@ typedef enum salus_spill_policy {
   SALUS_SPILL_FORCE_INT = 0x7fffffff
 } salus_spill_policy;
 
+/* The most simulated GPUs a runtime holds (salus::kMaxSimDevices). */
+#define SALUS_MAX_SIM_DEVICES 1024
 /* "Not set": the library's default applies. */
 #define SALUS_DEFAULT_SIZE ((size_t)-1)
 #define SALUS_MAX_DEVICE_LIMITS 16
@@ -98,7 +133,8 @@ typedef struct salus_runtime_options {
   size_t struct_size;
   salus_backend_kind backend;
   /* Simulated backend (and AUTO without a GPU). */
-  int sim_device_count;           /* default 1; SALUS_SIM_TWO_ISLANDS needs an even count */
+  int sim_device_count; /* default 1, at most SALUS_MAX_SIM_DEVICES; SALUS_SIM_TWO_ISLANDS needs
+                           an even count */
   size_t sim_device_memory_bytes; /* default 1 GiB */
   salus_sim_topology sim_topology;
   /* Scheduling: "fifo", "srtf", "fair" (default), "pack", "priority", "memory_aware". */

@@ -276,8 +276,9 @@ class SALUS_API MemoryManager {
   // device behind that fence; its live blocks stay valid and may be freed later (their reuse then
   // waits for the fence). Nothing is recorded on the stream afterwards. Once its last block is
   // freed, its address ranges serve the next new stream on the device, so streams may come and
-  // go forever. A stream with no heap here is a no-op; stream 0 (the default stream) throws
-  // InvalidArgument.
+  // go forever. A live stream of `device` with no heap here is a no-op. Stream 0 (the default
+  // stream), a handle that is no live stream, and another device's stream throw InvalidArgument
+  // naming the handle; nothing changes then.
   void retire_stream(int device, StreamHandle stream);
 
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr) const;

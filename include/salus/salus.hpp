@@ -7,6 +7,7 @@
 #include "salus/error.hpp"
 #include "salus/export.hpp"
 #include "salus/job_id.hpp"
+#include "salus/log.hpp"
 #include "salus/memory.hpp"
 #include "salus/runtime.hpp"
 #include "salus/scheduler.hpp"

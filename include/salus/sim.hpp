@@ -20,6 +20,11 @@ inline constexpr std::size_t KiB = std::size_t{1} << 10;
 inline constexpr std::size_t MiB = std::size_t{1} << 20;
 inline constexpr std::size_t GiB = std::size_t{1} << 30;
 
+// The most simulated GPUs one backend holds (SALUS_MAX_SIM_DEVICES in c_api.h, MAX_SIM_DEVICES
+// in Python). Each is a memfd and a stream thread or more; far more than a machine has GPUs, and
+// a count past it is a mistake (a size or an id given as a count), refused before any is made.
+inline constexpr int kMaxSimDevices = 1024;
+
 struct SimDeviceConfig {
   std::string name = "Salus simulated GPU";
   std::size_t memory_bytes = 1 * GiB;
@@ -49,6 +54,7 @@ struct SALUS_API SimConfig {
   // How simulated kernels running at once on one device share it; null: processor_sharing.
   std::shared_ptr<const ContentionModel> contention;
 
+  // The presets throw InvalidArgument for a count above kMaxSimDevices.
   // `count` identical devices with no peer links.
   static SimConfig uniform(int count, std::size_t memory_bytes = 1 * GiB);
   // `count` devices, every pair linked by NVLink.
@@ -60,8 +66,9 @@ struct SALUS_API SimConfig {
   static SimConfig pcie_only(int count, std::size_t memory_bytes = 1 * GiB);
 };
 
-// Throws InvalidArgument when the configuration is inconsistent (no devices, granularity not a
-// power of two multiple of the OS page, a link naming an unknown device...).
+// Throws InvalidArgument when the configuration is inconsistent (no devices or more than
+// kMaxSimDevices, granularity not a power of two multiple of the OS page, a link naming an unknown
+// device...).
 [[nodiscard]] SALUS_API std::shared_ptr<DeviceBackend> make_sim_backend(SimConfig config);
 
 // Enqueues on `stream` (0: `device`'s default stream) a simulated kernel: it takes `seconds` of

@@ -16,6 +16,7 @@ Several jobs (training loops, trials, inference models) share each GPU at iterat
 from __future__ import annotations
 
 from . import errors, policies
+from ._logging import LOG_LEVELS, log_level, set_log_level
 from ._runtime import (
     ClassBytes,
     DeviceStats,
@@ -24,6 +25,7 @@ from ._runtime import (
     JobLimits,
     JobMemory,
     JobStats,
+    MAX_SIM_DEVICES,
     MemoryHints,
     Runtime,
     default_runtime,
@@ -48,4 +50,5 @@ __all__ = [
     "MemoryHints", "Runtime", "default_runtime", "parse_size", "cuda_available", "errors",
     "policies", "DeviceError", "Error", "InvalidArgument", "JobCancelled", "NotSupported",
     "OutOfMemory", "UnknownJob", "JobView", "Policy", "register_policy", "unregister_policy",
+    "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES",
 ]

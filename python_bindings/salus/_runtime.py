@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -10,53 +9,34 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _salus
 from . import torch as salus_torch  # the PyTorch glue's hooks (importing it does not import torch)
+from ._checks import (
+    INT_MAX,
+    INT_MIN,
+    SIZE_MAX,
+    UINT64_MAX,
+    Size,
+    check_int,
+    check_items,
+    check_number,
+    check_str,
+    parse_size,
+)
 from .errors import InvalidArgument
 from .policies import registered_policies
 
-Size = Union[int, str]
-
-_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
-          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_UNLIMITED = (1 << 64) - 1
+_UNLIMITED = SIZE_MAX
+# Simulated GPUs one runtime holds at most (salus::kMaxSimDevices, SALUS_MAX_SIM_DEVICES in C).
+MAX_SIM_DEVICES: int = _salus.MAX_SIM_DEVICES
 
 
-def parse_size(value: Size, what: str) -> int:
-    """Bytes from an int or a string such as "512MiB" or "4 GiB"."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{what} must be a number of bytes or a string like '4GiB', "
-                        f"not {type(value).__name__}")
-    if isinstance(value, int):
-        if value < 0:
-            raise InvalidArgument(f"{what} must not be negative (got {value})")
-        return value
-    match = _SIZE.match(value)
-    unit = match.group(2).upper() if match else None
-    if match is None or unit not in _UNITS:
-        raise InvalidArgument(f"{what}: cannot read {value!r} as a size (say 512MiB, 4GiB, ...)")
-    return int(float(match.group(1)) * _UNITS[unit])
+def _check_device(value: Any, what: str = "device") -> int:
+    """A device index: the runtime says whether that device exists."""
+    return check_int(value, what, 0, INT_MAX)
 
 
-def _check_int(value: Any, what: str, low: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    if low is not None and value < low:
-        raise InvalidArgument(f"{what} must be at least {low} (got {value})")
-    return value
-
-
-def _check_float(value: Any, what: str) -> float:
-    """Only the type: the runtime checks the range itself, naming what was wrong."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number, not {type(value).__name__}")
-    return float(value)
-
-
-def _check_str(value: Any, what: str) -> str:
-    """Only the type: the runtime refuses unknown names itself, listing the known ones."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string, not {type(value).__name__}")
-    return value
+def _check_address(value: Any, what: str) -> int:
+    """A pointer or a native stream handle (uintptr_t)."""
+    return check_int(value, what, 0, UINT64_MAX)
 
 
 @dataclass(frozen=True)
@@ -160,23 +140,38 @@ class Runtime:
                  lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
                  device_limits: Optional[Sequence[Size]] = None,
                  contention: str = "processor_sharing") -> None:
-        _check_str(backend, "backend")
-        _check_int(devices, "devices", 1)
-        _check_str(topology, "topology")
-        _check_str(spill, "spill")
-        _check_str(contention, "contention")
+        check_str(backend, "backend")
+        check_int(devices, "devices", 1, MAX_SIM_DEVICES)
+        check_str(topology, "topology")
+        check_str(spill, "spill")
+        check_str(contention, "contention")
         if not isinstance(policy, str):
             raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
-        limits = [parse_size(v, f"device_limits[{i}]") for i, v in enumerate(device_limits or [])]
+        limits = [parse_size(v, f"device_limits[{i}]")
+                  for i, v in enumerate(check_items(device_limits or [], "device_limits"))]
+        reserve = None if lend_reserve is None else parse_size(lend_reserve, "lend_reserve")
         python_policies = list(registered_policies().items())
         self._impl = _salus.Runtime(
             backend=backend, devices=devices, memory=parse_size(memory, "memory"),
-            topology=topology, policy=policy, spill=spill,
-            lend_reserve=None if lend_reserve is None else parse_size(lend_reserve, "lend_reserve"),
+            topology=topology, policy=policy, spill=spill, lend_reserve=reserve,
             host_limit=None if host_limit is None else parse_size(host_limit, "host_limit"),
             device_limits=limits, python_policies=python_policies, contention=contention)
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
+        if reserve is not None:
+            self._check_lend_reserve(reserve)
+
+    def _check_lend_reserve(self, reserve: int) -> None:
+        """A device keeps ``reserve`` bytes for itself: more than it has is a mistake (a unit),
+        not a wish never to lend. Checked once the runtime knows its devices' limits (a GPU's
+        comes from the driver); refused, the runtime is closed again."""
+        for device in range(self.device_count):
+            limit = int(self._impl.device_stats(device)["limit"])
+            if reserve > limit:
+                self._impl.close()
+                raise InvalidArgument(
+                    f"lend_reserve of {reserve} bytes is more than device {device} holds "
+                    f"({limit} bytes)")
 
     @classmethod
     def _wrap(cls, impl: Any) -> "Runtime":
@@ -231,14 +226,13 @@ class Runtime:
         under a thread still computing after a cancel)."""
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a job name must be a non-empty string, not {name!r}")
-        _check_str(kind, "job kind")
-        _check_int(priority, "priority")
-        _check_int(device, "device", 0)
-        _check_int(expected_iterations, "expected_iterations", 0)
+        check_str(kind, "job kind")
+        check_int(priority, "priority", INT_MIN, INT_MAX)
+        _check_device(device)
+        check_int(expected_iterations, "expected_iterations", 0, UINT64_MAX)
         h = _coerce(hints, MemoryHints, "hints")
         lim = _coerce(limits, JobLimits, "limits")
-        if h.iteration_seconds < 0:
-            raise InvalidArgument("hints.iteration_seconds must not be negative")
+        seconds = check_number(h.iteration_seconds, "hints.iteration_seconds", 0.0)
 
         def limit(v: Optional[Size], what: str) -> int:
             return _UNLIMITED if v is None else parse_size(v, what)
@@ -248,7 +242,7 @@ class Runtime:
             expected_iterations=expected_iterations,
             hint_persistent=parse_size(h.persistent, "hints.persistent"),
             hint_ephemeral=parse_size(h.ephemeral_peak, "hints.ephemeral_peak"),
-            hint_seconds=float(h.iteration_seconds),
+            hint_seconds=seconds,
             limit_total=limit(lim.total, "limits.total"),
             limit_persistent=limit(lim.persistent, "limits.persistent"),
             limit_ephemeral=limit(lim.ephemeral, "limits.ephemeral"),
@@ -263,7 +257,7 @@ class Runtime:
         return [_job_stats(s) for s in self._impl.job_stats()]
 
     def device_stats(self, device: int = 0) -> DeviceStats:
-        _check_int(device, "device", 0)
+        _check_device(device)
         return DeviceStats(**self._impl.device_stats(device))
 
     def trace_json(self) -> str:
@@ -284,15 +278,16 @@ class Runtime:
         ``seconds`` of GPU time alone and keeps ``occupancy`` (in (0, 1]) of the GPU busy.
         Kernels of streams that run at once share the GPU as the ``contention`` model says. Only
         on the sim backend (InvalidArgument elsewhere)."""
-        _check_int(stream, "stream", 0)
-        _check_int(device, "device", 0)
-        self._impl.sim_kernel(stream=stream, seconds=_check_float(seconds, "seconds"),
-                              occupancy=_check_float(occupancy, "occupancy"), device=device)
+        _check_address(stream, "stream")
+        _check_device(device)
+        # The runtime checks the ranges (occupancy in (0, 1]) and names what was wrong.
+        self._impl.sim_kernel(stream=stream, seconds=check_number(seconds, "seconds"),
+                              occupancy=check_number(occupancy, "occupancy"), device=device)
 
     def synchronize(self, stream: int) -> None:
         """Blocks (without the GIL) until the work enqueued on ``stream`` so far has finished,
         as ``torch.cuda.Stream.synchronize`` does. ``stream`` 0 is device 0's default stream."""
-        _check_int(stream, "stream", 0)
+        _check_address(stream, "stream")
         self._impl.synchronize(stream=stream)
 
     def device_activity(self, device: int = 0) -> dict[str, float]:
@@ -300,23 +295,24 @@ class Runtime:
         running), ``utilization_seconds`` (busy share of the GPU integrated over time),
         ``work_seconds`` (seconds * occupancy of completed kernels) and ``kernels`` (completed
         ones). Only on the sim backend."""
-        _check_int(device, "device", 0)
+        _check_device(device)
         return dict(self._impl.device_activity(device))
 
     # --- raw memory (tests, frameworks without salus.torch) ---
     def allocate(self, nbytes: Size, *, device: int = 0, stream: int = 0,
                  job: Optional["Job"] = None, lifetime: Optional[str] = None) -> int:
         """Device memory: returns its address. Attribution as Runtime::allocate in C++."""
-        _check_int(device, "device", 0)
-        _check_int(stream, "stream", 0)
+        _check_device(device)
+        _check_address(stream, "stream")
         if lifetime is not None:
-            _check_str(lifetime, "lifetime")
+            check_str(lifetime, "lifetime")
         return int(self._impl.allocate(bytes=parse_size(nbytes, "nbytes"), device=device,
                                        stream=stream, job=0 if job is None else job.id,
                                        lifetime=lifetime))
 
     def deallocate(self, ptr: int, nbytes: Size = 0, *, device: int = 0) -> None:
-        _check_int(ptr, "ptr", 0)
+        _check_address(ptr, "ptr")
+        _check_device(device)
         self._impl.deallocate(ptr=ptr, bytes=parse_size(nbytes, "nbytes"), device=device)
 
     def _capsule(self) -> Any:
@@ -470,11 +466,11 @@ class Job:
 
     def allocate(self, nbytes: Size, lifetime: Optional[str] = None) -> int:
         if lifetime is not None:
-            _check_str(lifetime, "lifetime")
+            check_str(lifetime, "lifetime")
         return int(self._impl.allocate(parse_size(nbytes, "nbytes"), lifetime))
 
     def deallocate(self, ptr: int) -> None:
-        _check_int(ptr, "ptr", 0)
+        _check_address(ptr, "ptr")
         self._impl.deallocate(ptr)
 
     def __enter__(self) -> "Job":

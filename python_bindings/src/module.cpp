@@ -16,6 +16,7 @@
 
 #include "salus/cuda.hpp"
 #include "salus/error.hpp"
+#include "salus/log.hpp"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 #include "bindings.hpp"
@@ -512,6 +513,18 @@ PYBIND11_MODULE(_salus, m) {
   salus::python::bind_job(m);
   salus::python::bind_simulation(m);
   m.def("cuda_available", [] { return salus::cuda_available(); });
+  m.attr("MAX_SIM_DEVICES") = salus::kMaxSimDevices;
+  // No sink here: see salus/_logging.py for why Python gets no callback.
+  m.def("set_log_level", [](const std::string& level) {
+    const std::optional<salus::LogLevel> parsed = salus::parse_log_level(level);
+    if (!parsed) {
+      throw salus::InvalidArgument("set_log_level: level '" + level +
+                                   "' is no log level (trace, debug, info, warn, error, "
+                                   "critical or off)");
+    }
+    salus::set_log_level(*parsed);
+  });
+  m.def("log_level", [] { return std::string(salus::to_string(salus::log_level())); });
   m.def("default_runtime", [] {
     std::shared_ptr<salus::Runtime> runtime;
     {

@@ -72,7 +72,9 @@ void require_struct_size(std::size_t given, std::size_t expected, const char* ty
 // The int a C caller stored in an enum field or argument. The C ABI's enums take any int (see
 // c_api.h), but in C++ an enum whose enumerators are all >= 0 cannot hold a negative value:
 // reading one as the enum is undefined (UBSan's -fsanitize=enum; found by fuzz_runtime_options).
-// So the C ABI reads its enums' bytes as an int and compares ints.
+// So the C ABI reads its enums' bytes as an int and compares ints. An enum argument passed by
+// value is read so first thing, before a lambda or a function takes it: each copy of it as the
+// enum is such a read.
 template <class Enum>
 int enum_value(const Enum& field) noexcept {
   static_assert(sizeof(Enum) == sizeof(int));

@@ -12,8 +12,8 @@ using salus::capi::stream_of;
 
 namespace {
 
-std::optional<salus::Lifetime> lifetime_of(salus_lifetime given) {
-  const int lifetime = salus::capi::enum_value(given);
+// `lifetime` is the int the caller passed (see salus_allocate).
+std::optional<salus::Lifetime> lifetime_of(int lifetime) {
   switch (lifetime) {
     case SALUS_PERSISTENT: return salus::Lifetime::persistent;
     case SALUS_EPHEMERAL: return salus::Lifetime::ephemeral;
@@ -56,10 +56,13 @@ extern "C" {
 
 salus_status salus_allocate(salus_runtime* runtime, size_t size, int device, void* stream,
                             uint32_t job, salus_lifetime lifetime, void** out) {
+  // Read as an int before anything copies it as the enum (the lambda's use of a captured
+  // `lifetime` would): an out-of-range value must not be held as one (see enum_value).
+  const int lifetime_value = salus::capi::enum_value(lifetime);
   return guarded([&] {
     require(runtime, "salus_allocate: runtime");
     require(out, "salus_allocate: out");
-    const auto life = lifetime_of(lifetime);
+    const auto life = lifetime_of(lifetime_value);
     try {
       const salus::DevicePtr ptr =
           runtime->runtime->allocate(size, device, stream_of(stream), salus::JobId{job}, life);

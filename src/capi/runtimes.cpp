@@ -37,10 +37,13 @@ std::shared_ptr<salus::Job> salus_runtime::job(std::uint32_t id) const {
 
 namespace {
 
+static_assert(SALUS_MAX_SIM_DEVICES == salus::kMaxSimDevices);
+
 salus::SimConfig sim_config(const salus_runtime_options& o) {
   const int n = o.sim_device_count;
-  if (n <= 0 || n > 1024) {
-    throw salus::InvalidArgument(fmt::format("sim_device_count is {}; it must be 1..1024", n));
+  if (n <= 0 || n > SALUS_MAX_SIM_DEVICES) {
+    throw salus::InvalidArgument(fmt::format("sim_device_count is {}; it must be 1..{}", n,
+                                             SALUS_MAX_SIM_DEVICES));
   }
   if (o.sim_device_memory_bytes == 0) throw salus::InvalidArgument("sim_device_memory_bytes is 0");
   const std::size_t bytes = o.sim_device_memory_bytes;

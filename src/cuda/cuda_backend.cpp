@@ -3,12 +3,13 @@
 #include "cuda/cuda_backend.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
 #include <string>
 #include <utility>
+
+#include "log/log.hpp"
 
 namespace salus::cuda {
 
@@ -51,8 +52,7 @@ CudaBackend::PrimaryContext::~PrimaryContext() {
   const CUresult rc = api_->cuDevicePrimaryCtxRelease(device_);
   if (rc != CUDA_SUCCESS) {
     // Destruction cannot fail; a context the driver refuses to release is leaked, not fatal.
-    spdlog::warn("salus: cuDevicePrimaryCtxRelease(device {}) failed: {}", device_,
-                 error_name(*api_, rc));
+    log::warn("cuDevicePrimaryCtxRelease(device {}) failed: {}", device_, error_name(*api_, rc));
   }
 }
 
@@ -69,7 +69,7 @@ CudaBackend::ScopedContext::~ScopedContext() {
   if (!restore_) return;
   const CUresult rc = api_.cuCtxSetCurrent(previous_);
   if (rc != CUDA_SUCCESS) {
-    spdlog::warn("salus: restoring the caller's CUDA context failed: {}", error_name(api_, rc));
+    log::warn("restoring the caller's CUDA context failed: {}", error_name(api_, rc));
   }
 }
 
@@ -115,8 +115,7 @@ CudaBackend::CudaBackend(DriverApi api) : api_(std::move(api)) {
     if (rc == CUDA_SUCCESS && granularity != 0) {
       host_granularity_ = granularity;
     } else {
-      spdlog::info("salus: the CUDA driver offers no host memory chunks ({})",
-                   error_name(api_, rc));
+      log::info("the CUDA driver offers no host memory chunks ({})", error_name(api_, rc));
     }
   }
 

@@ -1,6 +1,5 @@
 // CudaBackend: streams, events, host functions and copies.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <bit>
 #include <exception>
@@ -8,6 +7,7 @@
 #include <utility>
 
 #include "cuda/cuda_backend.hpp"
+#include "log/log.hpp"
 
 namespace salus::cuda {
 
@@ -29,9 +29,9 @@ void host_func_trampoline(void* user_data) noexcept {
   try {
     (*fn)();
   } catch (const std::exception& e) {
-    spdlog::error("salus: a host function on a CUDA stream threw: {}", e.what());
+    log::error("a host function on a CUDA stream threw: {}", e.what());
   } catch (...) {
-    spdlog::error("salus: a host function on a CUDA stream threw a non-standard exception");
+    log::error("a host function on a CUDA stream threw a non-standard exception");
   }
 }
 

@@ -1,6 +1,5 @@
 // The public entry points of salus/cuda.hpp: is there a GPU, and which backend to use.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <exception>
 #include <memory>
@@ -10,6 +9,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/driver_api.hpp"
+#include "log/log.hpp"
 #include "salus/cuda.hpp"
 #include "salus/sim.hpp"
 
@@ -59,13 +59,13 @@ std::shared_ptr<DeviceBackend> make_default_backend(SimConfig fallback) {
   if (cuda_available()) {
     try {
       auto backend = make_cuda_backend();
-      spdlog::info("salus: using the CUDA backend ({} device(s))", backend->device_count());
+      log::info("using the CUDA backend ({} device(s))", backend->device_count());
       return backend;
     } catch (const std::exception& e) {
-      spdlog::warn("salus: the CUDA driver is present but unusable ({}); falling back", e.what());
+      log::warn("the CUDA driver is present but unusable ({}); falling back", e.what());
     }
   }
-  spdlog::info("salus: no usable CUDA device; using {} simulated GPU(s)", fallback.devices.size());
+  log::info("no usable CUDA device; using {} simulated GPU(s)", fallback.devices.size());
   return make_sim_backend(std::move(fallback));
 }
 

@@ -20,7 +20,16 @@ constexpr double kPcieGbps = 12.0;
 // PCIe peers rank behind NVLink peers, as the driver's performance rank does.
 constexpr int kPcieRank = 1;
 
+void check_count(std::size_t count) {
+  if (count > static_cast<std::size_t>(kMaxSimDevices)) {
+    throw InvalidArgument(fmt::format("sim config: {} devices; at most {} simulated GPUs", count,
+                                      kMaxSimDevices));
+  }
+}
+
 SimConfig with_devices(int count, std::size_t memory_bytes) {
+  // Checked before any is made: a count of billions would take that long to refuse.
+  if (count > 0) check_count(static_cast<std::size_t>(count));
   SimConfig config;
   for (int i = 0; i < count; ++i) {
     SimDeviceConfig device;
@@ -94,6 +103,7 @@ namespace sim {
 
 void validate_config(const SimConfig& config) {
   if (config.devices.empty()) throw InvalidArgument("sim config: no devices");
+  check_count(config.devices.size());
   const int count = static_cast<int>(config.devices.size());
   for (int i = 0; i < count; ++i) {
     const auto& device = config.devices[static_cast<std::size_t>(i)];

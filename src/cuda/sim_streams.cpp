@@ -4,7 +4,6 @@
 // The default stream of each device is an ordinary in-order stream here: the simulator does not
 // model the legacy default stream's implicit synchronization with other streams.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 
 #include "cuda/sim_compute.hpp"
 #include "cuda/sim_stream.hpp"
+#include "log/log.hpp"
 
 namespace salus::sim {
 
@@ -78,10 +78,9 @@ void SimBackend::Stream::run(const std::stop_token& st) {
       task(st);
     } catch (const std::exception& e) {
       // A GPU keeps running after a failing host callback; so does the simulated stream.
-      spdlog::error("sim stream (device {}): host function threw: {}", device, e.what());
+      log::error("sim stream (device {}): host function threw: {}", device, e.what());
     } catch (...) {
-      spdlog::error("sim stream (device {}): host function threw a non-standard exception",
-                    device);
+      log::error("sim stream (device {}): host function threw a non-standard exception", device);
     }
     lock.lock();
     ++completed;

@@ -1,11 +1,11 @@
 #include "iteration_sched/device_scheduler.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <thread>
 
+#include "log/log.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
@@ -66,8 +66,8 @@ DeviceScheduler::~DeviceScheduler() {
     try {
       memory_->retire_stream(device_, lane->handle());
     } catch (const Error& e) {
-      spdlog::error("salus: retiring lane stream {:#x} of device {} failed: {}",
-                    lane->handle().value, device_, e.what());
+      log::error("retiring lane stream {:#x} of device {} failed: {}", lane->handle().value,
+                 device_, e.what());
     }
   }
   lanes_.clear();

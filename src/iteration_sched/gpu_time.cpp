@@ -1,11 +1,11 @@
 // DeviceScheduler: the GPU time of iterations, measured with timing events (see
 // iteration_timers.hpp) and charged to jobs once their work has finished.
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <iterator>
 
 #include "iteration_sched/device_scheduler.hpp"
+#include "log/log.hpp"
 
 namespace salus {
 
@@ -22,8 +22,8 @@ std::optional<IterationTimers::Pair> DeviceScheduler::start_timer(const JobRecor
   } catch (const Error& e) {
     // The iteration is admitted and its lane taken: failing it over a measurement would leave
     // the lane to a job that never ends. It runs unmeasured instead.
-    spdlog::warn("salus: an iteration of job '{}' goes unmeasured: its start event failed: {}",
-                 job.spec.name, e.what());
+    log::warn("an iteration of job '{}' goes unmeasured: its start event failed: {}", job.spec.name,
+              e.what());
     return std::nullopt;
   }
 }
@@ -34,8 +34,8 @@ bool DeviceScheduler::stop_timer(const JobRecordState& job, const IterationTimer
     timers_.stop(timer, stream);
     return true;
   } catch (const Error& e) {
-    spdlog::warn("salus: an iteration of job '{}' goes unmeasured: its end event failed: {}",
-                 job.spec.name, e.what());
+    log::warn("an iteration of job '{}' goes unmeasured: its end event failed: {}", job.spec.name,
+              e.what());
     return false;
   }
 }
@@ -89,8 +89,8 @@ void DeviceScheduler::settle_timings() {
       seconds[i] = timers_.elapsed(ready[i].timer);
     } catch (const Error& e) {
       failed[i] = true;
-      spdlog::warn("salus: the GPU time of an iteration of job '{}' is lost: {}",
-                   ready[i].job->spec.name, e.what());
+      log::warn("the GPU time of an iteration of job '{}' is lost: {}", ready[i].job->spec.name,
+                e.what());
     }
   }
   std::lock_guard lock(mu_);

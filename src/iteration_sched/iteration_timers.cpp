@@ -1,8 +1,8 @@
 #include "iteration_sched/iteration_timers.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <utility>
+
+#include "log/log.hpp"
 
 namespace salus {
 
@@ -23,8 +23,8 @@ IterationTimers::~IterationTimers() {
       try {
         backend_->destroy_event(event);
       } catch (const Error& e) {
-        spdlog::error("salus: destroying timing event {:#x} of device {} failed: {}", event.value,
-                      device_, e.what());
+        log::error("destroying timing event {:#x} of device {} failed: {}", event.value, device_,
+                   e.what());
       }
     }
   }

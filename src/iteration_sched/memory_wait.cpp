@@ -1,8 +1,7 @@
 // DeviceScheduler: allocations that wait for memory held by the device's other running
 // iterations (see device_scheduler.hpp, allocate_or_wait).
-#include <spdlog/spdlog.h>
-
 #include "iteration_sched/device_scheduler.hpp"
+#include "log/log.hpp"
 
 namespace salus {
 
@@ -33,8 +32,8 @@ class DeviceScheduler::StartHold {
         to_wake = scheduler_.run_decisions();
       } catch (const Error& e) {
         // The next iteration end decides again; a failing stream must not unwind a destructor.
-        spdlog::error("salus: device {}: deciding after a memory wait failed: {}",
-                      scheduler_.device_, e.what());
+        log::error("device {}: deciding after a memory wait failed: {}",
+                   scheduler_.device_, e.what());
       }
     }
     wake(to_wake);

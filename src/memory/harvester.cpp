@@ -1,8 +1,8 @@
 #include "memory/harvester.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
+
+#include "log/log.hpp"
 
 namespace salus::memory {
 
@@ -88,8 +88,7 @@ std::size_t Harvester::take_local(DeviceHeap& device, std::size_t pages, std::ve
       device.pool().acquire(pages - got, out);
     }
   } catch (const Error& e) {
-    spdlog::warn("salus: device {}: taking pages for a move failed: {}", device.device(),
-                 e.what());
+    log::warn("device {}: taking pages for a move failed: {}", device.device(), e.what());
   }
   return out.size() - before;
 }
@@ -119,7 +118,7 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
         recalled +=
             heap.move_pages(spec, destinations, jobs_, own < candidates ? &owners : nullptr);
       } catch (const Error& e) {
-        spdlog::error("salus: recalling pages of device {} failed: {}", lender.device(), e.what());
+        log::error("recalling pages of device {} failed: {}", lender.device(), e.what());
       }
       tiers_.give_back(borrower->device(), destinations);
     });
@@ -156,7 +155,7 @@ std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gat
     try {
       moved = heap.move_pages(spec, destinations, gate, &owners);
     } catch (const Error& e) {
-      spdlog::error("salus: demoting pages on device {} failed: {}", d, e.what());
+      log::error("demoting pages on device {} failed: {}", d, e.what());
     }
     tiers_.give_back(d, destinations);
     evicted += moved;
@@ -185,7 +184,7 @@ std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, Jo
       try {
         moved += heap.move_pages(spec, destinations, own) * device->granularity();
       } catch (const Error& e) {
-        spdlog::error("salus: bringing pages home to device {} failed: {}", d, e.what());
+        log::error("bringing pages home to device {} failed: {}", d, e.what());
       }
       tiers_.give_back(d, destinations);
     });
@@ -344,7 +343,7 @@ void Harvester::run_prefetches(std::stop_token stop) {
           record->prefetched_bytes.fetch_add(moved, std::memory_order_relaxed);
         }
       } catch (const Error& e) {
-        spdlog::warn("salus: prefetching job {} failed: {}", target.value, e.what());
+        log::warn("prefetching job {} failed: {}", target.value, e.what());
         done.push_back(target);
       }
     }

@@ -473,9 +473,12 @@ void MemoryManager::retire_stream(int device, StreamHandle stream) {
     throw InvalidArgument("retire_stream: stream 0 is the default stream, which is never destroyed");
   }
   StreamHeap* own = heap.find_heap(stream);
+  // A stream the device has a heap for was checked when first met. Any other handle must be a
+  // live stream of this device: one that is no stream (never made, destroyed) or another
+  // device's is refused here, before anything changes, rather than retired as a no-op.
+  if (own == nullptr) heap.validate(stream);
   memory::FencePtr fence = own != nullptr ? own->retire() : nullptr;
-  // A stream without a heap is fenced only if something names it (so an unknown handle is a
-  // no-op): the stream is still alive here.
+  // A stream without a heap is fenced only if something names it: the stream is still alive here.
   bool fenced = own != nullptr;
   auto fence_now = [&]() -> const memory::FencePtr& {
     if (!std::exchange(fenced, true) && !heap.backend().query_stream(stream, device)) {

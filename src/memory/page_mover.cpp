@@ -1,8 +1,8 @@
 #include "memory/page_mover.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <chrono>
+
+#include "log/log.hpp"
 
 namespace salus::memory {
 
@@ -22,8 +22,8 @@ void retried(F&& step) {
       return;
     } catch (const DeviceError& e) {
       if (attempt == kRestoreAttempts) throw;
-      spdlog::warn("salus: putting a page back failed (try {} of {}): {}", attempt,
-                   kRestoreAttempts, e.what());
+      log::warn("putting a page back failed (try {} of {}): {}", attempt, kRestoreAttempts,
+                e.what());
     }
   }
 }
@@ -43,7 +43,7 @@ PageMover::~PageMover() {
     stream_->synchronize();
     backend_->free_address(window_, window_pages_ * page_bytes_);
   } catch (const Error& e) {
-    spdlog::error("salus: releasing the page mover of device {} failed: {}", device_, e.what());
+    log::error("releasing the page mover of device {} failed: {}", device_, e.what());
   }
 }
 
@@ -104,7 +104,7 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
         backend.unmap(window_ + i * page_bytes_, page_bytes_);
       }
     } catch (const Error& e) {
-      spdlog::error("salus: undoing a staged page move failed: {}", e.what());
+      log::error("undoing a staged page move failed: {}", e.what());
     }
     throw;
   }
@@ -141,7 +141,7 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
         backend.unmap(window_ + j * page_bytes_, page_bytes_);
       }
     } catch (const Error& e) {
-      spdlog::error("salus: undoing a staged page move failed: {}", e.what());
+      log::error("undoing a staged page move failed: {}", e.what());
     }
     throw;
   }

@@ -1,10 +1,10 @@
 #include "memory/page_pool.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <utility>
 
+#include "log/log.hpp"
 #include "memory/job_table.hpp"
 
 namespace salus::memory {
@@ -109,7 +109,7 @@ std::size_t PagePool::trim() {
       backend_.release_chunk(page.chunk);
       released += page_bytes_;
     } catch (const Error& e) {
-      spdlog::error("salus: releasing a page at {} failed: {}", to_string(where_), e.what());
+      log::error("releasing a page at {} failed: {}", to_string(where_), e.what());
     }
   }
   held_.fetch_sub(released, std::memory_order_relaxed);

@@ -1,11 +1,11 @@
 #include "memory/stream_heap.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <utility>
 
+#include "log/log.hpp"
 #include "memory/device_heap.hpp"
 
 namespace salus::memory {
@@ -40,8 +40,8 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
     base = device_.backend().reserve_address(size, page);
   } catch (const Error& e) {
     if (arenas_[c].empty()) throw;  // the heap cannot exist without its first ranges
-    spdlog::warn("salus: device {}: reserving another {} bytes of address space failed: {}",
-              device_.device(), size, e.what());
+    log::warn("device {}: reserving another {} bytes of address space failed: {}",
+            device_.device(), size, e.what());
     return nullptr;
   }
   Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
@@ -63,8 +63,8 @@ Arena& StreamHeap::arena_of(const Block& block) {
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
   if (!live_.empty()) {
-    spdlog::warn("salus: device {} stream {:#x}: {} blocks still live at shutdown",
-                 device_.device(), stream().value, live_.size());
+    log::warn("device {} stream {:#x}: {} blocks still live at shutdown", device_.device(),
+              stream().value, live_.size());
   }
   // Nothing may still touch a page when its address goes: wait for this stream's work so far.
   try {
@@ -73,8 +73,8 @@ StreamHeap::~StreamHeap() {
   } catch (const Error& e) {
     // Its owner destroyed the stream first (a destroyed stream drains on its own, or the owner
     // synchronized it): nothing is left to wait for through its handle.
-    spdlog::debug("salus: device {} stream {:#x}: not waiting for its work at shutdown: {}",
-                  device_.device(), stream().value, e.what());
+    log::debug("device {} stream {:#x}: not waiting for its work at shutdown: {}", device_.device(),
+               stream().value, e.what());
   }
   settle_retiring(true);
   std::vector<Page> pages;
@@ -85,7 +85,7 @@ StreamHeap::~StreamHeap() {
         if (arena.page(i).fence) arena.page(i).fence->wait();
         pages.push_back(unmap_page(arena, i));
       } catch (const Error& e) {
-        spdlog::error("salus: unmapping at shutdown failed: {}", e.what());
+        log::error("unmapping at shutdown failed: {}", e.what());
       }
     }
   });
@@ -94,7 +94,7 @@ StreamHeap::~StreamHeap() {
     try {
       device_.backend().free_address(arena.base(), arena.bytes());
     } catch (const Error& e) {
-      spdlog::error("salus: freeing an address range at shutdown failed: {}", e.what());
+      log::error("freeing an address range at shutdown failed: {}", e.what());
     }
   });
 }
@@ -318,7 +318,7 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
         backend.unmap(arena.page_addr(index), page);
         device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
       } catch (const Error& e) {
-        spdlog::error("salus: rolling back a page map failed: {}", e.what());
+        log::error("rolling back a page map failed: {}", e.what());
       }
       pages.push_back(std::move(taken));
     }
@@ -375,8 +375,7 @@ void StreamHeap::settle_retiring(bool wait) {
       }
       unmap_retired(*arena, index);
     } catch (const Error& e) {
-      spdlog::error("salus: unmapping a retired page at {:#x} failed: {}", arena->page_addr(index),
-                    e.what());
+      log::error("unmapping a retired page at {:#x} failed: {}", arena->page_addr(index), e.what());
       return false;
     }
     return true;
@@ -512,8 +511,8 @@ FreedBlock StreamHeap::free_block(Block* block) {
       drain_retired();
     } catch (const Error& e) {
       // As above: the free is done; the retired stream's pages go on a later free or rebind.
-      spdlog::warn("salus: device {}: draining a retired stream after a free failed: {}",
-                   device_.device(), e.what());
+      log::warn("device {}: draining a retired stream after a free failed: {}", device_.device(),
+                e.what());
     }
   }
   return freed;

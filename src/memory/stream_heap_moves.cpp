@@ -2,11 +2,11 @@
 // prefetch, borrowed pages going home after a free) and the per-tier view of a job's blocks.
 // The allocator itself is in stream_heap.cpp.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <unordered_set>
 
+#include "log/log.hpp"
 #include "memory/device_heap.hpp"
 #include "memory/stream_heap.hpp"
 
@@ -324,8 +324,7 @@ void StreamHeap::return_stray_remote_pages(OwnFence& own) {
       });
     });
   } catch (const Error& e) {
-    spdlog::warn("salus: device {}: returning borrowed pages failed: {}", device_.device(),
-                 e.what());
+    log::warn("device {}: returning borrowed pages failed: {}", device_.device(), e.what());
   }
   device_.tiers().give_back(device_.device(), pages);
 }
@@ -345,8 +344,8 @@ void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_
   } catch (const Error& e) {
     // The free is done; handing borrowed pages back early is not part of it. A page whose fence
     // could not be recorded stays here as free space, and a later free, trim or recall returns it.
-    spdlog::warn("salus: device {}: returning borrowed pages after a free failed: {}",
-                 device_.device(), e.what());
+    log::warn("device {}: returning borrowed pages after a free failed: {}", device_.device(),
+              e.what());
   }
   device_.tiers().give_back(device_.device(), pages);
 }

@@ -1,10 +1,11 @@
 #include "memory/tiers.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <tuple>
+
+#include "log/log.hpp"
 
 namespace salus::memory {
 
@@ -137,7 +138,7 @@ void Tiers::report(const MoveRecord& record) {
   try {
     (*observer)(record);
   } catch (const std::exception& e) {
-    spdlog::error("salus: move observer threw: {}", e.what());
+    log::error("move observer threw: {}", e.what());
   }
 }
 

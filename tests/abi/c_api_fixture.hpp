@@ -6,8 +6,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "salus/c_api.h"
+
+// The call's status, and its message containing `needle`.
+#define EXPECT_STATUS(call, status, needle)                                      \
+  do {                                                                           \
+    EXPECT_EQ((call), (status)) << #call;                                        \
+    EXPECT_NE(std::string(salus_last_error()).find(needle), std::string::npos)   \
+        << #call << " said: " << salus_last_error();                             \
+  } while (0)
 
 inline constexpr size_t kMiB = size_t{1} << 20;
 

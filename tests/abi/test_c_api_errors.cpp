@@ -8,14 +8,6 @@
 
 namespace {
 
-// The call's status, and its message containing `needle`.
-#define EXPECT_STATUS(call, status, needle)                                      \
-  do {                                                                           \
-    EXPECT_EQ((call), (status)) << #call;                                        \
-    EXPECT_NE(std::string(salus_last_error()).find(needle), std::string::npos)   \
-        << #call << " said: " << salus_last_error();                             \
-  } while (0)
-
 TEST_F(CApi, NullArgumentsAreNamed) {
   void* p = nullptr;
   uint32_t job = 0;
@@ -199,6 +191,28 @@ TEST_F(CApi, BogusStreamsAndPointersChangeNothing) {
   ASSERT_EQ(salus_allocate(runtime, 60 * kMiB, 0, nullptr, job, SALUS_PERSISTENT, &p), SALUS_OK)
       << salus_last_error();
   EXPECT_EQ(salus_deallocate(runtime, p, 0, 0), SALUS_OK);
+}
+
+// The header promises that a handle that is no stream is refused; retiring one used to pass.
+TEST_F(CApi, RetiringAHandleThatIsNoStreamIsRefused) {
+  void* bogus = reinterpret_cast<void*>(uintptr_t{0xdeadbeef});
+  EXPECT_STATUS(salus_stream_retire(runtime, 0, bogus), SALUS_ERROR_INVALID_ARGUMENT,
+                "0xdeadbeef");
+  void* on1 = nullptr;
+  ASSERT_EQ(salus_stream_create(runtime, 1, 0, &on1), SALUS_OK);
+  EXPECT_STATUS(salus_stream_retire(runtime, 0, on1), SALUS_ERROR_INVALID_ARGUMENT,
+                "not device 0");
+  // A real stream still retires, with a block live on it, and the block stays usable.
+  void* s = nullptr;
+  ASSERT_EQ(salus_stream_create(runtime, 0, 0, &s), SALUS_OK);
+  void* p = nullptr;
+  ASSERT_EQ(salus_allocate(runtime, kMiB, 0, s, SALUS_JOB_AUTO, SALUS_PERSISTENT, &p), SALUS_OK);
+  EXPECT_EQ(salus_stream_retire(runtime, 0, s), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(salus_stream_destroy(runtime, 0, s), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(salus_deallocate(runtime, p, kMiB, 0), SALUS_OK) << salus_last_error();
+  EXPECT_STATUS(salus_stream_retire(runtime, 0, s), SALUS_ERROR_INVALID_ARGUMENT, "destroyed");
+  EXPECT_EQ(salus_stream_destroy(runtime, 1, on1), SALUS_OK);
+  EXPECT_EQ(device_stats(0).allocated, 0u);
 }
 
 TEST_F(CApi, BudgetsFailCleanlyWithTheJobsName) {

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from .._runtime import parse_size
+from .._checks import parse_size
 from ..errors import InvalidArgument
 from .errors import InputError
 from .tomlsource import Key, TomlLines

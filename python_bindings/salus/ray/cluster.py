@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import ray
 
-from .._runtime import MemoryHints, Size, _check_int, _coerce, parse_size
+from .._checks import INT_MAX, INT_MIN, Size, check_int, parse_size
+from .._runtime import MemoryHints, _coerce
 from ..errors import InvalidArgument
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
@@ -68,8 +69,8 @@ class ClusterHandle:
                priority: int, owner: Any = None) -> Trial:
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        _check_int(seed, "seed")
-        _check_int(priority, "priority")
+        check_int(seed, "seed")
+        check_int(priority, "priority", INT_MIN, INT_MAX)  # a Salus job's priority is a C int
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a trial name must be a non-empty string, not {name!r}")
         h = _coerce(hints, MemoryHints, "hints")
@@ -97,13 +98,13 @@ def _check_choices(placement: str, policy: str, trials_per_gpu: Optional[int]) -
                               f"registered here is not known in their processes; built-in: "
                               f"{', '.join(BUILTIN_POLICIES)})")
     if trials_per_gpu is not None:
-        _check_int(trials_per_gpu, "trials_per_gpu", 1)
+        check_int(trials_per_gpu, "trials_per_gpu", 1)
 
 
 def _gpus(simulated_gpus: Optional[int]) -> tuple[int, str, int]:
     """Workers to make, their backend, and the GPUs Ray gives each."""
     if simulated_gpus is not None:
-        return _check_int(simulated_gpus, "simulated_gpus", 1), "sim", 0
+        return check_int(simulated_gpus, "simulated_gpus", 1), "sim", 0
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus == 0:
         raise InvalidArgument("the Ray cluster has no GPU: pass simulated_gpus=N to run on "
