@@ -6,6 +6,7 @@
 // may still be draining (the next job's work is ordered behind it on the lane's stream).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,18 @@ class SALUS_API Job {
   // returns, as far as the device has room. The prefetcher starts on them as soon as the policy
   // makes this job the next in its lane.
   StreamHandle begin_iteration();
+  // As begin_iteration, but waits at most `timeout` (>= 0; 0 only asks): nullopt when the time
+  // ran out first. The job then keeps waiting in its place in the queue with no thread in the
+  // wait: calling this (or begin_iteration) again goes on waiting, withdraw() stops. One thread
+  // at a time may wait for a job's turn (InvalidArgument otherwise). For waits that must stay
+  // responsive (the Python module waits in slices and handles Ctrl-C between them).
+  [[nodiscard]] std::optional<StreamHandle> try_begin_iteration(std::chrono::nanoseconds timeout);
+  // Ends the wait that a try_begin_iteration which ran out of time left pending: the job is idle
+  // again and queued nowhere (it may ask for a turn later). If the policy granted its turn
+  // meanwhile, the turn is handed back at once, unused (no iteration counts). Nothing happens
+  // when the job is idle, left or was cancelled. Throws InvalidArgument inside an iteration
+  // (end_iteration ends it) and while a thread waits for the turn (cancel() wakes that one).
+  void withdraw();
   // Throws InvalidArgument outside an iteration.
   void end_iteration();
 

@@ -296,6 +296,21 @@ DeviceScheduler& Job::scheduler() const {
 StreamHandle Job::begin_iteration() {
   return scheduler().begin(*state_);
 }
+std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds timeout) {
+  DeviceScheduler& s = scheduler();
+  if (timeout < std::chrono::nanoseconds::zero()) {
+    throw InvalidArgument(fmt::format("try_begin_iteration: a timeout of {} ns is negative",
+                                      timeout.count()));
+  }
+  // A deadline past the clock's range waits as long as begin_iteration does.
+  const auto now = SteadyClock::now();
+  if (timeout >= SteadyClock::time_point::max() - now) return s.begin(*state_);
+  return s.begin_until(*state_, now + std::chrono::duration_cast<SteadyClock::duration>(timeout));
+}
+
+void Job::withdraw() {
+  scheduler().withdraw(*state_);
+}
 void Job::end_iteration() {
   scheduler().end(*state_);
 }
