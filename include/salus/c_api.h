@@ -20,7 +20,13 @@
  * Thread safety: every call may be made from any thread. salus_job_begin_iteration blocks until
  * the device's policy admits the job; salus_job_cancel may be called from another thread to wake
  * it (salus_job_try_begin_iteration waits at most a given time, for callers that must stay
- * responsive). */
+ * responsive).
+ *
+ * fork(): a runtime belongs to the process that made it. In a forked child every call on a
+ * runtime made before fork() (and its jobs) returns SALUS_ERROR_NOT_SUPPORTED, and destroying it
+ * there frees nothing (the parent's stream threads and GPU context are not in the child). A
+ * runtime made in the child works; the default runtime in a child is a new one, made on first
+ * use. */
 #ifndef SALUS_C_API_H
 #define SALUS_C_API_H
 

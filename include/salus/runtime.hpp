@@ -128,7 +128,9 @@ class SALUS_API Job {
   [[nodiscard]] DevicePtr allocate(std::size_t bytes, std::optional<Lifetime> lifetime = {});
   void deallocate(DevicePtr ptr);
 
-  // The job is done: frees everything it holds and lets others in. Idempotent.
+  // The job is done: frees everything it holds and lets others in. Idempotent. In a forked
+  // child (the job was made in the parent) it does nothing: the parent's job is not this
+  // process's to end.
   void leave();
   // From any thread, at any moment (mid-iteration too): frees everything the job holds and wakes
   // it if it waits; its later calls throw JobCancelled.
@@ -152,6 +154,11 @@ class SALUS_API JobCancelled : public Error {
   explicit JobCancelled(const std::string& job_name);
 };
 
+// fork(): a runtime belongs to the process that made it. In a forked child (which has only the
+// thread that forked: no stream threads, no CUDA context) every call on a runtime made before
+// fork(), and on its jobs, throws NotSupported saying so; destroying it there leaks it, as
+// joining its threads or freeing its memory would hang or reach into the parent's. A runtime
+// made in the child works. The default runtime in a child is a new one, made on first use.
 class SALUS_API Runtime {
  public:
   // Throws InvalidArgument for an unknown policy name (the message lists the known ones).

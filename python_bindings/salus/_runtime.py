@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -520,10 +521,24 @@ _default: Optional[Runtime] = None
 _default_lock = threading.Lock()
 
 
+def _forget_default_in_child() -> None:
+    """A forked child starts without a default runtime, as the C++ side does: the parent's is
+    the parent's (every call on it raises NotSupported here, and it is never destroyed here), and
+    the next :func:`default_runtime` makes a new one. The lock is new: a thread of the parent
+    may have held it, and that thread is not in the child."""
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_default_in_child)
+
+
 def default_runtime() -> Runtime:
     """The process's default runtime: the same one as the C ABI's ``salus_default_runtime()``
     and C++ ``salus::Runtime::default_runtime()`` (made on first use: CUDA where a GPU is
-    present, else one simulated GPU; policy "fair")."""
+    present, else one simulated GPU; policy "fair"). In a forked child it is a new one, made
+    on first use there."""
     global _default
     with _default_lock:
         if _default is None or _default.closed:

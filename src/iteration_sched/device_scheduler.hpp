@@ -15,6 +15,7 @@
 
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_timers.hpp"
+#include "cuda/process_fork.hpp"
 #include "iteration_sched/trace.hpp"
 #include "salus/runtime.hpp"
 
@@ -120,6 +121,8 @@ class DeviceScheduler {
   [[nodiscard]] std::vector<JobStats> all_stats();
   [[nodiscard]] std::string_view policy_name() const { return policy_->name(); }
   [[nodiscard]] int device() const { return device_; }
+  // Where it was made: in a forked child it is inherited and must not be used (process_fork.hpp).
+  [[nodiscard]] const process::Birth& birth() const { return birth_; }
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
@@ -196,6 +199,7 @@ class DeviceScheduler {
   const int device_;
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
+  const process::Birth birth_ = process::birth_now();
   IterationTimers timers_;  // its own lock
 
   // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.
