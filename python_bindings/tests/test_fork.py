@@ -98,3 +98,73 @@ def test_a_child_makes_a_runtime_of_its_own_and_the_default_is_new_there() -> No
         print("PARENT", job.stats().iterations, salus.default_runtime() is parent_default)
     """)
     assert out == ["CHILD", "3", "1", "True", "CHILD_EXIT", "0", "PARENT", "2", "True"]
+
+
+def test_under_the_torch_glue_a_child_uses_pytorchs_allocator_and_may_enable_its_own() -> None:
+    pytest.importorskip("torch")
+    out = run("""
+        import torch, salus, salus.torch as st
+        rt = salus.Runtime("sim", memory="1GiB")
+        st.enable(rt)
+        inherited = torch.arange(1000, dtype=torch.float32)  # in the parent's simulated memory
+        before = st.counters()
+        pid = os.fork()
+        if pid == 0:
+            ok = not st.enabled()
+            ok &= float(inherited.sum()) == 499500.0  # readable in the child
+            fresh = torch.ones(1000) * 2  # PyTorch's own allocator: not counted by the glue
+            ok &= float(fresh.sum()) == 2000.0 and st.counters() == before
+            del inherited  # the parent's block: left to the parent, no error
+            ok &= st.counters()["failed_frees"] == before["failed_frees"]
+            own = salus.Runtime("sim", memory="256MiB")
+            st.enable(own)  # the child's own runtime
+            job = own.add_job("child")
+            with job.iteration():
+                x = torch.ones(4096) + 1
+                ok &= float(x.sum()) == 8192.0
+            del x
+            ok &= st.counters()["allocations"] > before["allocations"]
+            st.disable()
+            print("CHILD", ok, flush=True)
+            sys.exit(0)
+        print("CHILD_EXIT", wait_child(pid), flush=True)
+        y = torch.ones(10)
+        print("PARENT", st.enabled(), st.counters()["allocations"] > before["allocations"],
+              float(inherited.sum()) == 499500.0, st.counters()["failed_frees"])
+    """)
+    assert out == ["CHILD", "True", "CHILD_EXIT", "0", "PARENT", "True", "True", "True", "0"]
+
+
+def test_dataloader_workers_under_the_torch_glue() -> None:
+    pytest.importorskip("torch")
+    out = run("""
+        import time, torch, salus, salus.torch as st
+        from torch.utils.data import DataLoader, Dataset
+
+        class Squares(Dataset):
+            # Items are made in the workers (PyTorch's own allocator there), from a table made
+            # in the parent under the glue (the parent's simulated memory, read in the child).
+            def __init__(self, n):
+                self.table = torch.arange(n, dtype=torch.float64)
+            def __len__(self):
+                return len(self.table)
+            def __getitem__(self, i):
+                item = torch.full((256,), float(self.table[i]))
+                time.sleep(0.001)  # other workers allocate meanwhile
+                assert bool((item == i).all()), "another process wrote into this item"
+                return item * item[0]
+
+        rt = salus.Runtime("sim", memory="1GiB")
+        st.enable(rt)
+        job = rt.add_job("trainer")
+        loader = DataLoader(Squares(64), batch_size=8, num_workers=2)
+        total = 0.0
+        for epoch in range(2):  # a new pair of workers each epoch
+            for batch in loader:
+                with job.iteration():
+                    total += float((batch * 1.0).sum())
+        expected = 2 * 256 * sum(i * i for i in range(64))
+        print("TOTAL", total == expected, job.stats().iterations, st.counters()["failed_frees"])
+        st.disable()
+    """)
+    assert out == ["TOTAL", "True", "16", "0"]
