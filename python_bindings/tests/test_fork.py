@@ -30,14 +30,16 @@ PRELUDE = textwrap.dedent("""
 
 
 def run(body: str, timeout: float = 120.0) -> list[str]:
-    """Runs PRELUDE + body in a fresh interpreter; returns its stdout lines (exit code 0)."""
+    """Runs PRELUDE + body in a fresh interpreter; returns the words it printed (exit code 0),
+    log lines ("[time] [level] ...") left out."""
     try:
         done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"the script hung; stdout: {e.stdout!r}; stderr: {e.stderr!r}") from None
     assert done.returncode == 0, f"stdout: {done.stdout}\nstderr: {done.stderr}"
-    return done.stdout.split()
+    return [word for line in done.stdout.splitlines() if not line.startswith("[")
+            for word in line.split()]
 
 
 def test_a_child_gets_not_supported_from_the_parents_runtime_and_exits_cleanly() -> None:

@@ -77,7 +77,8 @@ WAIT_SCRIPT = textwrap.dedent("""
     print("AGAIN " + states(), flush=True)
 """)
 
-# The main thread waits for a long simulated kernel; the test interrupts the wait.
+# The main thread waits for a long simulated kernel; the test interrupts the wait. (The kernel
+# runs on: destroying the runtime at exit drains its streams, so it is not longer than needed.)
 SYNC_SCRIPT = textwrap.dedent("""
     import signal, sys
     import salus
@@ -87,7 +88,7 @@ SYNC_SCRIPT = textwrap.dedent("""
     job = rt.add_job("trainer")
     try:
         with job.iteration() as it:
-            rt.sim_kernel(it.stream, 60.0)
+            rt.sim_kernel(it.stream, 6.0)
             print("WAITING", flush=True)
             if sys.argv[1] == "job":
                 job.synchronize()
