@@ -34,8 +34,8 @@ JobSpec spec(std::string name) {
 }
 
 // In a child, gtest's assertions would go nowhere: a failed check exits with its line number.
-#define CHILD_CHECK(cond) \
-  do {                    \
+#define CHILD_CHECK(cond)         \
+  do {                            \
     if (!(cond)) return __LINE__; \
   } while (false)
 
@@ -106,24 +106,25 @@ TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging
   std::thread blocked([&] { (void)waiter->begin_iteration(); });
   while (waiter->stats().state != JobState::waiting) std::this_thread::yield();
 
-  EXPECT_EQ(in_child([&] {
-              CHILD_CHECK(says_forked([&] { (void)job->stats(); }));
-              CHILD_CHECK(says_forked([&] { job->end_iteration(); }));
-              CHILD_CHECK(says_forked([&] { (void)waiter->try_begin_iteration(1ms); }));
-              CHILD_CHECK(says_forked([&] { (void)runtime->add_job(spec("child")); }));
-              CHILD_CHECK(says_forked([&] { (void)runtime->allocate(MiB, 0, {}); }));
-              CHILD_CHECK(says_forked([&] { (void)runtime->job_stats(); }));
-              CHILD_CHECK(says_forked([&] { (void)runtime->memory(); }));
-              // The backend itself: its stream threads are not here, nothing would run this.
-              CHILD_CHECK(says_forked([&] { runtime->backend().synchronize_stream(lane); }));
-              CHILD_CHECK(says_forked([&] { launch_sim_kernel(runtime->backend(), held, 0, 1.0); }));
-              // Destroying everything returns (leaks) instead of joining absent threads.
-              waiter.reset();
-              job.reset();
-              runtime.reset();
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(
+      in_child([&] {
+        CHILD_CHECK(says_forked([&] { (void)job->stats(); }));
+        CHILD_CHECK(says_forked([&] { job->end_iteration(); }));
+        CHILD_CHECK(says_forked([&] { (void)waiter->try_begin_iteration(1ms); }));
+        CHILD_CHECK(says_forked([&] { (void)runtime->add_job(spec("child")); }));
+        CHILD_CHECK(says_forked([&] { (void)runtime->allocate(MiB, 0, {}); }));
+        CHILD_CHECK(says_forked([&] { (void)runtime->job_stats(); }));
+        CHILD_CHECK(says_forked([&] { (void)runtime->memory(); }));
+        // The backend itself: its stream threads are not here, nothing would run this.
+        CHILD_CHECK(says_forked([&] { runtime->backend().synchronize_stream(lane); }));
+        CHILD_CHECK(says_forked([&] { launch_sim_kernel(runtime->backend(), held, 0, 1.0); }));
+        // Destroying everything returns (leaks) instead of joining absent threads.
+        waiter.reset();
+        job.reset();
+        runtime.reset();
+        return 0;
+      }),
+      0);
 
   // The parent is untouched.
   job->end_iteration();
@@ -183,20 +184,20 @@ TEST(ForkedChild, CAbiCallsOnAnInheritedRuntimeSayNotSupported) {
   s.name = "c";
   uint32_t job = 0;
   ASSERT_EQ(salus_job_add(runtime, &s, &job), SALUS_OK);
-  EXPECT_EQ(in_child([&] {
-              CHILD_CHECK(salus_job_begin_iteration(runtime, job, nullptr) ==
-                          SALUS_ERROR_NOT_SUPPORTED);
-              CHILD_CHECK(std::string(salus_last_error()).find("fork") != std::string::npos);
-              int begun = 0;
-              CHILD_CHECK(salus_job_try_begin_iteration(runtime, job, 0.0, nullptr, &begun) ==
-                          SALUS_ERROR_NOT_SUPPORTED);
-              void* p = nullptr;
-              CHILD_CHECK(salus_allocate(runtime, 4096, 0, nullptr, job, SALUS_LIFETIME_AUTO, &p) ==
-                          SALUS_ERROR_NOT_SUPPORTED);
-              salus_runtime_destroy(runtime);  // returns: the jobs' cancel fails, leaving frees nothing
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(
+      in_child([&] {
+        CHILD_CHECK(salus_job_begin_iteration(runtime, job, nullptr) == SALUS_ERROR_NOT_SUPPORTED);
+        CHILD_CHECK(std::string(salus_last_error()).find("fork") != std::string::npos);
+        int begun = 0;
+        CHILD_CHECK(salus_job_try_begin_iteration(runtime, job, 0.0, nullptr, &begun) ==
+                    SALUS_ERROR_NOT_SUPPORTED);
+        void* p = nullptr;
+        CHILD_CHECK(salus_allocate(runtime, 4096, 0, nullptr, job, SALUS_LIFETIME_AUTO, &p) ==
+                    SALUS_ERROR_NOT_SUPPORTED);
+        salus_runtime_destroy(runtime);  // returns: the jobs' cancel fails, leaving frees nothing
+        return 0;
+      }),
+      0);
   void* stream = nullptr;
   ASSERT_EQ(salus_job_begin_iteration(runtime, job, &stream), SALUS_OK);
   ASSERT_EQ(salus_job_end_iteration(runtime, job), SALUS_OK);

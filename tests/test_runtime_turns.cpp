@@ -24,8 +24,8 @@ std::shared_ptr<DeviceBackend> sim() {
 JobSpec spec(std::string name) {
   JobSpec s;
   s.name = std::move(name);
-  s.hints = {.persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB,
-             .iteration_seconds = 0.002};
+  s.hints = {
+      .persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB, .iteration_seconds = 0.002};
   return s;
 }
 

@@ -2,9 +2,9 @@
 // these with argument checking, plain statistics objects and typed exceptions; users import that.
 //
 // The GIL: every call that may block or take a scheduler lock releases it; the long waits (a
-// job's turn, a stream's work) also wake for signals, so Ctrl-C ends them (waits.cpp). A policy written in
-// Python is called with the scheduler's lock held and takes the GIL then, so no thread may hold
-// the GIL while it waits for that lock: hence no exception to the rule above.
+// job's turn, a stream's work) also wake for signals, so Ctrl-C ends them (waits.cpp). A policy
+// written in Python is called with the scheduler's lock held and takes the GIL then, so no thread
+// may hold the GIL while it waits for that lock: hence no exception to the rule above.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

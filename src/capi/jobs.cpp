@@ -117,9 +117,9 @@ salus_status salus_job_try_begin_iteration(salus_runtime* runtime, uint32_t job,
     require(begun, "salus_job_try_begin_iteration: begun");
     // Also refuses NaN. Past a year the wait is as long as salus_job_begin_iteration's.
     if (!(timeout_seconds >= 0.0)) {
-      throw salus::InvalidArgument(fmt::format(
-          "salus_job_try_begin_iteration: timeout_seconds is {}; it must be >= 0",
-          timeout_seconds));
+      throw salus::InvalidArgument(
+          fmt::format("salus_job_try_begin_iteration: timeout_seconds is {}; it must be >= 0",
+                      timeout_seconds));
     }
     constexpr double kYear = 365.0 * 24 * 3600;
     const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(

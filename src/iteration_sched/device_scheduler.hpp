@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/process_fork.hpp"
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_timers.hpp"
-#include "cuda/process_fork.hpp"
 #include "iteration_sched/trace.hpp"
 #include "salus/runtime.hpp"
 

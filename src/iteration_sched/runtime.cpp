@@ -334,8 +334,8 @@ StreamHandle Job::begin_iteration() {
 std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds timeout) {
   DeviceScheduler& s = scheduler();
   if (timeout < std::chrono::nanoseconds::zero()) {
-    throw InvalidArgument(fmt::format("try_begin_iteration: a timeout of {} ns is negative",
-                                      timeout.count()));
+    throw InvalidArgument(
+        fmt::format("try_begin_iteration: a timeout of {} ns is negative", timeout.count()));
   }
   // A deadline past the clock's range waits as long as begin_iteration does.
   const auto now = SteadyClock::now();

@@ -3,7 +3,6 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
-
 #include <pthread.h>
 
 #include <atomic>
