@@ -17,6 +17,7 @@
 #include "salus/c_api.h"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
+#include "support/sim_runtime.hpp"
 
 namespace salus::testing {
 namespace {
@@ -24,13 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 
 std::shared_ptr<DeviceBackend> sim() {
-  return make_sim_backend(SimConfig::uniform(1, 256 * MiB));
-}
-
-JobSpec spec(std::string name) {
-  JobSpec s;
-  s.name = std::move(name);
-  return s;
+  return one_sim_gpu(256 * MiB);
 }
 
 // In a child, gtest's assertions would go nowhere: a failed check exits with its line number.
@@ -97,8 +92,8 @@ void one_iteration(Job& job, Runtime& runtime) {
 
 TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging) {
   auto runtime = std::make_unique<Runtime>(sim());
-  auto job = std::make_unique<Job>(runtime->add_job(spec("trainer")));
-  auto waiter = std::make_unique<Job>(runtime->add_job(spec("waiter")));
+  auto job = std::make_unique<Job>(runtime->add_job(job_named("trainer")));
+  auto waiter = std::make_unique<Job>(runtime->add_job(job_named("waiter")));
   one_iteration(*job, *runtime);
   const StreamHandle lane = job->stream();
   // A thread of the parent waits for its turn as the process forks.
@@ -111,7 +106,7 @@ TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging
         CHILD_CHECK(says_forked([&] { (void)job->stats(); }));
         CHILD_CHECK(says_forked([&] { job->end_iteration(); }));
         CHILD_CHECK(says_forked([&] { (void)waiter->try_begin_iteration(1ms); }));
-        CHILD_CHECK(says_forked([&] { (void)runtime->add_job(spec("child")); }));
+        CHILD_CHECK(says_forked([&] { (void)runtime->add_job(job_named("child")); }));
         CHILD_CHECK(says_forked([&] { (void)runtime->allocate(MiB, 0, {}); }));
         CHILD_CHECK(says_forked([&] { (void)runtime->job_stats(); }));
         CHILD_CHECK(says_forked([&] { (void)runtime->memory(); }));
@@ -137,12 +132,12 @@ TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging
 
 TEST(ForkedChild, ARuntimeMadeInTheChildWorks) {
   Runtime parent(sim());
-  Job job = parent.add_job(spec("parent"));
+  Job job = parent.add_job(job_named("parent"));
   one_iteration(job, parent);
   EXPECT_EQ(in_child([] {
               auto backend = sim();
               Runtime runtime(backend, {.policy = "fifo"});
-              Job a = runtime.add_job(spec("a"));
+              Job a = runtime.add_job(job_named("a"));
               for (int i = 0; i < 3; ++i) one_iteration(a, runtime);
               CHILD_CHECK(a.stats().iterations == 3);
               const DevicePtr p = a.allocate(MiB);
@@ -160,7 +155,7 @@ TEST(ForkedChild, TheDefaultRuntimeIsANewOneInTheChild) {
   EXPECT_EQ(in_child([&] {
               Runtime& fresh = Runtime::default_runtime();
               CHILD_CHECK(&fresh != &inherited);
-              Job a = fresh.add_job(spec("child"));
+              Job a = fresh.add_job(job_named("child"));
               one_iteration(a, fresh);
               // The C ABI's default is that same new runtime.
               salus_runtime* c = salus_default_runtime();
@@ -172,7 +167,7 @@ TEST(ForkedChild, TheDefaultRuntimeIsANewOneInTheChild) {
               return 0;
             }),
             0);
-  Job after = inherited.add_job(spec("parent"));
+  Job after = inherited.add_job(job_named("parent"));
   one_iteration(after, inherited);
 }
 

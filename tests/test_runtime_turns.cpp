@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "salus/runtime.hpp"
-#include "salus/sim.hpp"
+#include "support/sim_runtime.hpp"
 
 namespace salus::testing {
 namespace {
@@ -18,15 +18,13 @@ namespace {
 using namespace std::chrono_literals;
 
 std::shared_ptr<DeviceBackend> sim() {
-  return make_sim_backend(SimConfig::uniform(1, 512 * MiB));
+  return one_sim_gpu(512 * MiB);
 }
 
 JobSpec spec(std::string name) {
-  JobSpec s;
-  s.name = std::move(name);
-  s.hints = {
-      .persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB, .iteration_seconds = 0.002};
-  return s;
+  return job_named(
+      std::move(name),
+      {.persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 32 * MiB, .iteration_seconds = 0.002});
 }
 
 // Peaks that do not fit side by side in 512 MiB: one lane, whatever the plan.
