@@ -36,7 +36,8 @@ def run(body: str, timeout: float = 120.0) -> list[str]:
         done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the script hung; stdout: {e.stdout!r}; stderr: {e.stderr!r}") from None
+        raise AssertionError(
+            f"the script hung; stdout: {e.stdout!r}; stderr: {e.stderr!r}") from None
     assert done.returncode == 0, f"stdout: {done.stdout}\nstderr: {done.stderr}"
     return [word for line in done.stdout.splitlines() if not line.startswith("[")
             for word in line.split()]
