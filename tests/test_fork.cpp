@@ -90,7 +90,7 @@ void one_iteration(Job& job, Runtime& runtime) {
   runtime.backend().synchronize_stream(stream);
 }
 
-TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging) {
+TEST(ForkedChild, InheritedObjectsSayNotSupportedAndAreDestroyedWithoutHanging) {
   auto runtime = std::make_unique<Runtime>(sim());
   auto job = std::make_unique<Job>(runtime->add_job(job_named("trainer")));
   auto waiter = std::make_unique<Job>(runtime->add_job(job_named("waiter")));
@@ -130,7 +130,7 @@ TEST(ForkedChild, AnInheritedRuntimeSaysNotSupportedAndIsDestroyedWithoutHanging
   EXPECT_EQ(waiter->stats().iterations, 1u);
 }
 
-TEST(ForkedChild, ARuntimeMadeInTheChildWorks) {
+TEST(ForkedChild, WhatTheChildMakesItselfWorks) {
   Runtime parent(sim());
   Job job = parent.add_job(job_named("parent"));
   one_iteration(job, parent);
@@ -148,7 +148,7 @@ TEST(ForkedChild, ARuntimeMadeInTheChildWorks) {
   one_iteration(job, parent);
 }
 
-TEST(ForkedChild, TheDefaultRuntimeIsANewOneInTheChild) {
+TEST(ForkedChild, TheDefaultIsANewOneInTheChild) {
   Runtime& inherited = Runtime::default_runtime();
   salus_runtime* const inherited_c = salus_default_runtime();
   ASSERT_NE(inherited_c, nullptr);
@@ -171,7 +171,7 @@ TEST(ForkedChild, TheDefaultRuntimeIsANewOneInTheChild) {
   one_iteration(after, inherited);
 }
 
-TEST(ForkedChild, CAbiCallsOnAnInheritedRuntimeSayNotSupported) {
+TEST(ForkedChild, CAbiCallsOnInheritedHandlesSayNotSupported) {
   salus_runtime* runtime = nullptr;
   ASSERT_EQ(salus_runtime_create_sim(1, 64 * MiB, &runtime), SALUS_OK);
   salus_job_spec s;
