@@ -19,7 +19,14 @@
  *
  * Thread safety: every call may be made from any thread. salus_job_begin_iteration blocks until
  * the device's policy admits the job; salus_job_cancel may be called from another thread to wake
- * it. */
+ * it (salus_job_try_begin_iteration waits at most a given time, for callers that must stay
+ * responsive).
+ *
+ * fork(): a runtime belongs to the process that made it. In a forked child every call on a
+ * runtime made before fork() (and its jobs) returns SALUS_ERROR_NOT_SUPPORTED, and destroying it
+ * there frees nothing (the parent's stream threads and GPU context are not in the child). A
+ * runtime made in the child works; the default runtime in a child is a new one, made on first
+ * use. */
 #ifndef SALUS_C_API_H
 #define SALUS_C_API_H
 
@@ -247,6 +254,20 @@ SALUS_API salus_status salus_job_add(salus_runtime* runtime, const salus_job_spe
  * work must go on. SALUS_ERROR_CANCELLED if the job is cancelled while waiting. */
 SALUS_API salus_status salus_job_begin_iteration(salus_runtime* runtime, uint32_t job,
                                                  void** stream);
+/* As salus_job_begin_iteration, but waits at most `timeout_seconds` (>= 0; 0 only asks).
+ * *begun (required) is 1 when the iteration began (*stream as above), 0 when the time ran out
+ * first: the job then keeps waiting in its place in the queue with no thread in the wait. Call
+ * this (or salus_job_begin_iteration) again to go on waiting, or salus_job_withdraw to stop. One
+ * thread at a time may wait for a job's turn (SALUS_ERROR_INVALID_ARGUMENT otherwise). */
+SALUS_API salus_status salus_job_try_begin_iteration(salus_runtime* runtime, uint32_t job,
+                                                     double timeout_seconds, void** stream,
+                                                     int* begun);
+/* Ends the wait that salus_job_try_begin_iteration left pending: the job is idle again and
+ * queued nowhere. A turn the policy granted meanwhile is handed back at once, unused (no
+ * iteration counts). SALUS_OK and nothing happens when the job is not waiting;
+ * SALUS_ERROR_INVALID_ARGUMENT inside an iteration (end it instead) or while a thread waits in
+ * begin_iteration for the job (salus_job_cancel wakes that one). */
+SALUS_API salus_status salus_job_withdraw(salus_runtime* runtime, uint32_t job);
 /* Lets the next job in at once; ephemeral blocks that survive are promoted to persistent. */
 SALUS_API salus_status salus_job_end_iteration(salus_runtime* runtime, uint32_t job);
 /* From any thread: frees everything the job holds and wakes it if it waits; its later calls

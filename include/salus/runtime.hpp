@@ -6,6 +6,7 @@
 // may still be draining (the next job's work is ordered behind it on the lane's stream).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -97,6 +98,18 @@ class SALUS_API Job {
   // returns, as far as the device has room. The prefetcher starts on them as soon as the policy
   // makes this job the next in its lane.
   StreamHandle begin_iteration();
+  // As begin_iteration, but waits at most `timeout` (>= 0; 0 only asks): nullopt when the time
+  // ran out first. The job then keeps waiting in its place in the queue with no thread in the
+  // wait: calling this (or begin_iteration) again goes on waiting, withdraw() stops. One thread
+  // at a time may wait for a job's turn (InvalidArgument otherwise). For waits that must stay
+  // responsive (the Python module waits in slices and handles Ctrl-C between them).
+  [[nodiscard]] std::optional<StreamHandle> try_begin_iteration(std::chrono::nanoseconds timeout);
+  // Ends the wait that a try_begin_iteration which ran out of time left pending: the job is idle
+  // again and queued nowhere (it may ask for a turn later). If the policy granted its turn
+  // meanwhile, the turn is handed back at once, unused (no iteration counts). Nothing happens
+  // when the job is idle, left or was cancelled. Throws InvalidArgument inside an iteration
+  // (end_iteration ends it) and while a thread waits for the turn (cancel() wakes that one).
+  void withdraw();
   // Throws InvalidArgument outside an iteration.
   void end_iteration();
 
@@ -122,7 +135,9 @@ class SALUS_API Job {
   // outlive it (JobSpec::blocks_outlive_job); otherwise that throws as other calls do.
   void deallocate(DevicePtr ptr);
 
-  // The job is done: frees everything it holds and lets others in. Idempotent.
+  // The job is done: frees everything it holds and lets others in. Idempotent. In a forked
+  // child (the job was made in the parent) it does nothing: the parent's job is not this
+  // process's to end.
   void leave();
   // From any thread, at any moment (mid-iteration too): frees everything the job holds and wakes
   // it if it waits; its later calls throw JobCancelled.
@@ -146,6 +161,11 @@ class SALUS_API JobCancelled : public Error {
   explicit JobCancelled(const std::string& job_name);
 };
 
+// fork(): a runtime belongs to the process that made it. In a forked child (which has only the
+// thread that forked: no stream threads, no CUDA context) every call on a runtime made before
+// fork(), and on its jobs, throws NotSupported saying so; destroying it there leaks it, as
+// joining its threads or freeing its memory would hang or reach into the parent's. A runtime
+// made in the child works. The default runtime in a child is a new one, made on first use.
 class SALUS_API Runtime {
  public:
   // Throws InvalidArgument for an unknown policy name (the message lists the known ones).

@@ -11,6 +11,11 @@
 // unattributed. Jobs whose tensors go through here should set JobSpec::blocks_outlive_job: a
 // tensor freed after its job left or was cancelled is then freed normally (its block stayed
 // valid, charged to nobody), and no address is reused under a live tensor.
+//
+// fork(): a forked child (a DataLoader worker, say) starts with the glue off: its new tensors come
+// from PyTorch's previous CPU allocator, tensors inherited from the parent stay readable, and
+// freeing them in the child leaves them to the parent. enable() in the child routes it to a
+// runtime of its own (one made in the child: the parent's does not work there).
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -286,7 +287,8 @@ class Runtime:
 
     def synchronize(self, stream: int) -> None:
         """Blocks (without the GIL) until the work enqueued on ``stream`` so far has finished,
-        as ``torch.cuda.Stream.synchronize`` does. ``stream`` 0 is device 0's default stream."""
+        as ``torch.cuda.Stream.synchronize`` does. ``stream`` 0 is device 0's default stream.
+        A signal ends the wait (Ctrl-C raises ``KeyboardInterrupt`` at once); the work goes on."""
         _check_address(stream, "stream")
         self._impl.synchronize(stream=stream)
 
@@ -369,7 +371,10 @@ def _set_thread_job(job_id: int, device: int) -> None:
 
 class Iteration:
     """``with job.iteration() as it:``: waits for the job's turn (without the GIL), runs the
-    body as the job's iteration, ends it. ``it.stream`` is the stream the work goes on."""
+    body as the job's iteration, ends it. ``it.stream`` is the stream the work goes on.
+
+    Ctrl-C while waiting raises ``KeyboardInterrupt`` at once, see :meth:`Job.begin_iteration`.
+    """
 
     def __init__(self, job: "Job") -> None:
         self._job = job
@@ -377,9 +382,22 @@ class Iteration:
 
     def __enter__(self) -> "Iteration":
         self.stream = self._job.begin_iteration()
-        _bind(self._job.id, self._job.device)
-        salus_torch._pending_error()  # a failure the caller caught earlier is not this block's
-        salus_torch._enter_iteration(self)
+        try:
+            _bind(self._job.id, self._job.device)
+            try:
+                salus_torch._pending_error()  # a failure the caller caught earlier is not ours
+                salus_torch._enter_iteration(self)
+            except BaseException:
+                _unbind()
+                raise
+        except BaseException:
+            # No __exit__ follows a failed __enter__ (a Ctrl-C landing here, say): the turn
+            # must not stay taken, or the job would hold its lane for ever.
+            try:
+                self._job.end_iteration()
+            except Exception:
+                pass  # cancelled meanwhile: nothing to end, and the first error says more
+            raise
         return self
 
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
@@ -420,6 +438,15 @@ class Job:
         return Iteration(self)
 
     def begin_iteration(self) -> int:
+        """Waits (without the GIL) for the job's turn; returns the stream its work goes on.
+
+        A signal ends the wait: Ctrl-C raises ``KeyboardInterrupt`` within a twentieth of a
+        second. The wait is then withdrawn, not the job: it is idle, queued nowhere, holds no turn
+        (one granted meanwhile goes back unused) and keeps its memory, so it may ask for a turn
+        again. Only the main thread runs signal handlers; a wait in another thread goes on (use
+        :meth:`cancel` to end it from outside). Raises :class:`JobCancelled` when the job is
+        cancelled while it waits.
+        """
         stream = int(self._impl.begin_iteration())
         self._iteration_stream = stream
         return stream
@@ -442,7 +469,8 @@ class Job:
         """Waits until the work this job enqueued on its stream (the running iteration's, else its
         lane's) has finished: reading a result at the end of an iteration does this, and it keeps
         the host from running ahead of the GPU. Its GPU time is charged once the stream is past
-        the iteration's end. A no-op before the job's first iteration."""
+        the iteration's end. A no-op before the job's first iteration. Ctrl-C ends the wait (the
+        work goes on), as for :meth:`Runtime.synchronize`."""
         stream = self._iteration_stream
         if stream is None:
             stream = self.stream
@@ -489,10 +517,24 @@ _default: Optional[Runtime] = None
 _default_lock = threading.Lock()
 
 
+def _forget_default_in_child() -> None:
+    """A forked child starts without a default runtime, as the C++ side does: the parent's is
+    the parent's (every call on it raises NotSupported here, and it is never destroyed here), and
+    the next :func:`default_runtime` makes a new one. The lock is new: a thread of the parent
+    may have held it, and that thread is not in the child."""
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_default_in_child)
+
+
 def default_runtime() -> Runtime:
     """The process's default runtime: the same one as the C ABI's ``salus_default_runtime()``
     and C++ ``salus::Runtime::default_runtime()`` (made on first use: CUDA where a GPU is
-    present, else one simulated GPU; policy "fair")."""
+    present, else one simulated GPU; policy "fair"). In a forked child it is a new one, made
+    on first use there."""
     global _default
     with _default_lock:
         if _default is None or _default.closed:

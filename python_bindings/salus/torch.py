@@ -10,10 +10,18 @@
 Attribution: allocations inside ``with job.iteration():`` are that job's ephemeral memory
 (promoted to persistent if they survive the iteration); inside ``with job:`` its persistent
 memory; anything else is unattributed. Importing this module does not import torch.
+
+fork(): a forked child (a ``DataLoader`` worker with ``num_workers > 0``, which Linux forks by
+default) starts with the glue off. Its new tensors come from PyTorch's own CPU allocator, tensors
+inherited from the parent stay readable (their memory is the parent's simulated GPU memory,
+shared with the parent rather than copied on write: do not modify them in place in the child),
+and freeing them in the child leaves them to the parent. ``enable()`` in the child routes it to
+a runtime of its own (made in the child: the parent's raises NotSupported there).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import Error, InvalidArgument, NotSupported
@@ -23,6 +31,15 @@ if TYPE_CHECKING:
 
 _glue: Any = None
 _mode: Optional[str] = None  # "cpu" or "cuda" while enabled
+
+
+def _off_in_child() -> None:
+    """A forked child starts with the glue off (the C++ glue switched itself off there)."""
+    global _mode
+    _mode = None
+
+
+os.register_at_fork(after_in_child=_off_in_child)
 
 
 def _load() -> Any:

@@ -1,9 +1,10 @@
 // _salus: the C++ runtime for Python. The Python package `salus` (python_bindings/salus) wraps
 // these with argument checking, plain statistics objects and typed exceptions; users import that.
 //
-// The GIL: every call that may block or take a scheduler lock releases it. A policy written in
-// Python is called with the scheduler's lock held and takes the GIL then, so no thread may hold
-// the GIL while it waits for that lock: hence no exception to the rule above.
+// The GIL: every call that may block or take a scheduler lock releases it; the long waits (a
+// job's turn, a stream's work) also wake for signals, so Ctrl-C ends them (waits.cpp). A policy
+// written in Python is called with the scheduler's lock held and takes the GIL then, so no thread
+// may hold the GIL while it waits for that lock: hence no exception to the rule above.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -426,8 +427,7 @@ void bind_runtime(py::module_& m) {
       .def(
           "synchronize",
           [](const PyRuntime& r, std::uintptr_t stream) {
-            py::gil_scoped_release release;
-            r.get().backend().synchronize_stream(StreamHandle{stream});
+            synchronize_interruptibly(r.get().backend(), StreamHandle{stream});
           },
           py::arg("stream"))
       .def(
@@ -479,7 +479,7 @@ void bind_job(py::module_& m) {
       .def_property_readonly("id", [](PyJob& j) { return j.get().id().value; })
       .def_property_readonly("name", [](PyJob& j) { return j.get().name(); })
       .def_property_readonly("stream", [](PyJob& j) { return j.get().stream().value; })
-      .def("begin_iteration", [](PyJob& j) { return j.get().begin_iteration().value; }, Release())
+      .def("begin_iteration", [](PyJob& j) { return begin_iteration_interruptibly(j.get()); })
       .def("end_iteration", [](PyJob& j) { j.get().end_iteration(); }, Release())
       .def("cancel", [](PyJob& j) { j.get().cancel(); }, Release())
       .def("leave", [](PyJob& j) { j.get().leave(); }, Release())

@@ -1,6 +1,10 @@
 // Jobs through the C ABI: add with a spec, begin/end iteration, cancel, leave, statistics.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
 #include "capi/capi.hpp"
 
 using salus::capi::guarded;
@@ -103,6 +107,36 @@ salus_status salus_job_begin_iteration(salus_runtime* runtime, uint32_t job, voi
     // The handle is held, not the table's lock, while this blocks.
     const salus::StreamHandle s = runtime->job(job)->begin_iteration();
     if (stream != nullptr) *stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(s.value));
+  });
+}
+
+salus_status salus_job_try_begin_iteration(salus_runtime* runtime, uint32_t job,
+                                           double timeout_seconds, void** stream, int* begun) {
+  return guarded([&] {
+    require(runtime, "salus_job_try_begin_iteration: runtime");
+    require(begun, "salus_job_try_begin_iteration: begun");
+    // Also refuses NaN. Past a year the wait is as long as salus_job_begin_iteration's.
+    if (!(timeout_seconds >= 0.0)) {
+      throw salus::InvalidArgument(
+          fmt::format("salus_job_try_begin_iteration: timeout_seconds is {}; it must be >= 0",
+                      timeout_seconds));
+    }
+    constexpr double kYear = 365.0 * 24 * 3600;
+    const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double>(std::min(timeout_seconds, kYear)));
+    // The handle is held, not the table's lock, while this blocks.
+    const std::optional<salus::StreamHandle> s = runtime->job(job)->try_begin_iteration(timeout);
+    *begun = s ? 1 : 0;
+    if (stream != nullptr) {
+      *stream = s ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(s->value)) : nullptr;
+    }
+  });
+}
+
+salus_status salus_job_withdraw(salus_runtime* runtime, uint32_t job) {
+  return guarded([&] {
+    require(runtime, "salus_job_withdraw: runtime");
+    runtime->job(job)->withdraw();
   });
 }
 

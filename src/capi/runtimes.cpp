@@ -1,7 +1,9 @@
 // Runtimes through the C ABI: options, creation, the process default.
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <atomic>
+#include <new>
 
 #include "capi/capi.hpp"
 #include "iteration_sched/default_runtime.hpp"
@@ -107,8 +109,11 @@ salus_runtime_options options_or_defaults(const salus_runtime_options* given, co
   return *given;
 }
 
+void forget_default_handle_in_child() noexcept;
+
 // The C handle of the default runtime. `current` is read on every salus_malloc: no lock there.
 struct DefaultHandle {
+  DefaultHandle() { ::pthread_atfork(nullptr, nullptr, &forget_default_handle_in_child); }
   std::mutex mu;  // taken before the C++ default's own lock
   std::unique_ptr<salus_runtime> handle;  // guarded by mu
   std::atomic<salus_runtime*> current{nullptr};
@@ -116,6 +121,16 @@ struct DefaultHandle {
 DefaultHandle& default_handle() {
   static DefaultHandle d;
   return d;
+}
+
+// A forked child starts with no default handle, as the C++ default (runtime.cpp): the parent's is
+// leaked (its runtime refuses every call there), and the lock is made anew (a thread of the
+// parent may have held it).
+void forget_default_handle_in_child() noexcept {
+  DefaultHandle& d = default_handle();
+  new (&d.mu) std::mutex;
+  d.current.store(nullptr, std::memory_order_relaxed);
+  (void)d.handle.release();
 }
 
 }  // namespace

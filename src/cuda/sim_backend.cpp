@@ -52,9 +52,21 @@ SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
 }
 
 SimBackend::~SimBackend() {
+  if (process::inherited(birth_)) {
+    // A forked child has none of the stream threads: joining them would wait forever. The
+    // streams are leaked; the child's copies of the mappings and descriptors go as usual.
+    auto* leaked = new std::vector<std::shared_ptr<Stream>>();
+    for (auto& [id, stream] : streams_) leaked->push_back(std::move(stream));
+    for (auto& stream : default_streams_) leaked->push_back(std::move(stream));
+    return;
+  }
   // Workers may still touch mapped memory, so they go first; the reservations' and memfds' owners
   // then unmap and close everything when the members are destroyed.
   shutdown_streams();
+}
+
+void SimBackend::check_process(const char* what) const {
+  process::check_not_inherited(birth_, what);
 }
 
 int SimBackend::device_count() const {

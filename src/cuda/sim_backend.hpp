@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/process_fork.hpp"
 #include "salus/device.hpp"
 #include "salus/sim.hpp"
 
@@ -186,8 +187,12 @@ class SimBackend final : public DeviceBackend {
                                      const char* role);
   void enqueue(StreamHandle stream, int device, Task task);
   void shutdown_streams() noexcept;
+  // Throws NotSupported in a forked child: the stream threads are the parent's (nothing would
+  // run what is enqueued), and the memory is shared with it.
+  void check_process(const char* what) const;
 
   const SimConfig config_;
+  const process::Birth birth_ = process::birth_now();
   std::vector<std::vector<std::optional<SimLinkConfig>>> links_;  // [from][to]
 
   mutable std::mutex mem_mutex_;

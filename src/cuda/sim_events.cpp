@@ -30,6 +30,7 @@ SimBackend::EventCapture SimBackend::timing_capture(const std::shared_ptr<Event>
 }
 
 std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) const {
+  check_process("this simulated GPU's event");
   std::lock_guard lock(stream_mutex_);
   auto it = events_.find(event.value);
   if (it == events_.end()) {
@@ -41,6 +42,7 @@ std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) cons
 
 EventHandle SimBackend::make_event(int device, bool timing, const char* what) {
   check_device(device, what);
+  check_process("this simulated GPU");
   std::lock_guard lock(stream_mutex_);
   const std::uint64_t id = next_event_++;
   events_.emplace(id, std::make_shared<Event>(device, timing));

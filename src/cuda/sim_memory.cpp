@@ -44,6 +44,7 @@ int unback(DevicePtr va, std::size_t bytes) {
 }  // namespace
 
 ChunkHandle SimBackend::create_chunk(Location where, std::size_t bytes) {
+  check_process("this simulated GPU's memory");  // shared with the parent: not the child's to carve
   std::lock_guard lock(mem_mutex_);
   const std::size_t index = pool_index(where);
   Pool& pool = pools_[index];

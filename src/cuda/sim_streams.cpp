@@ -89,6 +89,7 @@ void SimBackend::Stream::run(const std::stop_token& st) {
 }
 
 std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, int device) {
+  check_process("this simulated GPU's stream");
   std::lock_guard lock(stream_mutex_);
   if (stream.value == 0) {
     check_device(device, "default stream");
@@ -106,6 +107,7 @@ std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, 
 
 StreamHandle SimBackend::create_stream(int device, int priority) {
   check_device(device, "create_stream");
+  check_process("this simulated GPU");
   // Like cuStreamCreateWithPriority, out-of-range priorities are clamped, not refused.
   const int clamped = std::clamp(priority, config_.priorities.greatest, config_.priorities.least);
   std::lock_guard lock(stream_mutex_);
@@ -117,6 +119,7 @@ StreamHandle SimBackend::create_stream(int device, int priority) {
 void SimBackend::destroy_stream(StreamHandle stream) {
   if (stream.value == 0)
     throw InvalidArgument("destroy_stream: the default stream cannot be destroyed");
+  check_process("this simulated GPU's stream");
   std::shared_ptr<Stream> victim;
   {
     std::lock_guard lock(stream_mutex_);

@@ -552,6 +552,15 @@ void DecisionCore::wait(JobId job) {
   }
 }
 
+void DecisionCore::withdraw(JobId job) {
+  State& s = *state_;
+  JobRecord& rec = s.find(job, "withdraw");
+  if (!rec.waiting) throw InvalidArgument(fmt::format("scheduler: job {} is not waiting", job));
+  if (rec.lane) s.dequeue(rec);  // by its key, which is valid while it waits
+  rec.waiting = false;
+  if (rec.lane) s.refresh(*rec.lane);  // an exclusive lane's owner no longer makes it ready
+}
+
 void DecisionCore::finish(JobId job, double now) {
   State& s = *state_;
   JobRecord& rec = s.find(job, "finish");

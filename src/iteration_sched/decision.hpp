@@ -47,6 +47,10 @@ class DecisionCore {
   // The job asks for its next iteration. Throws InvalidArgument if unknown, already waiting or
   // running.
   void wait(JobId job);
+  // The job no longer asks for an iteration (its caller gave up waiting): it leaves its lane's
+  // queue, keeping its admission and lane. Throws InvalidArgument if unknown or not waiting (a
+  // started job is running: finish() ends that).
+  void withdraw(JobId job);
   // A running iteration ended `now` (seconds on the caller's clock).
   void finish(JobId job, double now);
   // A running iteration has done `work_seconds` of its work by `now`. Without this the core takes

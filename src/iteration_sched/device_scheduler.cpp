@@ -29,6 +29,10 @@ JobRecordState* current_thread_job() {
   return current_job;
 }
 
+void set_current_thread_job(JobRecordState* job) {
+  current_job = job;
+}
+
 JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
     : id(job), spec(std::move(job_spec)), arrival(order) {
   profile.iteration_seconds = spec.hints.iteration_seconds;
@@ -156,79 +160,6 @@ void DeviceScheduler::check_running(const JobRecordState& job, const char* what)
   if (job.state != JobState::running) {
     throw InvalidArgument(fmt::format("{}: job '{}' is not inside an iteration (it is {})", what,
                                       job.spec.name, to_string(job.state)));
-  }
-}
-
-StreamHandle DeviceScheduler::begin(JobRecordState& job) {
-  settle_timings();  // the decisions below see the GPU time of iterations done so far
-  std::unique_lock lock(mu_);
-  check_usable(job, "begin_iteration");
-  if (job.state != JobState::idle) {
-    throw InvalidArgument(fmt::format("begin_iteration: job '{}' is already {}", job.spec.name,
-                                      to_string(job.state)));
-  }
-  job.state = JobState::waiting;
-  job.started = false;
-  job.wait_started = SteadyClock::now();
-  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
-  // like every memory manager call that may take a heap lock: see allocate.)
-  lock.unlock();
-  memory::set_job_quiescent(*memory_, job.id);
-  lock.lock();
-  // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
-  check_usable(job, "begin_iteration");
-  core_.wait(job.id);
-  wake(run_decisions());
-  if (!job.started) prefetch_next(core_.lane_of(job.id));
-  wait_for_start(job, lock);
-  check_usable(job, "begin_iteration");
-  // Its pages that went down a tier while it waited come home (prefetch may have done it).
-  const StreamHandle stream = job.stream;
-  lock.unlock();
-  try {
-    // Its memory (persistent blocks made on another stream included) is used on this stream
-    // from now on: frees and page moves are ordered after the work it enqueues here.
-    memory_->add_job_stream(job.id, device_, stream);
-    memory::activate_job(*memory_, job.id);
-  } catch (const UnknownJob&) {
-    rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
-    throw;
-  }
-  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
-  // host is timed on the host instead (at end()).
-  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
-  const std::optional<IterationTimers::Pair> timer =
-      host_timed ? std::nullopt : start_timer(job, stream);
-  lock.lock();
-  if (job.state == JobState::cancelled || job.state == JobState::left) {
-    if (timer) timers_.release(*timer);
-    check_usable(job, "begin_iteration");
-  }
-  job.timer = timer;
-  job.host_timed = host_timed;
-  const auto now = SteadyClock::now();
-  const double waited = std::chrono::duration<double>(now - job.wait_started).count();
-  job.waiting_seconds += waited;
-  job.max_wait_seconds = std::max(job.max_wait_seconds, waited);
-  job.state = JobState::running;
-  job.iteration_started = now;
-  job.ephemeral_now = 0;
-  job.samples.clear();
-  current_job = &job;
-  return job.stream;
-}
-
-void DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
-  while (!job.started && job.state == JobState::waiting) {
-    if (recheck_at_) {
-      job.wakeup.wait_until(lock, *recheck_at_);
-      if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
-        recheck_at_.reset();
-        wake(run_decisions());
-      }
-    } else {
-      job.wakeup.wait(lock);
-    }
   }
 }
 
@@ -557,7 +488,10 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     std::unique_lock lock(mu_);
     if (job.state == JobState::cancelled && !cancelled) job.retired = true;
     if (job.state == JobState::left || job.state == JobState::cancelled) return;
-    const bool was_running = job.state == JobState::running;
+    // A turn granted to a waiting job (not taken yet, or a wait that ran out of time) holds the
+    // lane's stream as an iteration does.
+    const bool was_running =
+        job.state == JobState::running || (job.state == JobState::waiting && job.started);
     if (was_running) {
       running_on_stream_.erase(job.stream.value);
       release_slot(job.lane);

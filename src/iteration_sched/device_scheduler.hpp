@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/process_fork.hpp"
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_timers.hpp"
 #include "iteration_sched/trace.hpp"
@@ -48,6 +49,9 @@ struct JobRecordState {
   // job that left), no longer "cancelled".
   bool retired = false;
   bool started = false;  // the core started the iteration this job waits for
+  // A thread waits in begin for this job's turn. A wait may also be pending with no thread in it
+  // (a timed begin ran out of time): the job keeps its place until it begins or withdraws.
+  bool waiter = false;
   int lane = -1;
   StreamHandle stream{};
   std::uint64_t iterations = 0;
@@ -68,6 +72,7 @@ struct JobRecordState {
 
 // The job inside an iteration on the calling thread, if any.
 JobRecordState* current_thread_job();
+void set_current_thread_job(JobRecordState* job);
 
 class DeviceScheduler {
  public:
@@ -81,6 +86,14 @@ class DeviceScheduler {
 
   std::shared_ptr<JobRecordState> add(JobSpec spec);
   StreamHandle begin(JobRecordState& job);
+  // As begin, but waits until `deadline` at most: nullopt when it passed first. The job then
+  // keeps waiting in its place in the queue, with no thread in the wait: a later begin or
+  // begin_until goes on with it, withdraw ends it.
+  std::optional<StreamHandle> begin_until(JobRecordState& job, SteadyClock::time_point deadline);
+  // Ends a pending wait that no thread is in: the job is idle again and queued nowhere; a turn
+  // the core granted meanwhile is handed back unused. Nothing happens when the job is idle, left
+  // or cancelled; InvalidArgument while a thread waits in begin or the job is inside an iteration.
+  void withdraw(JobRecordState& job);
   void end(JobRecordState& job);
   // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed (or,
   // with JobSpec::blocks_outlive_job, handed to nobody until its holders free it).
@@ -113,6 +126,8 @@ class DeviceScheduler {
   [[nodiscard]] std::vector<JobStats> all_stats();
   [[nodiscard]] std::string_view policy_name() const { return policy_->name(); }
   [[nodiscard]] int device() const { return device_; }
+  // Where it was made: in a forked child it is inherited and must not be used (process_fork.hpp).
+  [[nodiscard]] const process::Birth& birth() const { return birth_; }
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
@@ -127,9 +142,24 @@ class DeviceScheduler {
   // so that their holders free them; false while the job may free its own; throws as
   // check_usable when it ended otherwise. One decision under one lock: no end slips between.
   [[nodiscard]] bool holder_frees(const JobRecordState& job) const;
-  // With mu_ held (by `lock`): waits until the core starts the job, or it is cancelled; a waiter
-  // also watches the clock for a decision that asked to be made again later.
-  void wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  // begin and begin_until: no deadline waits until the turn comes (or the job is cancelled).
+  std::optional<StreamHandle> begin_turn(JobRecordState& job,
+                                         std::optional<SteadyClock::time_point> deadline);
+  // With mu_ held (by `lock`, released meanwhile): an idle job asks the core for its next turn.
+  void ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  // With mu_ held (by `lock`, released meanwhile): the core started the job; its memory is made
+  // ready on the lane's stream and it runs. Throws (the caller hands the turn back) on failure.
+  void take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  // With mu_ held: the turn the core granted the waiting `job` goes back unused (no iteration
+  // counted); the job is idle. Returns the jobs to wake.
+  std::vector<std::shared_ptr<JobRecordState>> hand_back_turn(JobRecordState& job);
+  // With mu_ held: a wait of `job` ends now; its statistics count it.
+  static void count_wait(JobRecordState& job, SteadyClock::time_point now);
+  // With mu_ held (by `lock`): waits until the core starts the job, it is cancelled, or
+  // `deadline` passes (then returns false); a waiter also watches the clock for a decision that
+  // asked to be made again later.
+  bool wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                      std::optional<SteadyClock::time_point> deadline);
   // With mu_ held: starts what the core decides; returns the jobs to wake (after unlocking, so
   // they do not wake only to block on mu_).
   std::vector<std::shared_ptr<JobRecordState>> run_decisions();
@@ -193,6 +223,7 @@ class DeviceScheduler {
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
   const std::shared_ptr<const std::atomic<bool>> host_compute_;
+  const process::Birth birth_ = process::birth_now();
   IterationTimers timers_;  // its own lock
 
   // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.

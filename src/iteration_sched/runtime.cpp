@@ -1,12 +1,15 @@
 #include "salus/runtime.hpp"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <utility>
 
+#include "cuda/process_fork.hpp"
 #include "iteration_sched/default_runtime.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/trace.hpp"
@@ -59,6 +62,9 @@ struct Runtime::Impl {
     }
   }
 
+  // Throws NotSupported in a forked child: the runtime is the parent's (see process_fork.hpp).
+  void check_process() const { process::check_not_inherited(birth, "this salus runtime"); }
+
   // The present job `id`; throws UnknownJob, or InvalidArgument when it runs on another device
   // than `device` (-1: any).
   std::shared_ptr<JobRecordState> job(JobId id, int device = -1) const {
@@ -85,6 +91,7 @@ struct Runtime::Impl {
   // The memory manager checks what the caller knows of the block where it frees it, and says
   // whose block it was, so that the job's memory curve sees the free (no lookup before it).
   void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) const {
+    check_process();
     const MemoryManager::FreedBlockInfo freed = memory->deallocate(ptr, check);
     if (freed.job != kUnattributedJob) scheduler(freed.device).note_free(freed);
   }
@@ -104,6 +111,7 @@ struct Runtime::Impl {
   // RuntimeOptions::host_compute: read by every device scheduler, set by set_host_compute.
   std::shared_ptr<std::atomic<bool>> host_compute;
   std::vector<std::shared_ptr<DeviceScheduler>> schedulers;
+  const process::Birth birth = process::birth_now();
   // Tells this runtime's thread-local current job from another's (an address could be reused).
   const std::uint64_t serial = next_serial.fetch_add(1, std::memory_order_relaxed);
   static inline std::atomic<std::uint64_t> next_serial{1};
@@ -118,13 +126,25 @@ struct ThreadJob {
 };
 thread_local ThreadJob thread_job_choice;
 
+void forget_default_in_child() noexcept;
+
 struct DefaultRuntime {
+  DefaultRuntime() { ::pthread_atfork(nullptr, nullptr, &forget_default_in_child); }
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // guarded by mu
 };
 DefaultRuntime& default_holder() {
   static DefaultRuntime holder;
   return holder;
+}
+
+// A forked child starts with no default runtime (the next use makes one, as after a shutdown).
+// The parent's is leaked, never destroyed here (see ~Runtime), and the lock is made anew: a
+// thread of the parent may have held it, and that thread does not exist in the child.
+void forget_default_in_child() noexcept {
+  DefaultRuntime& d = default_holder();
+  new (&d.mu) std::mutex;
+  if (d.runtime) (void)new std::shared_ptr<Runtime>(std::move(d.runtime));
 }
 
 }  // namespace
@@ -165,7 +185,11 @@ std::shared_ptr<JobRecordState> Runtime::Impl::thread_job(DeviceScheduler& s, in
 Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
     : impl_(std::make_unique<Impl>(std::move(backend), std::move(options))) {}
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  // In a forked child the runtime is the parent's: destroying it would join stream threads that
+  // do not exist here, take locks their holders never release, and free the parent's memory.
+  if (impl_ && process::inherited(impl_->birth)) (void)impl_.release();
+}
 
 Runtime& Runtime::default_runtime() {
   return *default_runtime_shared();
@@ -181,6 +205,7 @@ Runtime& Runtime::init_default_runtime(std::shared_ptr<DeviceBackend> backend,
 }
 
 Job Runtime::add_job(JobSpec spec) {
+  impl_->check_process();
   auto& scheduler = impl_->scheduler(spec.device);
   auto state = scheduler.add(std::move(spec));
   return Job(impl_->schedulers[static_cast<std::size_t>(scheduler.device())], std::move(state));
@@ -188,6 +213,7 @@ Job Runtime::add_job(JobSpec spec) {
 
 DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, JobId job,
                             std::optional<Lifetime> lifetime) {
+  impl_->check_process();
   DeviceScheduler& scheduler = impl_->scheduler(device);
   std::shared_ptr<JobRecordState> owner;
   if (job != kUnattributedJob) {
@@ -230,19 +256,23 @@ void Runtime::deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) {
 }
 
 void Runtime::record_stream(DevicePtr ptr, StreamHandle stream) {
+  impl_->check_process();
   impl_->memory->record_stream_use(ptr, stream);
 }
 
 void Runtime::bind_stream(int device, StreamHandle stream, JobId job) {
+  impl_->check_process();
   DeviceScheduler& scheduler = impl_->scheduler(device);
   scheduler.bind_stream(stream, impl_->job(job, device));
 }
 
 void Runtime::unbind_stream(int device, StreamHandle stream) {
+  impl_->check_process();
   impl_->scheduler(device).unbind_stream(stream);
 }
 
 void Runtime::set_current_job(JobId job) {
+  impl_->check_process();
   if (job != kUnattributedJob) (void)impl_->job(job);  // refuse an id that is no job here
   thread_job_choice = {impl_->serial, job};
 }
@@ -256,6 +286,7 @@ int Runtime::device_count() const {
 }
 
 MemoryManager& Runtime::memory() {
+  impl_->check_process();
   return *impl_->memory;
 }
 DeviceBackend& Runtime::backend() {
@@ -266,6 +297,7 @@ std::string_view Runtime::policy() const {
 }
 
 std::vector<JobStats> Runtime::job_stats() const {
+  impl_->check_process();
   std::vector<JobStats> out;
   for (const auto& scheduler : impl_->schedulers) {
     auto stats = scheduler->all_stats();
@@ -275,6 +307,7 @@ std::vector<JobStats> Runtime::job_stats() const {
 }
 
 std::string Runtime::trace_json() const {
+  impl_->check_process();
   return impl_->trace->json();
 }
 
@@ -305,11 +338,28 @@ Job::~Job() {
 
 DeviceScheduler& Job::scheduler() const {
   if (!scheduler_) throw InvalidArgument("this Job handle was moved from");
+  process::check_not_inherited(scheduler_->birth(), "this job's salus runtime");
   return *scheduler_;
 }
 
 StreamHandle Job::begin_iteration() {
   return scheduler().begin(*state_);
+}
+
+std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds timeout) {
+  DeviceScheduler& s = scheduler();
+  if (timeout < std::chrono::nanoseconds::zero()) {
+    throw InvalidArgument(
+        fmt::format("try_begin_iteration: a timeout of {} ns is negative", timeout.count()));
+  }
+  // A deadline past the clock's range waits as long as begin_iteration does.
+  const auto now = SteadyClock::now();
+  if (timeout >= SteadyClock::time_point::max() - now) return s.begin(*state_);
+  return s.begin_until(*state_, now + std::chrono::duration_cast<SteadyClock::duration>(timeout));
+}
+
+void Job::withdraw() {
+  scheduler().withdraw(*state_);
 }
 void Job::end_iteration() {
   scheduler().end(*state_);
@@ -334,7 +384,9 @@ void Job::deallocate(DevicePtr ptr) {
 }
 
 void Job::leave() {
-  if (scheduler_ && state_) {
+  // In a forked child the job is the parent's (its scheduler's lock may even be held by a thread
+  // that does not exist here): nothing to leave.
+  if (scheduler_ && state_ && !process::inherited(scheduler_->birth())) {
     try {
       scheduler_->finish(*state_, false);
     } catch (const std::exception&) {

@@ -3,6 +3,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdio>
@@ -26,6 +27,7 @@ struct State {
   Runtime* runtime = nullptr;       // valid while blocks > 0 or enabled
   bool cpu = false;
   bool host_compute_before = false;  // cpu: the runtime's host_compute before enable
+  std::uint64_t generation = 0;  // g_fork_generation when enabled (see "fork()" below)
   std::atomic<bool> enabled{true};
   std::atomic<std::int64_t> blocks{0};
   std::mutex mu;
@@ -44,6 +46,15 @@ std::mutex g_mu;                       // enable/disable
 std::atomic<State*> g_state{nullptr};  // the enabled one, or null
 c10::Allocator* g_previous_cpu = nullptr;
 std::atomic<Around> g_around{nullptr};
+
+// fork(): a child has only the forking thread, and the runtime the glue routes to is its
+// parent's (its stream threads are not in the child, its simulated memory is shared with the
+// parent: a block carved there would be the parent's too). So a child starts with the glue off:
+// new tensors come from PyTorch's previous CPU allocator (a DataLoader worker, forked by default
+// on Linux, makes its batches that way), and the parent's blocks that the child frees are left
+// alone (they are the parent's; the child's mapping goes with the process). A child may enable
+// the glue again with a runtime of its own. Bumped in a child; read on every allocation.
+std::atomic<std::uint64_t> g_fork_generation{0};
 
 std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_frees{0};
@@ -92,6 +103,14 @@ class Owners {
     s.map.erase(it);
     return owner;
   }
+  // Around fork(): the table is locked whole, so that the child finds it consistent and its locks
+  // free (no other thread is there to release them).
+  void lock_all() {
+    for (Shard& s : shards_) s.mu.lock();
+  }
+  void unlock_all() {
+    for (Shard& s : shards_) s.mu.unlock();
+  }
 
  private:
   static constexpr std::size_t kShards = 64;
@@ -124,21 +143,38 @@ void free_block(State& state, DevicePtr ptr, std::optional<int> device,
 }
 
 // Frees a block allocated through the glue, through the runtime it came from (the glue may have
-// been disabled, or enabled with another runtime, since).
-void delete_block(void* ptr, std::optional<int> device = {},
+// been disabled, or enabled with another runtime, since). A block of the parent process, freed
+// in a forked child, is left alone. Returns false when `ptr` is no block of the glue.
+bool delete_block(void* ptr, std::optional<int> device = {},
                   std::optional<std::size_t> bytes = {}) {
   const auto addr = reinterpret_cast<DevicePtr>(ptr);
   if (const std::optional<Owner> owner = g_owners.take(addr)) {
-    free_block(*owner->state, addr, device, bytes);
-  } else if (ptr != nullptr) {
+    if (owner->state->generation == g_fork_generation.load(std::memory_order_relaxed)) {
+      free_block(*owner->state, addr, device, bytes);
+    }
+    return true;
+  }
+  return ptr == nullptr;
+}
+
+void log_unknown_free(void* ptr) {
+  if (ptr != nullptr) {
     g_failed_frees.fetch_add(1, std::memory_order_relaxed);
-    log_failed_free(addr, "the address was not allocated through salus_torch");
+    log_failed_free(reinterpret_cast<DevicePtr>(ptr),
+                    "the address was not allocated through salus_torch");
   }
 }
 
-// c10's deleters take the address alone.
+// c10's deleters take the address alone. In a forked child, PyTorch's raw_deallocate may bring
+// here a block that the previous allocator made (through our allocate(), which routes there while
+// the glue is off): it goes back to that allocator.
 void delete_block_at(void* ptr) {
-  delete_block(ptr);
+  if (delete_block(ptr)) return;
+  if (g_fork_generation.load(std::memory_order_relaxed) != 0 && g_previous_cpu != nullptr) {
+    g_previous_cpu->raw_deleter()(ptr);
+    return;
+  }
+  log_unknown_free(ptr);
 }
 
 // Allocates through the state's runtime and records the block's owner; throws salus errors
@@ -211,6 +247,27 @@ class CpuAllocator final : public c10::Allocator {
 
 CpuAllocator g_cpu_allocator;
 
+// See "fork()" above. The glue's locks are held across fork(), so that the child finds them free
+// and what they guard consistent.
+void before_fork() noexcept {
+  g_mu.lock();
+  g_owners.lock_all();
+}
+void after_fork_in_parent() noexcept {
+  g_owners.unlock_all();
+  g_mu.unlock();
+}
+void after_fork_in_child() noexcept {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_owners.unlock_all();
+  g_mu.unlock();
+  // The glue is off: allocate() routes to the previous allocator. The parent's state, and the
+  // runtime it holds, are leaked (destroying that runtime here would hang; see salus::Runtime).
+  g_state.store(nullptr);
+}
+[[maybe_unused]] const int g_fork_handlers =
+    ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
+
 void enable(std::shared_ptr<Runtime> runtime, bool cpu) {
   if (!runtime) throw InvalidArgument("salus_torch: the runtime is null");
   std::lock_guard lock(g_mu);
@@ -218,6 +275,7 @@ void enable(std::shared_ptr<Runtime> runtime, bool cpu) {
     throw InvalidArgument("salus_torch is enabled already: disable() it first");
   }
   auto* state = new State;  // immortal, see State
+  state->generation = g_fork_generation.load();
   state->runtime = runtime.get();
   state->keeper = std::move(runtime);
   state->cpu = cpu;
@@ -318,8 +376,10 @@ void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
 
 void salus_torch_cuda_free(void* ptr, std::ptrdiff_t size, int device, void* /*stream*/) {
   // Through the runtime the block came from; the size and device are checked where it is freed.
-  delete_block(ptr, device,
-               size > 0 ? std::optional(static_cast<std::size_t>(size)) : std::nullopt);
+  if (!delete_block(ptr, device,
+                    size > 0 ? std::optional(static_cast<std::size_t>(size)) : std::nullopt)) {
+    log_unknown_free(ptr);
+  }
 }
 
 }  // extern "C"

@@ -1,0 +1,182 @@
+// DeviceScheduler: a job's wait for its turn (begin_iteration, with or without a deadline) and
+// the withdrawal of a pending wait. The rest of the mechanism is in device_scheduler.cpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "iteration_sched/device_scheduler.hpp"
+#include "memory/safe_points.hpp"
+
+namespace salus {
+
+StreamHandle DeviceScheduler::begin(JobRecordState& job) {
+  return *begin_turn(job, std::nullopt);
+}
+
+std::optional<StreamHandle> DeviceScheduler::begin_until(JobRecordState& job,
+                                                         SteadyClock::time_point deadline) {
+  return begin_turn(job, deadline);
+}
+
+std::optional<StreamHandle> DeviceScheduler::begin_turn(
+    JobRecordState& job, std::optional<SteadyClock::time_point> deadline) {
+  settle_timings();  // the decisions below see the GPU time of iterations done so far
+  std::unique_lock lock(mu_);
+  check_usable(job, "begin_iteration");
+  // A waiting job with no thread in its wait (a deadline passed) goes on waiting here.
+  if (job.state == JobState::running || job.waiter) {
+    throw InvalidArgument(fmt::format("begin_iteration: job '{}' is already {}", job.spec.name,
+                                      to_string(job.state)));
+  }
+  job.waiter = true;
+  try {
+    if (job.state == JobState::idle) ask_for_turn(job, lock);
+    if (!wait_for_start(job, lock, deadline)) {
+      job.waiter = false;
+      return std::nullopt;
+    }
+    check_usable(job, "begin_iteration");
+    take_turn(job, lock);
+  } catch (...) {
+    if (!lock.owns_lock()) lock.lock();
+    job.waiter = false;
+    std::vector<std::shared_ptr<JobRecordState>> to_wake;
+    if (job.state == JobState::waiting) {
+      if (job.started) {
+        to_wake = hand_back_turn(job);  // a turn granted but not taken would hold its lane
+      } else if (!core_.waiting(job.id)) {
+        job.state = JobState::idle;  // it never joined the queue
+      }
+    }
+    lock.unlock();
+    wake(to_wake);
+    throw;
+  }
+  job.waiter = false;
+  return job.stream;
+}
+
+void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+  job.state = JobState::waiting;
+  job.started = false;
+  job.wait_started = SteadyClock::now();
+  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
+  // like every memory manager call that may take a heap lock: see allocate.)
+  lock.unlock();
+  memory::set_job_quiescent(*memory_, job.id);
+  lock.lock();
+  // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
+  check_usable(job, "begin_iteration");
+  core_.wait(job.id);
+  wake(run_decisions());
+  if (!job.started) prefetch_next(core_.lane_of(job.id));
+}
+
+bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                                     std::optional<SteadyClock::time_point> deadline) {
+  while (!job.started && job.state == JobState::waiting) {
+    // Wake at the deadline or at a recheck the core asked for, whichever comes first.
+    std::optional<SteadyClock::time_point> until = recheck_at_;
+    if (deadline) {
+      if (SteadyClock::now() >= *deadline) return false;
+      if (!until || *deadline < *until) until = deadline;
+    }
+    if (until) {
+      job.wakeup.wait_until(lock, *until);
+      if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
+        recheck_at_.reset();
+        wake(run_decisions());
+      }
+    } else {
+      job.wakeup.wait(lock);
+    }
+  }
+  return true;
+}
+
+void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+  // Its pages that went down a tier while it waited come home (prefetch may have done it).
+  const StreamHandle stream = job.stream;
+  lock.unlock();
+  try {
+    // Its memory (persistent blocks made on another stream included) is used on this stream
+    // from now on: frees and page moves are ordered after the work it enqueues here.
+    memory_->add_job_stream(job.id, device_, stream);
+    memory::activate_job(*memory_, job.id);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
+    throw;
+  }
+  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
+  // host is timed on the host instead (at end()).
+  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
+  const std::optional<IterationTimers::Pair> timer =
+      host_timed ? std::nullopt : start_timer(job, stream);
+  lock.lock();
+  if (job.state == JobState::cancelled || job.state == JobState::left) {
+    if (timer) timers_.release(*timer);
+    check_usable(job, "begin_iteration");
+  }
+  job.timer = timer;
+  job.host_timed = host_timed;
+  const auto now = SteadyClock::now();
+  count_wait(job, now);
+  job.state = JobState::running;
+  job.iteration_started = now;
+  job.ephemeral_now = 0;
+  job.samples.clear();
+  set_current_thread_job(&job);
+}
+
+std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::hand_back_turn(JobRecordState& job) {
+  running_on_stream_.erase(job.stream.value);
+  release_slot(job.lane);
+  job.started = false;
+  job.state = JobState::idle;
+  core_.finish(job.id, seconds_since_start(SteadyClock::now()));
+  note_iteration_gone();
+  return run_decisions();
+}
+
+void DeviceScheduler::count_wait(JobRecordState& job, SteadyClock::time_point now) {
+  const double waited = std::chrono::duration<double>(now - job.wait_started).count();
+  job.waiting_seconds += waited;
+  job.max_wait_seconds = std::max(job.max_wait_seconds, waited);
+}
+
+void DeviceScheduler::withdraw(JobRecordState& job) {
+  std::vector<std::shared_ptr<JobRecordState>> to_wake;
+  {
+    std::lock_guard lock(mu_);
+    if (job.state == JobState::running) {
+      throw InvalidArgument(fmt::format(
+          "withdraw: job '{}' is inside an iteration (end_iteration ends it)", job.spec.name));
+    }
+    if (job.state != JobState::waiting) return;  // idle, left or cancelled: no wait to end
+    if (job.waiter) {
+      throw InvalidArgument(fmt::format(
+          "withdraw: a thread waits in begin_iteration for job '{}' (cancel() wakes it)",
+          job.spec.name));
+    }
+    count_wait(job, SteadyClock::now());
+    if (job.started) {
+      to_wake = hand_back_turn(job);  // granted since the wait ran out of time: the next one goes
+    } else {
+      const std::optional<int> lane = core_.lane_of(job.id);
+      core_.withdraw(job.id);
+      job.state = JobState::idle;
+      to_wake = run_decisions();  // memory-aware plans may try another waiting job as an extra
+      prefetch_next(lane);        // the lane's next job may be another one now
+    }
+  }
+  wake(to_wake);
+  // Idle again, the job may enqueue work as between iterations: its pages stay where they are.
+  try {
+    memory::activate_job(*memory_, job.id);
+  } catch (const UnknownJob&) {
+    std::lock_guard lock(mu_);
+    if (job.state != JobState::cancelled && job.state != JobState::left) throw;
+  }
+}
+
+}  // namespace salus
