@@ -150,7 +150,9 @@ TEST(RuntimeMemoryWait, ThreeJobsTakeTurnsUntilTheEnd) {
             std::lock_guard lock(mu);
             order.push_back(j);
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(4));
+          // Long enough that a job whose turn ended asks again before the next two turns end,
+          // even on a loaded machine or under a sanitizer.
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
       });
     }
