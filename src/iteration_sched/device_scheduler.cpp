@@ -361,8 +361,11 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   const Lifetime life = lifetime.value_or(inside ? Lifetime::ephemeral : Lifetime::persistent);
   // A block lives on the stream that uses it first: the one named (the block is then ordered
   // against the job's lanes too, see add_job_stream), else the job's last lane stream (or the
-  // device default), which also orders its memory outside an iteration.
-  const StreamHandle stream = on_stream.value_or(job.stream);
+  // device default), which also orders its memory outside an iteration. Blocks of jobs that
+  // compute on the host use no stream: they all live on the device's default stream, one heap
+  // whose partly used pages serve every job, not one heap per lane.
+  const bool host = host_compute_->load(std::memory_order_relaxed);
+  const StreamHandle stream = on_stream.value_or(host ? StreamHandle{} : job.stream);
   lock.unlock();
   DevicePtr ptr = 0;
   try {
@@ -371,7 +374,7 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
                                  .stream = stream,
                                  .job = job.id,
                                  .lifetime = life,
-                                 .host_access = host_compute_->load(std::memory_order_relaxed)});
+                                 .host_access = host});
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled by another thread meanwhile
     throw;

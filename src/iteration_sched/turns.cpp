@@ -61,10 +61,14 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
   job.started = false;
   job.wait_started = SteadyClock::now();
   // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
-  // like every memory manager call that may take a heap lock: see allocate.)
-  lock.unlock();
-  memory::set_job_quiescent(*memory_, job.id);
-  lock.lock();
+  // like every memory manager call that may take a heap lock: see allocate.) Not when jobs
+  // compute on the host: their other threads (a data loader, a tensor's holder) may touch their
+  // memory at any moment, so it never moves (new pages may still come from other tiers).
+  if (!host_compute_->load(std::memory_order_relaxed)) {
+    lock.unlock();
+    memory::set_job_quiescent(*memory_, job.id);
+    lock.lock();
+  }
   // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
   check_usable(job, "begin_iteration");
   core_.wait(job.id);

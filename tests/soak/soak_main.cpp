@@ -14,6 +14,7 @@
 //              [--slots 16] [--racers 6] [--max-iterations-per-job 24] [--cancel-interval-ms 400]
 //              [--device-limit-mib 24] [--host-limit-mib 256] [--sample-ms 1000]
 //              [--rss-tolerance-mib 8] [--no-rss-verdict] [--no-kernels] [--no-stream-readers]
+//              [--device-compute]
 //              [--simulate-hang S]
 #include <execinfo.h>
 #include <signal.h>
@@ -88,8 +89,9 @@ RuntimeOptions runtime_options(const Options& o, const Combo& combo) {
   RuntimeOptions options;
   options.policy = combo.policy;
   // The soak's jobs write and read their blocks on the host as soon as they have them, as
-  // PyTorch's CPU tensors over a simulated GPU do: they are CPU consumers.
-  options.host_compute = true;
+  // PyTorch's CPU tensors over a simulated GPU do: they are CPU consumers (unless
+  // --device-compute, which keeps host accesses inside the jobs' own iterations).
+  options.host_compute = o.host_compute;
   options.memory.device_limits.assign(kDevices, o.device_limit_mib * MiB);
   options.memory.harvest.spill = combo.spill ? SpillPolicy::peer_then_host : SpillPolicy::none;
   options.memory.harvest.host_limit_bytes = o.host_limit_mib * MiB;

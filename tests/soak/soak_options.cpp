@@ -141,6 +141,9 @@ Options parse_options(int argc, char** argv) {
       o.judge_rss = false;
     } else if (flag == "--no-stream-readers") {
       o.stream_readers = false;
+    } else if (flag == "--device-compute") {
+      o.host_compute = false;
+      o.stream_readers = false;
     } else if (i + 1 < argc) {
       apply(o, combo, flag, argv[++i]);
     } else {

@@ -39,6 +39,10 @@ struct Options {
   bool judge_rss = true;  // --no-rss-verdict: RSS is reported, not judged
   bool kernels = true;
   bool stream_readers = true;
+  // RuntimeOptions::host_compute: the jobs touch their blocks on the host as soon as they have
+  // them (CPU consumers), so their pages never move. --device-compute turns it off (and the
+  // stream readers, which race the host's first touch then): waiting jobs' pages move.
+  bool host_compute = true;
   std::optional<double> simulate_hang_after;
 };
 
