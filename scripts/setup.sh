@@ -84,7 +84,9 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 PY_REQS=(torch numpy pytest pytest-benchmark matplotlib tqdm "scikit-build-core>=0.10" "pybind11>=2.12"
          atheris  # atheris: the Python fuzz targets (tests/fuzz/python)
-         "ray[tune]>=2.9")  # salus.ray: trials on Ray GPU workers, and its Ray Tune glue
+         "ray[tune]>=2.9"  # salus.ray: trials on Ray GPU workers, and its Ray Tune glue
+         # Models the project did not write, for the tests (small configs, random weights):
+         torchvision timm transformers)
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, re, sys
 for req in sys.argv[1:]:

@@ -95,6 +95,12 @@ class MemoryManager::Impl {
         throw InvalidArgument(
             fmt::format("device {} would get no memory (limit below one page)", d));
       }
+      if (const auto& reserve = options.harvest.lend_reserve_bytes; reserve && *reserve > limit) {
+        throw InvalidArgument(fmt::format(
+            "HarvestOptions::lend_reserve_bytes ({} bytes) is more than device {} may hold ({} "
+            "bytes): a device cannot keep back more than it has",
+            *reserve, d, limit));
+      }
       heaps_.push_back(
           std::make_unique<DeviceHeap>(backend_, tiers_, jobs_, d, limit, options.va_factor));
     }
