@@ -260,7 +260,7 @@ TEST(MemoryOptionsTest, RejectsInconsistentOptions) {
                InvalidArgument);
   EXPECT_THROW(MemoryManager(nullptr), InvalidArgument);
   MemoryOptions reserve_too_large{.device_limits = {16 * MiB}};
-  reserve_too_large.harvest.lend_reserve_bytes = 32 * MiB;  // more than the device may hold
+  reserve_too_large.harvest.lend_reserve_bytes = 32 * MiB;  // more than any device may hold
   EXPECT_THROW(MemoryManager(backend, reserve_too_large), InvalidArgument);
   MemoryManager limited(backend, {.device_limits = {16 * MiB}});
   EXPECT_EQ(limited.device_stats(0).limit, 16 * MiB);

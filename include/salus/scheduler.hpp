@@ -54,6 +54,11 @@ struct JobView {
   // whose memory is not known yet runs its iterations alone until one has measured it: beside
   // others it could take memory they were promised (DESIGN.md, invariant 6).
   bool memory_known = true;
+  // Its persistent bytes are on the device whether or not it is admitted (the runtime: a job
+  // builds its weights before its first turn, and keeps them while it waits to be re-admitted).
+  // Admission and the memory-aware plan then count them as taken while it waits for a lane; the
+  // simulator's jobs allocate nothing before admission and leave this false.
+  bool memory_resident = false;
 
   [[nodiscard]] bool latency_critical() const { return kind == JobKind::inference; }
   // Expected GPU time still to go; +infinity when the job's length is unknown.

@@ -159,20 +159,6 @@ class Runtime:
             device_limits=limits, python_policies=python_policies, contention=contention)
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
-        if reserve is not None:
-            self._check_lend_reserve(reserve)
-
-    def _check_lend_reserve(self, reserve: int) -> None:
-        """A device keeps ``reserve`` bytes for itself: more than it has is a mistake (a unit),
-        not a wish never to lend. Checked once the runtime knows its devices' limits (a GPU's
-        comes from the driver); refused, the runtime is closed again."""
-        for device in range(self.device_count):
-            limit = int(self._impl.device_stats(device)["limit"])
-            if reserve > limit:
-                self._impl.close()
-                raise InvalidArgument(
-                    f"lend_reserve of {reserve} bytes is more than device {device} holds "
-                    f"({limit} bytes)")
 
     @classmethod
     def _wrap(cls, impl: Any) -> "Runtime":

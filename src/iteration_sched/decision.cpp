@@ -85,6 +85,7 @@ struct DecisionCore::State {
   std::size_t committed = 0;         // sum of lane quotas
   std::size_t persistent_total = 0;  // of admitted jobs
   std::size_t pending_total = 0;     // persistent + peak of the pending jobs
+  std::size_t pending_resident = 0;  // persistent bytes pending jobs hold already (resident_of)
   // Memory-aware: every admitted waiting job (the extra candidates), and the extras running.
   std::set<WaitKey> waiting_admitted;
   std::set<JobId> extras;
@@ -96,6 +97,7 @@ struct DecisionCore::State {
   std::vector<RunningIteration> scratch;
   std::vector<HeldFrom> held;
   bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
+  std::size_t extra_headroom = 0;  // see DecisionCore::set_extra_headroom
 
   State(const Policy& p, std::size_t budget_bytes)
       : policy(p), plan(p.lanes()), exclusive(p.runs_to_completion()), budget(budget_bytes) {}
@@ -127,6 +129,11 @@ struct DecisionCore::State {
     }
   }
 
+  // What a job holds on the device while it is not admitted (JobView::memory_resident).
+  static std::size_t resident_of(const JobRecord& rec) {
+    return rec.view.memory_resident ? rec.persistent : 0;
+  }
+
   [[nodiscard]] bool none_admitted() const {
     return std::all_of(lanes.begin(), lanes.end(),
                        [](const auto& entry) { return entry.second.members == 0; });
@@ -142,22 +149,24 @@ struct DecisionCore::State {
       return none_admitted() ? std::optional<int>(plan == LanePlan::single ? 0 : first_free_lane())
                              : std::nullopt;
     }
+    // What admitted lanes are committed to, and what the other pending jobs hold already.
+    const std::size_t taken = committed + (pending_resident - resident_of(rec));
     if (plan == LanePlan::single) {
       const auto it = lanes.find(0);
       const Lane* lane = it == lanes.end() ? nullptr : &it->second;
       const std::size_t before = lane ? lane->quota() : 0;
       const std::size_t after =
           (lane ? lane->persistent : 0) + p + std::max(lane ? lane->max_peak() : 0, e);
-      return committed - before + after <= budget ? std::optional<int>(0) : std::nullopt;
+      return taken - before + after <= budget ? std::optional<int>(0) : std::nullopt;
     }
     // Packed (and the memory-aware backbone): a lane of its own gives the most concurrency; else
     // the lane that grows least.
-    if (committed + p + e <= budget) return first_free_lane();
+    if (taken + p + e <= budget) return first_free_lane();
     std::optional<int> best;
     std::size_t best_growth = 0;
     for (const auto& [id, lane] : lanes) {
       const std::size_t growth = p + (e > lane.max_peak() ? e - lane.max_peak() : 0);
-      if (committed + growth <= budget && (!best || growth < best_growth)) {
+      if (taken + growth <= budget && (!best || growth < best_growth)) {
         best = id;
         best_growth = growth;
       }
@@ -195,6 +204,7 @@ struct DecisionCore::State {
   // Every caller takes `rec` out of `pending` (admission is the only way out besides remove()).
   void admit(JobRecord& rec, int lane_id) {
     pending_total -= rec.persistent + rec.peak;
+    pending_resident -= resident_of(rec);
     Lane& lane = lanes[lane_id];
     const std::size_t before = lane.quota();
     lane.persistent += rec.persistent;
@@ -275,7 +285,7 @@ struct DecisionCore::State {
   std::size_t picture(double now) {
     scratch.clear();
     held.clear();
-    std::size_t fixed = persistent_total;
+    std::size_t fixed = persistent_total + pending_resident;
     for (const auto& [id, lane] : lanes) {
       if (!lane.turn) {
         fixed += lane.max_peak();
@@ -315,7 +325,7 @@ struct DecisionCore::State {
   // end: a newcomer rarely waits for extras that will have fallen by then. Otherwise the growth of
   // the committed bytes is asked for at once, as an endless iteration of that size.
   std::optional<double> admission_delay(const JobRecord& rec, int lane_id, double now) {
-    const std::size_t fixed = picture(now);
+    const std::size_t fixed = picture(now) - resident_of(rec);  // its own bytes come below
     const double turn = predicted_seconds(rec.view);
     if (rec.waiting && !lanes.contains(lane_id) && turn < std::numeric_limits<double>::infinity()) {
       held.push_back({turn, rec.peak});
@@ -438,12 +448,14 @@ struct DecisionCore::State {
     decide_lanes(now, decision);
     if (solo_running > 0 || !solo_waiting.empty()) return;  // a solo job holds the device
     const std::size_t fixed = picture(now);
+    const std::size_t extras_budget = budget > extra_headroom ? budget - extra_headroom : 0;
     auto next = waiting_admitted.begin();
     for (int examined = 0; examined < kExtraCandidates && next != waiting_admitted.end();
          ++examined) {
       JobRecord& rec = jobs.at(next->job);
       ++next;  // before start() erases it
-      const std::optional<double> delay = policy.start_delay(device_view(fixed), rec.view);
+      const std::optional<double> delay = policy.start_delay(
+          DeviceView{extras_budget, fixed, scratch, held}, rec.view);
       if (delay && *delay <= kOffsetTolerance) {
         start(rec, now, /*extra=*/true, decision);
         scratch.push_back({&rec.view, 0.0});
@@ -478,6 +490,7 @@ void DecisionCore::add(const JobView& job) {
   rec.peak = ephemeral_peak(rec.view);
   s.pending.emplace(job.arrival, job.id);
   s.pending_total += rec.persistent + rec.peak;
+  s.pending_resident += State::resident_of(rec);
   s.admit_pending();
 }
 
@@ -488,6 +501,7 @@ void DecisionCore::update(const JobView& job) {
   const bool requeue = rec.waiting && rec.lane.has_value();
   if (requeue) s.dequeue(rec);
   if (rec.running && s.concurrent()) s.solo_running -= rec.solo() ? 1 : 0;
+  if (!rec.lane) s.pending_resident -= State::resident_of(rec);  // added back below
 
   rec.view = job;
   rec.view.arrival = arrival;
@@ -501,7 +515,11 @@ void DecisionCore::update(const JobView& job) {
   const std::size_t persistent = job.persistent_bytes;
   const std::size_t peak = ephemeral_peak(rec.view);
   if (persistent == rec.persistent && peak == rec.peak) {
-    if (rec.lane) s.refresh(*rec.lane);
+    if (rec.lane) {
+      s.refresh(*rec.lane);
+    } else {
+      s.pending_resident += State::resident_of(rec);
+    }
     return;
   }
   if (rec.lane) {
@@ -513,11 +531,13 @@ void DecisionCore::update(const JobView& job) {
       s.unadmit(rec);
       s.pending.emplace(arrival, job.id);
       s.pending_total += rec.persistent + rec.peak;
+      s.pending_resident += State::resident_of(rec);
     }
   } else {
     s.pending_total = s.pending_total - (rec.persistent + rec.peak) + (persistent + peak);
     rec.persistent = persistent;
     rec.peak = peak;
+    s.pending_resident += State::resident_of(rec);
   }
   s.admit_pending();
 }
@@ -531,6 +551,7 @@ void DecisionCore::remove(JobId job) {
   } else {
     s.pending.erase({rec.view.arrival, job});
     s.pending_total -= rec.persistent + rec.peak;
+    s.pending_resident -= State::resident_of(rec);
   }
   s.jobs.erase(job);
   s.admit_pending();
@@ -615,6 +636,10 @@ bool DecisionCore::running(JobId job) const {
 std::optional<int> DecisionCore::lane_of(JobId job) const {
   const auto it = state_->jobs.find(job);
   return it == state_->jobs.end() ? std::nullopt : it->second.lane;
+}
+
+void DecisionCore::set_extra_headroom(std::size_t bytes) {
+  state_->extra_headroom = bytes;
 }
 
 std::size_t DecisionCore::running_count() const {

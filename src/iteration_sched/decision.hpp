@@ -61,6 +61,10 @@ class DecisionCore {
   void progressed(JobId job, double now, double work_seconds);
   // Starts every iteration that may start at `now` under the policy and marks them running.
   Decision decide(double now);
+  // Memory-aware plans: bytes that extras must leave free beyond the predicted curves (the
+  // mechanism's measure of what the device loses to whole pages; 0 by default, as in the
+  // simulator, whose memory is exact). Admission and the lanes' turns do not change.
+  void set_extra_headroom(std::size_t bytes);
 
   [[nodiscard]] bool admitted(JobId job) const;
   [[nodiscard]] bool waiting(JobId job) const;

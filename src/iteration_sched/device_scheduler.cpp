@@ -93,8 +93,12 @@ JobView DeviceScheduler::view_of(const JobRecordState& job) const {
   v.attained_seconds = job.attained_seconds;
   v.persistent_bytes = job.profile.persistent_bytes;
   v.ephemeral_peak_bytes = job.profile.ephemeral_peak_bytes;
-  v.curve = &job.profile.curve;
+  // A curve's time axis is the iteration's wall time alone. Jobs that compute on the host share
+  // the CPU cores when they run at once, so their memory does not rise and fall on that
+  // schedule: plans then count each iteration's flat peak instead.
+  v.curve = host_compute_->load(std::memory_order_relaxed) ? nullptr : &job.profile.curve;
   v.memory_known = job.profile.memory_known;
+  v.memory_resident = true;  // a job builds its weights before its first turn
   return v;
 }
 
@@ -282,19 +286,24 @@ void DeviceScheduler::end(JobRecordState& job) {
     rethrow_if_finished(job);  // cancelled since it became idle above: its memory is gone
     throw;
   }
+  const DeviceMemoryStats device = memory_->device_stats(device_);
   lock.lock();
   finish_profile(job, host_seconds, samples,
                  mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
   if (job.state == JobState::idle) core_.update(view_of(job));
+  // Profiles count block bytes; the device holds whole pages. What that cost at the device's
+  // peak is left free beside the extras' predicted curves.
+  core_.set_extra_headroom(device.peak_reserved > device.peak_allocated
+                               ? device.peak_reserved - device.peak_allocated
+                               : 0);
   lock.unlock();
 
   trace_->span(std::move(span));
-  trace_memory(job, mem, now);
+  trace_memory(job, mem, device, now);
 }
 
 void DeviceScheduler::trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
-                                   SteadyClock::time_point now) {
-  const DeviceMemoryStats device = memory_->device_stats(device_);
+                                   const DeviceMemoryStats& device, SteadyClock::time_point now) {
   constexpr double kMiB = 1 << 20;
   const double at_us = seconds_since_start(now) * 1e6;
   trace_->counter({fmt::format("memory gpu{}", device_),

@@ -211,7 +211,7 @@ class DeviceScheduler {
   class StartHold;
   // The memory counters of the trace, as an iteration of `job` ends at `now`.
   void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
-                    SteadyClock::time_point now);
+                    const DeviceMemoryStats& device, SteadyClock::time_point now);
   void finish_profile(JobRecordState& job, double host_seconds,
                       const std::vector<std::pair<double, std::size_t>>& samples,
                       std::size_t persistent_bytes);

@@ -69,6 +69,7 @@ class MemoryManager::Impl {
     if (options.va_factor == 0)
       throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
     const int count = backend_->device_count();
+    std::size_t largest = 0;
     if (static_cast<std::size_t>(count) < options.device_limits.size()) {
       throw InvalidArgument(
           fmt::format("MemoryOptions::device_limits names {} devices; the {} "
@@ -95,14 +96,17 @@ class MemoryManager::Impl {
         throw InvalidArgument(
             fmt::format("device {} would get no memory (limit below one page)", d));
       }
-      if (const auto& reserve = options.harvest.lend_reserve_bytes; reserve && *reserve > limit) {
-        throw InvalidArgument(fmt::format(
-            "HarvestOptions::lend_reserve_bytes ({} bytes) is more than device {} may hold ({} "
-            "bytes): a device cannot keep back more than it has",
-            *reserve, d, limit));
-      }
+      largest = std::max(largest, limit);
       heaps_.push_back(
           std::make_unique<DeviceHeap>(backend_, tiers_, jobs_, d, limit, options.va_factor));
+    }
+    // One reserve for every device: above a small device's limit it only means that device never
+    // lends; above every device's, nothing could ever be lent, which is a mistake (a unit).
+    if (const auto& reserve = options.harvest.lend_reserve_bytes; reserve && *reserve > largest) {
+      throw InvalidArgument(fmt::format(
+          "HarvestOptions::lend_reserve_bytes ({} bytes) is more than any device may hold (at "
+          "most {} bytes): no device could ever lend",
+          *reserve, largest));
     }
     harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
   }
