@@ -30,6 +30,16 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   return take_locked(count, 0, out);
 }
 
+std::size_t PagePool::acquire_kept(std::size_t count, std::vector<Page>& out) {
+  std::lock_guard lock(mu_);
+  return take_locked(count, 0, out, false);
+}
+
+std::size_t PagePool::kept_pages() const {
+  std::lock_guard lock(mu_);
+  return kept_.size();
+}
+
 std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
   const std::size_t added =
@@ -45,7 +55,7 @@ std::size_t PagePool::free_bytes() const {
 }
 
 std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages,
-                                  std::vector<Page>& out) {
+                                  std::vector<Page>& out, bool create) {
   auto free_pages = [&] {
     const std::size_t held = held_.load(std::memory_order_relaxed);
     return (limit_bytes_ > held ? (limit_bytes_ - held) / page_bytes_ : 0) + kept_.size();
@@ -56,7 +66,8 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
     kept_.pop_back();
     ++added;
   }
-  while (added < count && held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
+  while (create && added < count &&
+         held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
          free_pages() > keep_free_pages) {
     ChunkHandle chunk;
     try {
