@@ -79,7 +79,7 @@ std::size_t Arena::cost(DevicePtr addr, std::size_t size, std::size_t stop) cons
 }
 
 Arena::Spot Arena::spot_in(Block* free_block, std::size_t size, std::size_t stop) const {
-  Spot spot{free_block, free_block->addr, cost(free_block->addr, size, stop)};
+  Spot spot{free_block, free_block->addr, cost(free_block->addr, size, stop), {}};
   // Addresses are plentiful, waiting is not: past the retiring pages, if the block reaches.
   while (spot.cost >= kRetiring) {
     const std::size_t first = pages_in(spot.addr - base_);
@@ -93,45 +93,49 @@ Arena::Spot Arena::spot_in(Block* free_block, std::size_t size, std::size_t stop
   return spot;
 }
 
-std::pair<Arena::FreeSet::const_iterator, Arena::Spot> Arena::find_spot(std::size_t size,
-                                                                        bool mapped_only) const {
+Arena::Spot Arena::cheapest(std::size_t size, bool mapped_only) const {
   Block probe;
   probe.size = size;
   probe.addr = 0;
-  auto it = free_.lower_bound(&probe);
-  if (it == free_.end()) return {it, {}};
-  auto best_it = it;
+  const auto it = free_.lower_bound(&probe);
+  if (it == free_.end()) return {};
+  // The steady state: the best fit's front lies on pages this arena owns.
+  const DevicePtr addr = (*it)->addr;
+  const std::size_t first = pages_in(addr - base_);
+  const std::size_t last = pages_in(addr + size - base_ + page_bytes_ - 1);
+  std::size_t i = first;
+  while (i < last && pages_[i].owned()) ++i;
+  if (i == last) return {*it, addr, 0, it};
+  return cheaper(it, size, mapped_only);
+}
+
+Arena::Spot Arena::cheaper(FreeSet::const_iterator it, std::size_t size, bool mapped_only) const {
   Spot best = spot_in(*it, size);
-  if (best.cost == 0) return {best_it, best};
+  best.at = it;
   // The best fit would map pages. Another free block may hold `size` bytes on pages already
   // mapped (freed blocks of other sizes), or on fewer new ones: a training loop's steady state
   // then maps nothing, and pages mapped once are not left idle while others are mapped. The
   // scan costs little next to the driver calls it saves.
   for (++it; it != free_.end() && best.cost > 0; ++it) {
-    if (const Spot spot = spot_in(*it, size, best.cost); spot.cost < best.cost) {
-      best_it = it;
+    if (Spot spot = spot_in(*it, size, best.cost); spot.cost < best.cost) {
       best = spot;
+      best.at = it;
     }
   }
-  if (mapped_only && best.cost > 0) return {free_.end(), {}};
-  return {best_it, best};
+  if (mapped_only && best.cost > 0) return {};
+  return best;
 }
 
-Arena::Spot Arena::cheapest(std::size_t size, bool mapped_only) const {
-  const auto [it, spot] = find_spot(size, mapped_only);
-  return it == free_.end() ? Spot{} : spot;
-}
-
-Block* Arena::carve(std::size_t size) {
-  const auto [it, spot] = find_spot(size, false);
-  if (it == free_.end()) return nullptr;
-  spare_node_ = free_.extract(it);
-  return cut_at(spot, size);
+Block* Arena::carve(std::size_t size, std::size_t* cost) {
+  const Spot spot = cheapest(size);
+  if (spot.block == nullptr) return nullptr;
+  if (cost != nullptr) *cost = spot.cost;
+  return carve_from(spot, size);
 }
 
 Block* Arena::carve_from(const Spot& spot, std::size_t size) {
-  assert(spot.block->free && spot.addr + size <= spot.block->end());
-  erase_free(spot.block);
+  assert(spot.block->free && spot.addr + size <= spot.block->end() && *spot.at == spot.block);
+  spare_node_ = free_.extract(spot.at);
   return cut_at(spot, size);
 }
 

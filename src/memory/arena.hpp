@@ -62,6 +62,13 @@ struct PageSlot {
 };
 
 class Arena {
+  struct BySizeThenAddress {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+  using FreeSet = std::pmr::set<Block*, BySizeThenAddress>;
+
  public:
   Arena(DevicePtr base, std::size_t bytes, std::size_t page_bytes);
   Arena(const Arena&) = delete;
@@ -77,16 +84,19 @@ class Arena {
     Block* block = nullptr;  // free; nullptr when no free block is large enough
     DevicePtr addr = 0;      // within `block`: its start unless that would touch retiring pages
     std::size_t cost = 0;
+    FreeSet::const_iterator at;  // `block` in the free set, valid until the arena changes
   };
   // Where `size` bytes go. Pages, not addresses, are what a block costs: the best fit (smallest
   // free block, then lowest address) when its front needs no page, which is the steady state
   // and costs one lookup; else the free block whose front costs least (the best fit among
   // those). With `mapped_only`, only a spot that maps nothing (else block is nullptr).
   [[nodiscard]] Spot cheapest(std::size_t size, bool mapped_only = false) const;
-  // Cuts `size` bytes at `spot` (from cheapest) out of its free block and marks them live.
+  // Cuts `size` bytes at `spot` (from cheapest, the arena unchanged since) out of its free
+  // block and marks them live.
   Block* carve_from(const Spot& spot, std::size_t size);
-  // carve_from(cheapest(size)); nullptr when no free block is large enough.
-  Block* carve(std::size_t size);
+  // carve_from(cheapest(size)); nullptr when no free block is large enough. `cost`, when given,
+  // gets the spot's cost.
+  Block* carve(std::size_t size, std::size_t* cost = nullptr);
   // Marks a live block free and merges it with free neighbours; returns the merged block, whose
   // freed_epoch is the current epoch, or with `used` false (a block carved and given back before
   // anything used it) the newest of its parts'.
@@ -120,16 +130,10 @@ class Arena {
   }
 
  private:
-  struct BySizeThenAddress {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-    }
-  };
 
-  using FreeSet = std::pmr::set<Block*, BySizeThenAddress>;
-  // cheapest(), with the spot's place in the free set (end() for none).
-  [[nodiscard]] std::pair<FreeSet::const_iterator, Spot> find_spot(std::size_t size,
-                                                                   bool mapped_only) const;
+  // cheapest() when the best fit at `it` would map pages: the scan for a cheaper spot.
+  [[gnu::noinline]] Spot cheaper(FreeSet::const_iterator it, std::size_t size,
+                                 bool mapped_only) const;
   // The cheapest place for `size` bytes in `free_block`, counting cost up to `stop`.
   [[nodiscard]] Spot spot_in(Block* free_block, std::size_t size,
                              std::size_t stop = std::numeric_limits<std::size_t>::max()) const;

@@ -157,29 +157,42 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
 }
 
 Block* StreamHeap::place(std::size_t bytes, Arena*& where) {
-  Block* block = carve(bytes, where);
-  if (block == nullptr) return nullptr;
-  const std::size_t unmapped = where->unmapped_pages(block->addr, block->size);
-  if (unmapped == 0 || unmapped <= device_.pool().kept_pages()) return block;
-  // Its pages would be fresh chunks. The classes peak at different times (a recurrent model's
-  // small per-step tensors in the forward pass, its large gradients in the backward pass): free
-  // space the other class has mapped holds the block at no cost, and the choice is the same in
-  // every iteration, so the steady state maps nothing.
-  const SizeClass other = class_of(bytes) == kSmall ? kLarge : kSmall;
-  for (const auto& arena : arenas_[other]) {
+  const SizeClass c = class_of(bytes);
+  // The steady state: a spot on mapped pages in the class's first range, found with one lookup.
+  Arena& first = *arenas_[c].front();
+  const Arena::Spot spot = first.cheapest(bytes);
+  if (spot.block != nullptr && spot.cost == 0) {
+    where = &first;
+    return first.carve_from(spot, bytes);
+  }
+  if (c == kSmall && spot.block != nullptr &&
+      first.unmapped_pages(spot.addr, bytes) > device_.pool().kept_pages()) {
+    if (Block* block = overflow(bytes, where)) return block;
+  }
+  std::size_t cost = 0;
+  return carve(bytes, where, cost);
+}
+
+Block* StreamHeap::overflow(std::size_t bytes, Arena*& where) {
+  // A small block whose page would be a fresh chunk. The classes peak at different times (a
+  // recurrent model's small per-step tensors in the forward pass, its large gradients in the
+  // backward pass): free space the large class has mapped, such as the partly used last page of
+  // a large block, holds it at no cost, and the choice is the same in every iteration, so the
+  // steady state maps nothing. (Large blocks stay in their class: a small range holds few, and
+  // the large class's own pages would then go unused in every iteration.)
+  for (const auto& arena : arenas_[kLarge]) {
     if (const Arena::Spot spot = arena->cheapest(bytes, true); spot.block != nullptr) {
-      where->release(block, false);  // just carved: nothing refers to it yet
       where = arena.get();
       return arena->carve_from(spot, bytes);
     }
   }
-  return block;
+  return nullptr;
 }
 
-Block* StreamHeap::carve(std::size_t bytes, Arena*& where) {
+Block* StreamHeap::carve(std::size_t bytes, Arena*& where, std::size_t& cost) {
   const SizeClass c = class_of(bytes);
   for (const auto& arena : arenas_[c]) {
-    if (Block* block = carve_in(*arena, bytes)) {
+    if (Block* block = carve_in(*arena, bytes, cost)) {
       where = arena.get();
       return block;
     }
@@ -187,15 +200,15 @@ Block* StreamHeap::carve(std::size_t bytes, Arena*& where) {
   Arena* fresh = grow(c, bytes);
   if (fresh == nullptr) return nullptr;
   where = fresh;
-  return fresh->carve(bytes);
+  return fresh->carve(bytes, &cost);
 }
 
-Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes) {
+Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes, std::size_t& cost) {
   // A block over addresses still retiring could be mapped only after waiting on the host; a few
   // detours elsewhere in the (generous) address space usually find one that need not wait.
   constexpr int kMaxDetours = 4;
   for (int detour = 0;; ++detour) {
-    Block* block = arena.carve(bytes);
+    Block* block = arena.carve(bytes, &cost);
     if (block == nullptr) {
       if (std::none_of(detours_.begin(), detours_.end(),
                        [&](const auto& d) { return d.first == &arena; })) {
@@ -206,7 +219,7 @@ Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes) {
         if (d.first == &arena) release_block(d.second);
         return d.first == &arena;
       });
-      return arena.carve(bytes);
+      return arena.carve(bytes, &cost);
     }
     if (retiring_.empty() || detour == kMaxDetours || !awaits_retiring(arena, *block)) {
       return block;

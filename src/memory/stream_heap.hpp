@@ -64,8 +64,8 @@ struct CarveResult {
 class StreamHeap {
  public:
   // Requests up to this size share pages in arenas of their own, so that small long-lived blocks
-  // do not pin pages among large ones; except that a request whose own class would need a fresh
-  // chunk goes on pages the other class has mapped and left free, if any (see place).
+  // do not pin pages among large ones; except that one that would need a fresh chunk goes on
+  // pages the large class has mapped and left free, if any (see place).
   static constexpr std::size_t kSmallRequest = 1 << 20;
 
   // `small_bytes` and `large_bytes`: the first address range of each class. A class whose ranges
@@ -222,16 +222,19 @@ class StreamHeap {
   JobBlocks& owner_for(JobId job);
   void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
-  // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless its pages
-  // would come from fresh chunks and the other size class has free space on mapped pages that
-  // holds it. nullptr when no address range can be had at all.
+  // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless it is
+  // small, its page would come from a fresh chunk and the large class has free space on mapped
+  // pages that holds it. nullptr when no address range can be had at all.
   Block* place(std::size_t bytes, Arena*& where);
+  // A spot for a small block on the large class's mapped free pages; nullptr when none.
+  Block* overflow(std::size_t bytes, Arena*& where);
   // A free block of `bytes` in an arena of its class (`where` says which), growing the class by a
-  // range when none has room; nullptr when no address range can be had at all.
-  Block* carve(std::size_t bytes, Arena*& where);
+  // range when none has room; nullptr when no address range can be had at all. `cost` gets what
+  // it costs there (Arena::cost).
+  Block* carve(std::size_t bytes, Arena*& where, std::size_t& cost);
   // A free block of `bytes` in `arena`, preferring addresses that need not wait for retiring
   // pages; nullptr when the arena has no room.
-  Block* carve_in(Arena& arena, std::size_t bytes);
+  Block* carve_in(Arena& arena, std::size_t bytes, std::size_t& cost);
   [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
   // Makes the pages [first, last) of a block just carved ready for this stream: waits out old
   // addresses still retiring there, orders this stream after work that other streams may still
