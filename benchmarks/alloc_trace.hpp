@@ -240,9 +240,8 @@ Report replay(const Trace& trace, Alloc&& alloc, Free&& free, EndSetup&& end_set
       }
     }
   }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start -
-                                                 counting)
-                       .count();
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start - counting).count();
   const DeviceMemoryStats s = stats();
   report.peak_allocated = s.peak_allocated;
   report.peak_reserved = s.peak_reserved;
@@ -327,8 +326,7 @@ inline Report replay_with_manager(const Trace& trace, MemoryManager& manager, Jo
              .job = job,
              .lifetime = op.persistent ? Lifetime::persistent : Lifetime::ephemeral});
       },
-      [&](DevicePtr ptr) { manager.deallocate(ptr); },
-      [] {},
+      [&](DevicePtr ptr) { manager.deallocate(ptr); }, [] {},
       [&] {
         manager.promote_ephemeral(job);
         if (lag != nullptr) lag->end_iteration();

@@ -101,47 +101,30 @@ void set_counters(benchmark::State& state, const ReplayTrace& trace,
       benchmark::Counter::kIsRate);
 }
 
-// A fresh manager per run, so each run's peak includes building up the heap.
-void BM_PyTorchTraceReplay_salus(benchmark::State& state, const std::string& model) {
+// A fresh manager per run, so each run's peak includes building up the heap: on the default
+// stream, or with `lagging` on a stream of its own that runs one iteration behind the host.
+void BM_PyTorchTraceReplay_manager(benchmark::State& state, const std::string& model,
+                                   bool lagging) {
   const ReplayTrace* trace = trace_or_skip(state, model);
   if (trace == nullptr) return;
   auto backend = salus::make_sim_backend(salus::SimConfig::uniform(1, 4 * salus::GiB));
+  const salus::StreamHandle stream = lagging ? backend->create_stream(0, 0) : salus::StreamHandle{};
   trace_io::Report report;
   for (auto _ : state) {
     state.PauseTiming();
     auto manager = std::make_unique<MemoryManager>(backend);
     const salus::JobId job = manager->register_job("pytorch_" + model);
-    state.ResumeTiming();
-    report = trace_io::replay_with_manager(*trace, *manager, job);
-    state.PauseTiming();
-    manager->release_job(job);  // what lives to the end of the trace
-    manager.reset();
-    state.ResumeTiming();
-  }
-  set_counters(state, *trace, report);
-}
-
-// As above, on a stream of its own that runs one iteration behind the host.
-void BM_PyTorchTraceReplay_lagging(benchmark::State& state, const std::string& model) {
-  const ReplayTrace* trace = trace_or_skip(state, model);
-  if (trace == nullptr) return;
-  auto backend = salus::make_sim_backend(salus::SimConfig::uniform(1, 4 * salus::GiB));
-  const salus::StreamHandle stream = backend->create_stream(0, 0);
-  trace_io::Report report;
-  for (auto _ : state) {
-    state.PauseTiming();
-    auto manager = std::make_unique<MemoryManager>(backend);
-    const salus::JobId job = manager->register_job("pytorch_" + model);
-    auto lag = std::make_unique<trace_io::LaggingStream>(*backend, stream);
+    std::unique_ptr<trace_io::LaggingStream> lag;
+    if (lagging) lag = std::make_unique<trace_io::LaggingStream>(*backend, stream);
     state.ResumeTiming();
     report = trace_io::replay_with_manager(*trace, *manager, job, stream, lag.get());
     state.PauseTiming();
     lag.reset();
-    manager->release_job(job);
+    manager->release_job(job);  // what lives to the end of the trace
     manager.reset();
     state.ResumeTiming();
   }
-  backend->destroy_stream(stream);
+  if (lagging) backend->destroy_stream(stream);
   set_counters(state, *trace, report);
 }
 
@@ -220,13 +203,13 @@ std::vector<std::string> trace_names() {
 [[maybe_unused]] const bool kRegistered = [] {
   for (const std::string& model : trace_names()) {
     const std::string name = "BM_PyTorchTraceReplay/" + model;
-    benchmark::RegisterBenchmark((name + "/salus").c_str(), BM_PyTorchTraceReplay_salus, model)
+    benchmark::RegisterBenchmark((name + "/salus").c_str(), BM_PyTorchTraceReplay_manager, model,
+                                 false)
         ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark((name + "/lagging").c_str(), BM_PyTorchTraceReplay_lagging,
-                                 model)
+    benchmark::RegisterBenchmark((name + "/lagging").c_str(), BM_PyTorchTraceReplay_manager, model,
+                                 true)
         ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark((name + "/runtime").c_str(), BM_PyTorchTraceReplay_runtime,
-                                 model)
+    benchmark::RegisterBenchmark((name + "/runtime").c_str(), BM_PyTorchTraceReplay_runtime, model)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark((name + "/malloc").c_str(), BM_PyTorchTraceReplay_malloc, model)
         ->Unit(benchmark::kMicrosecond);

@@ -23,7 +23,8 @@ const alloc_trace::Trace& trace(const std::string& name) {
   static std::map<std::string, std::variant<alloc_trace::Trace, std::string>> cache;
   auto it = cache.find(name);
   if (it == cache.end()) {
-    const fs::path beside = fs::path(__FILE__).parent_path().parent_path() / "benchmarks" / "traces";
+    const fs::path beside =
+        fs::path(__FILE__).parent_path().parent_path() / "benchmarks" / "traces";
     it = cache.emplace(name, alloc_trace::load(alloc_trace::trace_dir(beside) / (name + ".trace")))
              .first;
   }

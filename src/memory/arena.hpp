@@ -130,7 +130,6 @@ class Arena {
   }
 
  private:
-
   // cheapest() when the best fit at `it` would map pages: the scan for a cheaper spot.
   [[gnu::noinline]] Spot cheaper(FreeSet::const_iterator it, std::size_t size,
                                  bool mapped_only) const;

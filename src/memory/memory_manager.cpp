@@ -215,8 +215,8 @@ class MemoryManager::Impl {
     // stream there are none to ask for.
     bool fresh_chunks = device.heap_count() < 2;
     for (int attempt = 0; attempt < kHarvestAttempts; ++attempt) {
-      const memory::CarveResult r = heap.allocate(bytes, request.bytes, request.job,
-                                                  request.lifetime, stash, fresh_chunks);
+      const memory::CarveResult r =
+          heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash, fresh_chunks);
       if (r.ptr != 0) return r.ptr;
       if (r.job_gone) return 0;  // leaves `why_not` empty: the caller tells the job it is gone
       if (r.out_of_address_space) {

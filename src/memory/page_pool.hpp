@@ -38,7 +38,9 @@ class PagePool {
   // As acquire, from the kept pages only: no chunk is created.
   std::size_t acquire_kept(std::size_t count, std::vector<Page>& out);
   // Pages kept for reuse right now (acquire_kept's most); lock-free, so a moment old.
-  [[nodiscard]] std::size_t kept_pages() const { return kept_count_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t kept_pages() const {
+    return kept_count_.load(std::memory_order_relaxed);
+  }
   // As acquire, for another device or the host tier: stops while fewer than `reserve_bytes`
   // would stay free here. The pages count as lent until take_back.
   std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out);
@@ -75,7 +77,7 @@ class PagePool {
   const std::size_t page_bytes_;
   const std::size_t limit_bytes_;
   mutable std::mutex mu_;
-  std::vector<Page> kept_;  // guarded by mu_
+  std::vector<Page> kept_;                  // guarded by mu_
   std::atomic<std::size_t> kept_count_{0};  // kept_.size(), written under mu_
   std::atomic<std::size_t> held_{0};
   std::atomic<std::size_t> peak_held_{0};

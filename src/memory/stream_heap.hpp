@@ -341,8 +341,8 @@ class StreamHeap {
   std::uint32_t last_owner_job_ = 0;
   // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
   std::vector<std::pair<Arena*, std::size_t>> retiring_;
-  std::uint64_t epoch_ = 1;          // frees now belong to it (Block::freed_epoch)
-  std::uint64_t quiet_through_ = 0;  // free space of epochs up to this one is quiet
+  std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
+  std::uint64_t quiet_through_ = 0;     // free space of epochs up to this one is quiet
   std::uint64_t iterations_ended_ = 0;  // promote calls that found the job here
   // Fences of ended epochs not yet seen complete, oldest first; at most kMaxEpochFences (an
   // epoch whose fence would exceed that is merged into the next).

@@ -87,7 +87,8 @@ std::size_t StreamHeap::gather_pages(Arena& arena, std::size_t first, std::size_
     // Borrowed pages go in front: map_pages takes pages from the back, so the local ones fill the
     // block's first pages and the borrowed ones its last.
     const auto take = stash.end() - static_cast<std::ptrdiff_t>(missing - got);
-    pages.insert(pages.begin(), std::make_move_iterator(take), std::make_move_iterator(stash.end()));
+    pages.insert(pages.begin(), std::make_move_iterator(take),
+                 std::make_move_iterator(stash.end()));
     stash.erase(take, stash.end());
     got = missing;
   }
