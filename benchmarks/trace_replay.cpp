@@ -1,15 +1,25 @@
-// Replays allocation traces recorded from PyTorch training loops (issue 10) through a
-// salus::MemoryManager on one simulated GPU, and through glibc malloc/free as a speed baseline.
+// Replays allocation traces recorded from PyTorch training loops (issues 10 and 19) through Salus
+// on one simulated GPU, and through glibc malloc/free as a speed baseline.
 //
 // The traces are written by benchmarks/traces/record_alloc_trace.py (see its docstring for the
-// format: "a <id> <bytes>", "f <id>", "i" = end of iteration). They are CPU allocator traces of
-// small models, replayed here as if they were one job's GPU allocations on the default stream.
+// format) and read by alloc_trace.hpp. They are CPU allocator traces of PyTorch models, replayed
+// here as if they were one job's GPU allocations.
 //
-// Counters of BM_PyTorchTraceReplay/<model>/salus:
+// BM_PyTorchTraceReplay/<model>/salus: through a MemoryManager, one job, the default stream.
+// BM_PyTorchTraceReplay/<model>/lagging: as salus, on a stream whose work runs one iteration
+// behind the host (alloc_trace::LaggingStream), as a training loop's GPU does.
+// BM_PyTorchTraceReplay/<model>/runtime: through a Runtime as a framework does it (the C ABI is
+// the same calls): one job, the setup outside any iteration, one Salus iteration per step.
+// Their counters:
 //   peak_live_MiB       the most requested bytes live at once (from the trace alone)
 //   peak_allocated_MiB  DeviceMemoryStats::peak_allocated (blocks, requests rounded to 512 B)
 //   peak_reserved_MiB   DeviceMemoryStats::peak_reserved (physical pages held, 2 MiB each)
-//   reserved_over_live  peak_reserved / peak_live: the figure issue 10 asks to keep <= 1.10
+//   reserved_over_live  peak_reserved / peak_live: the figure issues 10 and 19 ask to keep <= 1.10
+//   page_floor          ceil(peak_live / 2 MiB) pages / peak_live: the best any 2 MiB-page
+//                       allocator can do
+//   steady_maps, steady_unmaps, steady_creates, steady_releases: the most page maps, page unmaps,
+//                       chunk creates and chunk releases of any iteration of the steady state
+//                       (the last half of the iterations: 4 of 8)
 //   allocs_per_second   allocations replayed per second (frees replayed too, not counted)
 // BM_PyTorchTraceReplay/<model>/malloc replays the same events through malloc/free (time only).
 //
@@ -19,122 +29,36 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <variant>
 #include <vector>
 
+#include "alloc_trace.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
+#include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+namespace trace_io = salus::alloc_trace;
 
-using salus::DevicePtr;
 using salus::MemoryManager;
 using salus::MiB;
-
-struct ReplayOp {
-  enum class Kind : std::uint8_t { allocate, free, end_iteration };
-  Kind kind = Kind::allocate;
-  bool persistent = false;  // allocations that outlive the iteration they were made in
-  std::uint32_t id = 0;
-  std::size_t bytes = 0;
-};
-
-struct ReplayTrace {
-  std::vector<ReplayOp> ops;
-  std::size_t ids = 0;
-  std::size_t allocations = 0;
-  std::size_t frees = 0;
-  std::size_t iterations = 0;
-  std::size_t peak_live = 0;  // requested bytes
-};
+using ReplayTrace = trace_io::Trace;
+using ReplayOp = trace_io::Op;
 
 constexpr std::string_view kThisFile = __FILE__;
 
 fs::path trace_dir() {
-  if (const char* env = std::getenv("SALUS_TRACE_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  const fs::path beside = fs::path(kThisFile).parent_path() / "traces";
-  if (fs::is_directory(beside)) return beside;
-  return fs::path("benchmarks") / "traces";
-}
-
-// Parses a trace; returns an error message instead when the file is missing or malformed.
-std::variant<ReplayTrace, std::string> load_trace(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return "trace file " + path.string() +
-           " not found; record it with benchmarks/traces/record_alloc_trace.py or set "
-           "SALUS_TRACE_DIR";
-  }
-  ReplayTrace trace;
-  std::vector<std::size_t> alloc_iteration;
-  std::vector<std::size_t> alloc_op;
-  std::vector<std::size_t> bytes_of;
-  std::vector<bool> live;
-  std::size_t live_bytes = 0;
-  std::string line;
-  std::size_t line_no = 0;
-  auto bad = [&](const std::string& why) {
-    return path.string() + ":" + std::to_string(line_no) + ": " + why;
-  };
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream fields(line);
-    char kind = 0;
-    fields >> kind;
-    if (kind == 'i') {
-      trace.ops.push_back({.kind = ReplayOp::Kind::end_iteration});
-      ++trace.iterations;
-      continue;
-    }
-    std::uint64_t id = 0;
-    if (!(fields >> id)) return bad("expected an id");
-    if (kind == 'a') {
-      std::size_t bytes = 0;
-      if (!(fields >> bytes) || bytes == 0) return bad("expected a positive size");
-      if (id != alloc_op.size()) return bad("ids must be dense, in allocation order");
-      alloc_iteration.push_back(trace.iterations);
-      alloc_op.push_back(trace.ops.size());
-      bytes_of.push_back(bytes);
-      live.push_back(true);
-      trace.ops.push_back({.kind = ReplayOp::Kind::allocate,
-                           .persistent = true,  // until a free in the same iteration says not
-                           .id = static_cast<std::uint32_t>(id),
-                           .bytes = bytes});
-      ++trace.allocations;
-      live_bytes += bytes;
-      trace.peak_live = std::max(trace.peak_live, live_bytes);
-    } else if (kind == 'f') {
-      if (id >= live.size() || !live[id]) return bad("free of an id that is not live");
-      live[id] = false;
-      live_bytes -= bytes_of[id];
-      if (alloc_iteration[id] == trace.iterations) trace.ops[alloc_op[id]].persistent = false;
-      trace.ops.push_back({.kind = ReplayOp::Kind::free,
-                           .id = static_cast<std::uint32_t>(id),
-                           .bytes = bytes_of[id]});
-      ++trace.frees;
-    } else {
-      return bad("unknown event '" + std::string(1, kind) + "'");
-    }
-  }
-  trace.ids = alloc_op.size();
-  if (trace.allocations == 0) return path.string() + ": no allocations";
-  return trace;
+  return trace_io::trace_dir(fs::path(kThisFile).parent_path() / "traces");
 }
 
 // Loaded once per model and kept for every run.
@@ -142,7 +66,7 @@ const std::variant<ReplayTrace, std::string>& cached_trace(const std::string& mo
   static std::map<std::string, std::variant<ReplayTrace, std::string>> cache;
   auto it = cache.find(model);
   if (it == cache.end()) {
-    it = cache.emplace(model, load_trace(trace_dir() / (model + ".trace"))).first;
+    it = cache.emplace(model, trace_io::load(trace_dir() / (model + ".trace"))).first;
   }
   return it->second;
 }
@@ -156,59 +80,74 @@ const ReplayTrace* trace_or_skip(benchmark::State& state, const std::string& mod
   return &std::get<ReplayTrace>(loaded);
 }
 
-// One job on the default stream of a fresh manager per run, so each run's peak includes building
-// up the heap. Allocations freed within their iteration are ephemeral, the rest persistent;
-// promote_ephemeral at each iteration end, as the runtime does.
-void BM_PyTorchTraceReplay_salus(benchmark::State& state, const std::string& model) {
+void set_counters(benchmark::State& state, const ReplayTrace& trace,
+                  const trace_io::Report& report) {
+  const double peak_live = static_cast<double>(trace.peak_live);
+  const trace_io::DriverCalls steady = report.steady_state_max();
+  state.counters["events"] = static_cast<double>(trace.allocations + trace.frees);
+  state.counters["iterations_in_trace"] = static_cast<double>(trace.iterations);
+  state.counters["peak_live_MiB"] = peak_live / MiB;
+  state.counters["peak_allocated_MiB"] = static_cast<double>(report.peak_allocated) / MiB;
+  state.counters["peak_reserved_MiB"] = static_cast<double>(report.peak_reserved) / MiB;
+  state.counters["reserved_over_live"] = report.reserved_over_live();
+  state.counters["page_floor"] = report.page_floor();
+  state.counters["allocated_over_live"] = static_cast<double>(report.peak_allocated) / peak_live;
+  state.counters["steady_maps"] = static_cast<double>(steady.maps);
+  state.counters["steady_unmaps"] = static_cast<double>(steady.unmaps);
+  state.counters["steady_creates"] = static_cast<double>(steady.creates);
+  state.counters["steady_releases"] = static_cast<double>(steady.releases);
+  state.counters["allocs_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(trace.allocations),
+      benchmark::Counter::kIsRate);
+}
+
+// A fresh manager per run, so each run's peak includes building up the heap: on the default
+// stream, or with `lagging` on a stream of its own that runs one iteration behind the host.
+void BM_PyTorchTraceReplay_manager(benchmark::State& state, const std::string& model,
+                                   bool lagging) {
   const ReplayTrace* trace = trace_or_skip(state, model);
   if (trace == nullptr) return;
   auto backend = salus::make_sim_backend(salus::SimConfig::uniform(1, 4 * salus::GiB));
-  std::vector<DevicePtr> ptrs(trace->ids, 0);
-  salus::DeviceMemoryStats device{};
-
+  const salus::StreamHandle stream = lagging ? backend->create_stream(0, 0) : salus::StreamHandle{};
+  trace_io::Report report;
   for (auto _ : state) {
     state.PauseTiming();
     auto manager = std::make_unique<MemoryManager>(backend);
     const salus::JobId job = manager->register_job("pytorch_" + model);
+    std::unique_ptr<trace_io::LaggingStream> lag;
+    if (lagging) lag = std::make_unique<trace_io::LaggingStream>(*backend, stream);
     state.ResumeTiming();
-
-    for (const ReplayOp& op : trace->ops) {
-      switch (op.kind) {
-        case ReplayOp::Kind::allocate:
-          ptrs[op.id] = manager->allocate(
-              {.bytes = op.bytes,
-               .device = 0,
-               .stream = salus::StreamHandle{},
-               .job = job,
-               .lifetime = op.persistent ? salus::Lifetime::persistent
-                                         : salus::Lifetime::ephemeral});
-          break;
-        case ReplayOp::Kind::free:
-          manager->deallocate(ptrs[op.id]);
-          break;
-        case ReplayOp::Kind::end_iteration:
-          manager->promote_ephemeral(job);
-          break;
-      }
-    }
-
+    report = trace_io::replay_with_manager(*trace, *manager, job, stream, lag.get());
     state.PauseTiming();
-    device = manager->device_stats(0);
+    lag.reset();
     manager->release_job(job);  // what lives to the end of the trace
     manager.reset();
     state.ResumeTiming();
   }
-  const double peak_live = static_cast<double>(trace->peak_live);
-  state.counters["events"] = static_cast<double>(trace->allocations + trace->frees);
-  state.counters["iterations_in_trace"] = static_cast<double>(trace->iterations);
-  state.counters["peak_live_MiB"] = peak_live / MiB;
-  state.counters["peak_allocated_MiB"] = static_cast<double>(device.peak_allocated) / MiB;
-  state.counters["peak_reserved_MiB"] = static_cast<double>(device.peak_reserved) / MiB;
-  state.counters["reserved_over_live"] = static_cast<double>(device.peak_reserved) / peak_live;
-  state.counters["allocated_over_live"] = static_cast<double>(device.peak_allocated) / peak_live;
-  state.counters["allocs_per_second"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(trace->allocations),
-      benchmark::Counter::kIsRate);
+  if (lagging) backend->destroy_stream(stream);
+  set_counters(state, *trace, report);
+}
+
+// A fresh runtime per run; its job leaves (freeing what is left) untimed.
+void BM_PyTorchTraceReplay_runtime(benchmark::State& state, const std::string& model) {
+  const ReplayTrace* trace = trace_or_skip(state, model);
+  if (trace == nullptr) return;
+  auto backend = salus::make_sim_backend(salus::SimConfig::uniform(1, 4 * salus::GiB));
+  trace_io::Report report;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto runtime = std::make_unique<salus::Runtime>(backend);
+    salus::JobSpec spec;
+    spec.name = "pytorch_" + model;
+    auto job = std::make_unique<salus::Job>(runtime->add_job(spec));
+    state.ResumeTiming();
+    report = trace_io::replay_with_runtime(*trace, *runtime, *job);
+    state.PauseTiming();
+    job.reset();
+    runtime.reset();
+    state.ResumeTiming();
+  }
+  set_counters(state, *trace, report);
 }
 
 // The same events through glibc malloc/free; what is still live at the end is freed untimed.
@@ -227,6 +166,7 @@ void BM_PyTorchTraceReplay_malloc(benchmark::State& state, const std::string& mo
           std::free(ptrs[op.id]);
           ptrs[op.id] = nullptr;
           break;
+        case ReplayOp::Kind::end_setup:
         case ReplayOp::Kind::end_iteration:
           break;
       }
@@ -263,7 +203,13 @@ std::vector<std::string> trace_names() {
 [[maybe_unused]] const bool kRegistered = [] {
   for (const std::string& model : trace_names()) {
     const std::string name = "BM_PyTorchTraceReplay/" + model;
-    benchmark::RegisterBenchmark((name + "/salus").c_str(), BM_PyTorchTraceReplay_salus, model)
+    benchmark::RegisterBenchmark((name + "/salus").c_str(), BM_PyTorchTraceReplay_manager, model,
+                                 false)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((name + "/lagging").c_str(), BM_PyTorchTraceReplay_manager, model,
+                                 true)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((name + "/runtime").c_str(), BM_PyTorchTraceReplay_runtime, model)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark((name + "/malloc").c_str(), BM_PyTorchTraceReplay_malloc, model)
         ->Unit(benchmark::kMicrosecond);

@@ -1,5 +1,6 @@
 #include "memory/arena.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 
@@ -10,11 +11,12 @@ Arena::Arena(DevicePtr base, std::size_t bytes, std::size_t page_bytes)
       bytes_(bytes),
       page_bytes_(page_bytes),
       page_shift_(std::has_single_bit(page_bytes) ? std::countr_zero(page_bytes) : -1),
-      pages_(bytes / page_bytes) {
-  head_ = new_block();
-  head_->addr = base;
-  head_->size = bytes;
-  free_.insert(head_);
+      pages_(bytes / page_bytes),
+      gave_spare_(bytes / page_bytes, false) {
+  Block* all = new_block();
+  all->addr = base;
+  all->size = bytes;
+  free_.insert(all);
 }
 
 Block* Arena::new_block() {
@@ -45,19 +47,124 @@ void Arena::erase_free(Block* block) {
   spare_node_ = free_.extract(block);
 }
 
-Block* Arena::carve(std::size_t size) {
+std::size_t Arena::unmapped_pages(DevicePtr addr, std::size_t size) const {
+  const std::size_t first = pages_in(addr - base_);
+  const std::size_t last = pages_in(addr + size - base_ + page_bytes_ - 1);
+  std::size_t unmapped = 0;
+  for (std::size_t i = first; i < last; ++i) {
+    if (!pages_[i].owned()) ++unmapped;
+  }
+  return unmapped;
+}
+
+namespace {
+// The cost of a page still retiring: mapped for work queued before its page went to another
+// address, it can be mapped again only once that work has finished, so an allocation there
+// would wait on the host. Any other spot is better.
+constexpr std::size_t kRetiring = std::size_t{1} << 32;
+}  // namespace
+
+std::size_t Arena::cost(DevicePtr addr, std::size_t size, std::size_t stop) const {
+  const std::size_t first = pages_in(addr - base_);
+  const std::size_t last = pages_in(addr + size - base_ + page_bytes_ - 1);
+  std::size_t cost = 0;
+  for (std::size_t i = first; i < last && cost < stop; ++i) {
+    if (pages_[i].retiring) {
+      cost += kRetiring;
+    } else if (!pages_[i].mapped) {
+      ++cost;
+    }
+  }
+  return cost;
+}
+
+Arena::Spot Arena::spot_in(Block* free_block, std::size_t size, std::size_t stop) const {
+  Spot spot{free_block, free_block->addr, cost(free_block->addr, size, stop), {}};
+  // Addresses are plentiful, waiting is not: past the retiring pages, if the block reaches.
+  while (spot.cost >= kRetiring) {
+    const std::size_t first = pages_in(spot.addr - base_);
+    std::size_t after = pages_in(spot.addr + size - base_ + page_bytes_ - 1);
+    while (after > first && !pages_[after - 1].retiring) --after;
+    const DevicePtr next = page_addr(after);
+    if (next + size > free_block->end()) break;
+    spot.addr = next;
+    spot.cost = cost(next, size, stop);
+  }
+  return spot;
+}
+
+Arena::Spot Arena::cheapest(std::size_t size, bool mapped_only) const {
   Block probe;
   probe.size = size;
   probe.addr = 0;
-  auto it = free_.lower_bound(&probe);
-  if (it == free_.end()) return nullptr;
-  Block* block = *it;
-  spare_node_ = free_.extract(it);
+  const auto it = free_.lower_bound(&probe);
+  if (it == free_.end()) return {};
+  // The steady state: the best fit's front lies on pages this arena owns.
+  const DevicePtr addr = (*it)->addr;
+  const std::size_t first = pages_in(addr - base_);
+  const std::size_t last = pages_in(addr + size - base_ + page_bytes_ - 1);
+  std::size_t i = first;
+  while (i < last && pages_[i].owned()) ++i;
+  if (i == last) return {*it, addr, 0, it};
+  return cheaper(it, size, mapped_only);
+}
+
+Arena::Spot Arena::cheaper(FreeSet::const_iterator it, std::size_t size, bool mapped_only) const {
+  Spot best = spot_in(*it, size);
+  best.at = it;
+  // The best fit would map pages. Another free block may hold `size` bytes on pages already
+  // mapped (freed blocks of other sizes), or on fewer new ones: a training loop's steady state
+  // then maps nothing, and pages mapped once are not left idle while others are mapped. The
+  // scan costs little next to the driver calls it saves.
+  for (++it; it != free_.end() && best.cost > 0; ++it) {
+    if (Spot spot = spot_in(*it, size, best.cost); spot.cost < best.cost) {
+      best = spot;
+      best.at = it;
+    }
+  }
+  if (mapped_only && best.cost > 0) return {};
+  return best;
+}
+
+Block* Arena::carve(std::size_t size, std::size_t* cost) {
+  const Spot spot = cheapest(size);
+  if (spot.block == nullptr) return nullptr;
+  if (cost != nullptr) *cost = spot.cost;
+  return carve_from(spot, size);
+}
+
+Block* Arena::carve_from(const Spot& spot, std::size_t size) {
+  assert(spot.block->free && spot.addr + size <= spot.block->end() && *spot.at == spot.block);
+  spare_node_ = free_.extract(spot.at);
+  return cut_at(spot, size);
+}
+
+Block* Arena::cut_at(const Spot& spot, std::size_t size) {
+  Block* block = spot.block;
+  if (spot.addr > block->addr) {
+    // The part before the spot stays free.
+    Block* front = new_block();
+    front->addr = block->addr;
+    front->size = spot.addr - block->addr;
+    front->freed_epoch = block->freed_epoch;
+    front->prev = block->prev;
+    if (front->prev) front->prev->next = front;
+    front->next = block;
+    block->prev = front;
+    block->addr = spot.addr;
+    block->size -= front->size;
+    insert_free(front);
+  }
+  return cut(block, size);
+}
+
+Block* Arena::cut(Block* block, std::size_t size) {
   if (block->size > size) {
     // The remainder stays free right after the carved block.
     Block* rest = new_block();
     rest->addr = block->addr + size;
     rest->size = block->size - size;
+    rest->freed_epoch = block->freed_epoch;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next) rest->next->prev = rest;
@@ -69,7 +176,7 @@ Block* Arena::carve(std::size_t size) {
   return block;
 }
 
-Block* Arena::release(Block* block) {
+Block* Arena::release(Block* block, bool used) {
   assert(!block->free);
   block->free = true;
   block->other_streams.clear();
@@ -78,6 +185,7 @@ Block* Arena::release(Block* block) {
   block->owner = nullptr;
   if (Block* next = block->next; next && next->free) {
     erase_free(next);
+    block->freed_epoch = std::max(block->freed_epoch, next->freed_epoch);
     block->size += next->size;
     block->next = next->next;
     if (block->next) block->next->prev = block;
@@ -85,12 +193,14 @@ Block* Arena::release(Block* block) {
   }
   if (Block* prev = block->prev; prev && prev->free) {
     erase_free(prev);
+    prev->freed_epoch = std::max(prev->freed_epoch, block->freed_epoch);
     prev->size += block->size;
     prev->next = block->next;
     if (prev->next) prev->next->prev = prev;
     recycle(block);
     block = prev;
   }
+  if (used) block->freed_epoch = epoch_;
   insert_free(block);
   return block;
 }

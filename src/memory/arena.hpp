@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory_resource>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "memory/fence.hpp"
@@ -24,6 +26,9 @@ struct Block {
   Block* prev = nullptr;  // address-order neighbours within the arena, free or live
   Block* next = nullptr;
   bool free = true;
+  // Meaningful while free: the heap's epoch (StreamHeap::end_epoch) of the newest free merged
+  // into it. Work enqueued before the end of that epoch may still touch it.
+  std::uint64_t freed_epoch = 0;
 
   // Meaningful while live.
   std::size_t requested = 0;
@@ -57,6 +62,13 @@ struct PageSlot {
 };
 
 class Arena {
+  struct BySizeThenAddress {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+  using FreeSet = std::pmr::set<Block*, BySizeThenAddress>;
+
  public:
   Arena(DevicePtr base, std::size_t bytes, std::size_t page_bytes);
   Arena(const Arena&) = delete;
@@ -67,11 +79,30 @@ class Arena {
   [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
   [[nodiscard]] bool contains(DevicePtr p) const { return p >= base_ && p < base_ + bytes_; }
 
-  // The smallest free block of at least `size` bytes, cut to exactly `size` and marked live;
-  // nullptr when none fits.
-  Block* carve(std::size_t size);
-  // Marks a live block free and merges it with free neighbours; returns the merged block.
-  Block* release(Block* block);
+  // Where in a free block to cut `size` bytes from, and what they cost there (see cost()).
+  struct Spot {
+    Block* block = nullptr;  // free; nullptr when no free block is large enough
+    DevicePtr addr = 0;      // within `block`: its start unless that would touch retiring pages
+    std::size_t cost = 0;
+    FreeSet::const_iterator at;  // `block` in the free set, valid until the arena changes
+  };
+  // Where `size` bytes go. Pages, not addresses, are what a block costs: the best fit (smallest
+  // free block, then lowest address) when its front needs no page, which is the steady state
+  // and costs one lookup; else the free block whose front costs least (the best fit among
+  // those). With `mapped_only`, only a spot that maps nothing (else block is nullptr).
+  [[nodiscard]] Spot cheapest(std::size_t size, bool mapped_only = false) const;
+  // Cuts `size` bytes at `spot` (from cheapest, the arena unchanged since) out of its free
+  // block and marks them live.
+  Block* carve_from(const Spot& spot, std::size_t size);
+  // carve_from(cheapest(size)); nullptr when no free block is large enough. `cost`, when given,
+  // gets the spot's cost.
+  Block* carve(std::size_t size, std::size_t* cost = nullptr);
+  // Marks a live block free and merges it with free neighbours; returns the merged block, whose
+  // freed_epoch is the current epoch, or with `used` false (a block carved and given back before
+  // anything used it) the newest of its parts'.
+  Block* release(Block* block, bool used = true);
+  // The epoch that frees from now on belong to (see Block::freed_epoch).
+  void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
 
   // Pages [first, last) that `block` touches, and those entirely inside it.
   [[nodiscard]] std::pair<std::size_t, std::size_t> pages_touched(const Block& block) const;
@@ -79,6 +110,18 @@ class Arena {
   [[nodiscard]] DevicePtr page_addr(std::size_t index) const { return base_ + index * page_bytes_; }
   [[nodiscard]] PageSlot& page(std::size_t index) { return pages_[index]; }
   [[nodiscard]] std::size_t page_count() const { return pages_.size(); }
+  // Pages in [addr, addr + size) that are not owned (a block there would map them).
+  [[nodiscard]] std::size_t unmapped_pages(DevicePtr addr, std::size_t size) const;
+  // What a block at [addr, addr + size) costs: a unit per page to map, and far more per page
+  // still retiring (mapping it waits on the host); counted up to `stop` at most.
+  [[nodiscard]] std::size_t cost(DevicePtr addr, std::size_t size,
+                                 std::size_t stop = std::numeric_limits<std::size_t>::max()) const;
+  // Whether page `index` once gave its page to another address of its own heap instead of a
+  // fresh chunk being made (StreamHeap::allocate). Such an address is never stripped that way
+  // again, and gets a fresh page when it needs one: an address that keeps needing its page back
+  // would otherwise trade it back and forth every iteration.
+  [[nodiscard]] bool gave_spare(std::size_t index) const { return gave_spare_[index]; }
+  void mark_gave_spare(std::size_t index) { gave_spare_[index] = true; }
 
   // Free blocks, largest first (for reclaiming their pages).
   template <class F>
@@ -87,12 +130,16 @@ class Arena {
   }
 
  private:
-  struct BySizeThenAddress {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-    }
-  };
-
+  // cheapest() when the best fit at `it` would map pages: the scan for a cheaper spot.
+  [[gnu::noinline]] Spot cheaper(FreeSet::const_iterator it, std::size_t size,
+                                 bool mapped_only) const;
+  // The cheapest place for `size` bytes in `free_block`, counting cost up to `stop`.
+  [[nodiscard]] Spot spot_in(Block* free_block, std::size_t size,
+                             std::size_t stop = std::numeric_limits<std::size_t>::max()) const;
+  // Marks `size` bytes at `spot` live (its block out of the free set); the rest stays free.
+  Block* cut_at(const Spot& spot, std::size_t size);
+  // Marks the first `size` bytes of `block` (out of the free set) live; the rest stays free.
+  Block* cut(Block* block, std::size_t size);
   Block* new_block();
   void recycle(Block* block);
   // The free set's insert and erase recycle one tree node through `spare_node_`, so that the
@@ -111,11 +158,12 @@ class Arena {
   }
   std::deque<Block> storage_;  // owns every Block; a deque never moves its elements
   std::vector<Block*> spare_;  // recycled storage
-  Block* head_ = nullptr;
   std::pmr::unsynchronized_pool_resource node_pool_;  // tree nodes, recycled without malloc
-  std::pmr::set<Block*, BySizeThenAddress> free_{&node_pool_};
-  std::pmr::set<Block*, BySizeThenAddress>::node_type spare_node_;  // see insert_free
+  FreeSet free_{&node_pool_};
+  FreeSet::node_type spare_node_;  // see insert_free
   std::vector<PageSlot> pages_;
+  std::vector<bool> gave_spare_;  // by page, see gave_spare()
+  std::uint64_t epoch_ = 1;       // see set_epoch
 };
 
 }  // namespace salus::memory

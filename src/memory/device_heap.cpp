@@ -1,3 +1,4 @@
+#include "log/log.hpp"
 #include "memory/device_heap.hpp"
 
 #include <fmt/format.h>
@@ -144,11 +145,30 @@ std::size_t DeviceHeap::reclaim_from_others(const StreamHeap* except, std::size_
   for (const bool idle_only : {true, false}) {
     for_each_stream_heap([&](StreamHeap& heap) {
       if (&heap == except || taken >= pages) return;
-      const std::size_t got = heap.reclaim_pages(pages - taken, idle_only);
+      const std::size_t got = heap.reclaim_pages(
+          pages - taken, idle_only ? StreamHeap::Take::idle : StreamHeap::Take::any);
       taken += got;
       counters_.cross_stream_reuses.fetch_add(got, std::memory_order_relaxed);
     });
   }
+  return taken;
+}
+
+std::size_t DeviceHeap::spare_from_others(const StreamHeap* except, std::size_t pages) {
+  std::size_t taken = 0;
+  for_each_stream_heap([&](StreamHeap& heap) {
+    if (&heap == except || taken >= pages) return;
+    std::size_t got = 0;
+    try {
+      got = heap.reclaim_pages(pages - taken, StreamHeap::Take::spare);
+    } catch (const Error& e) {
+      // A saving, not a need: fresh chunks do instead (the pages stay where they were).
+      log::debug("device {}: taking another stream's spare pages failed: {}", device_,
+                    e.what());
+    }
+    taken += got;
+    counters_.cross_stream_reuses.fetch_add(got, std::memory_order_relaxed);
+  });
   return taken;
 }
 

@@ -91,6 +91,9 @@ class DeviceHeap {
   // Takes up to `pages` pages from the free blocks of streams other than `except`: first those
   // that nothing may still touch, then those the taker must wait for on the GPU.
   std::size_t reclaim_from_others(const StreamHeap* except, std::size_t pages);
+  // Takes up to `pages` spare pages (StreamHeap::Take::spare) from the free blocks of streams
+  // other than `except` into the pool: what a new block takes before a fresh chunk.
+  std::size_t spare_from_others(const StreamHeap* except, std::size_t pages);
   // Unmaps the old addresses of handed-off pages (StreamHeap::settle) in every stream heap.
   void settle(bool wait);
 

@@ -221,9 +221,12 @@ class MemoryManager::Impl {
     // passed); the cap only guards against other threads taking that progress forever.
     constexpr int kHarvestAttempts = 64;
     std::size_t short_by = 0;
+    // Other streams' spare pages come before fresh chunks (see StreamHeap::allocate): with one
+    // stream there are none to ask for.
+    bool fresh_chunks = device.heap_count() < 2;
     for (int attempt = 0; attempt < kHarvestAttempts; ++attempt) {
       const memory::CarveResult r =
-          heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash);
+          heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash, fresh_chunks);
       if (r.ptr != 0) return r.ptr;
       if (r.job_gone) return 0;  // leaves `why_not` empty: the caller tells the job it is gone
       if (r.out_of_address_space) {
@@ -232,6 +235,11 @@ class MemoryManager::Impl {
         return 0;
       }
       short_by = r.pages_short;
+      if (!std::exchange(fresh_chunks, true)) {
+        (void)device.spare_from_others(&heap, short_by);
+        --attempt;  // not a try of its own: the next one may make fresh chunks
+        continue;
+      }
       if (device.reclaim_from_others(&heap, short_by) > 0 && attempt < kAttempts) continue;
       if (!tiers_.spills()) {
         if (attempt == 0) continue;

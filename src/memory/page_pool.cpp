@@ -30,6 +30,11 @@ std::size_t PagePool::acquire(std::size_t count, std::vector<Page>& out) {
   return take_locked(count, 0, out);
 }
 
+std::size_t PagePool::acquire_kept(std::size_t count, std::vector<Page>& out) {
+  std::lock_guard lock(mu_);
+  return take_locked(count, 0, out, false);
+}
+
 std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) {
   std::lock_guard lock(mu_);
   const std::size_t added =
@@ -45,7 +50,7 @@ std::size_t PagePool::free_bytes() const {
 }
 
 std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages,
-                                  std::vector<Page>& out) {
+                                  std::vector<Page>& out, bool create) {
   auto free_pages = [&] {
     const std::size_t held = held_.load(std::memory_order_relaxed);
     return (limit_bytes_ > held ? (limit_bytes_ - held) / page_bytes_ : 0) + kept_.size();
@@ -54,9 +59,11 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
   while (added < count && !kept_.empty() && free_pages() > keep_free_pages) {
     out.push_back(std::move(kept_.back()));
     kept_.pop_back();
+    kept_count_.store(kept_.size(), std::memory_order_relaxed);
     ++added;
   }
-  while (added < count && held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
+  while (create && added < count &&
+         held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
          free_pages() > keep_free_pages) {
     ChunkHandle chunk;
     try {
@@ -83,6 +90,7 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
 void PagePool::put(Page page) {
   std::lock_guard lock(mu_);
   kept_.push_back(std::move(page));
+  kept_count_.store(kept_.size(), std::memory_order_relaxed);
 }
 
 void PagePool::take_back(Page page) {
@@ -93,6 +101,7 @@ void PagePool::take_back(Page page) {
 void PagePool::put(std::vector<Page>& pages) {
   std::lock_guard lock(mu_);
   for (Page& page : pages) kept_.push_back(std::move(page));
+  kept_count_.store(kept_.size(), std::memory_order_relaxed);
   pages.clear();
 }
 
@@ -101,6 +110,7 @@ std::size_t PagePool::trim() {
   {
     std::lock_guard lock(mu_);
     pages.swap(kept_);
+    kept_count_.store(0, std::memory_order_relaxed);
   }
   std::size_t released = 0;
   for (const Page& page : pages) {

@@ -35,6 +35,12 @@ class PagePool {
   // under the limit. Returns how many were added. Throws DeviceError only for driver failures
   // other than running out of memory.
   std::size_t acquire(std::size_t count, std::vector<Page>& out);
+  // As acquire, from the kept pages only: no chunk is created.
+  std::size_t acquire_kept(std::size_t count, std::vector<Page>& out);
+  // Pages kept for reuse right now (acquire_kept's most); lock-free, so a moment old.
+  [[nodiscard]] std::size_t kept_pages() const {
+    return kept_count_.load(std::memory_order_relaxed);
+  }
   // As acquire, for another device or the host tier: stops while fewer than `reserve_bytes`
   // would stay free here. The pages count as lent until take_back.
   std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out);
@@ -63,14 +69,16 @@ class PagePool {
   void reset_peak() { peak_held_.store(held_bytes(), std::memory_order_relaxed); }
 
  private:
-  std::size_t take_locked(std::size_t count, std::size_t keep_free_pages, std::vector<Page>& out);
+  std::size_t take_locked(std::size_t count, std::size_t keep_free_pages, std::vector<Page>& out,
+                          bool create = true);
 
   DeviceBackend& backend_;
   const Location where_;
   const std::size_t page_bytes_;
   const std::size_t limit_bytes_;
   mutable std::mutex mu_;
-  std::vector<Page> kept_;  // guarded by mu_
+  std::vector<Page> kept_;                  // guarded by mu_
+  std::atomic<std::size_t> kept_count_{0};  // kept_.size(), written under mu_
   std::atomic<std::size_t> held_{0};
   std::atomic<std::size_t> peak_held_{0};
   std::atomic<std::uint64_t> creates_{0};

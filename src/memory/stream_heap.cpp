@@ -45,6 +45,7 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
     return nullptr;
   }
   Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
+  arena->set_epoch(epoch_);
   ranges_[index].base.store(base, std::memory_order_relaxed);
   ranges_[index].end.store(base + size, std::memory_order_relaxed);
   range_count_.store(index + 1, std::memory_order_release);
@@ -99,28 +100,8 @@ StreamHeap::~StreamHeap() {
   });
 }
 
-const FencePtr& StreamHeap::OwnFence::get() {
-  if (!asked_) {
-    // A retired stream may be gone: its work is what the retire fence caught.
-    if (heap_.retired_) {
-      fence_ = settled(heap_.retire_fence_) ? nullptr : heap_.retire_fence_;
-      asked_ = true;
-      return fence_;
-    }
-    // An idle stream has nothing queued that could touch the page: no fence, and the page is
-    // unmapped at once. (Work enqueued from now on only touches live blocks.)
-    const StreamHandle stream = heap_.stream();
-    if (!heap_.device_.backend().query_stream(stream, heap_.device_.device())) {
-      fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
-                            std::span(&stream, 1));
-    }
-    asked_ = true;
-  }
-  return fence_;
-}
-
 CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId job,
-                                 Lifetime lifetime, std::vector<Page>& stash) {
+                                 Lifetime lifetime, std::vector<Page>& stash, bool fresh_chunks) {
   std::lock_guard lock(mu_);
   if (retired_) {
     throw InvalidArgument(fmt::format("allocate: the stream was retired on device {}",
@@ -128,44 +109,27 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   }
   if (!retiring_.empty()) settle_retiring(false);
   Arena* where = nullptr;
-  Block* block = carve(bytes, where);
+  Block* block = place(bytes, where);
   if (block == nullptr) return {.out_of_address_space = true};
   Arena& arena = *where;
 
   auto [first, last] = arena.pages_touched(*block);
-  std::size_t missing = 0;
   std::vector<Page> pages;
   try {
-    missing = prepare_pages(arena, first, last);
-    if (missing > 0) {
-      pages.reserve(missing);
-      std::size_t got = device_.pool().acquire(missing, pages);
-      // The block is live now, so reclaiming cannot take pages from under it.
-      if (got < missing) {
-        OwnFence own(*this);
-        got += reclaim_locked(missing - got, pages, own, false);
-      }
-      if (got < missing && stash.size() >= missing - got) {
-        // Borrowed pages go in front: map_pages takes pages from the back, so the local ones
-        // fill the block's first pages and the borrowed ones its last.
-        const auto take = stash.end() - static_cast<std::ptrdiff_t>(missing - got);
-        pages.insert(pages.begin(), std::make_move_iterator(take),
-                     std::make_move_iterator(stash.end()));
-        stash.erase(take, stash.end());
-        got = missing;
-      }
-      if (got < missing) {
+    if (const std::size_t missing = prepare_pages(arena, first, last); missing > 0) {
+      if (const std::size_t short_by =
+              gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
         // Pages taken keep their fences: whoever takes them next waits for the same work.
         device_.tiers().give_back(device_.device(), pages);
-        arena.release(block);
-        return {.pages_short = missing - got};
+        arena.release(block, false);
+        return {.pages_short = short_by};
       }
       map_pages(arena, first, last, pages);
     }
   } catch (...) {
     // A driver failure: whatever pages were gathered go back, the block returns to the free set.
     device_.tiers().give_back(device_.device(), pages);
-    arena.release(block);
+    arena.release(block, false);
     throw;
   }
 
@@ -192,10 +156,43 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   return {.ptr = block->addr};
 }
 
-Block* StreamHeap::carve(std::size_t bytes, Arena*& where) {
+Block* StreamHeap::place(std::size_t bytes, Arena*& where) {
+  const SizeClass c = class_of(bytes);
+  // The steady state: a spot on mapped pages in the class's first range, found with one lookup.
+  Arena& first = *arenas_[c].front();
+  const Arena::Spot spot = first.cheapest(bytes);
+  if (spot.block != nullptr && spot.cost == 0) {
+    where = &first;
+    return first.carve_from(spot, bytes);
+  }
+  if (c == kSmall && spot.block != nullptr &&
+      first.unmapped_pages(spot.addr, bytes) > device_.pool().kept_pages()) {
+    if (Block* block = overflow(bytes, where)) return block;
+  }
+  std::size_t cost = 0;
+  return carve(bytes, where, cost);
+}
+
+Block* StreamHeap::overflow(std::size_t bytes, Arena*& where) {
+  // A small block whose page would be a fresh chunk. The classes peak at different times (a
+  // recurrent model's small per-step tensors in the forward pass, its large gradients in the
+  // backward pass): free space the large class has mapped, such as the partly used last page of
+  // a large block, holds it at no cost, and the choice is the same in every iteration, so the
+  // steady state maps nothing. (Large blocks stay in their class: a small range holds few, and
+  // the large class's own pages would then go unused in every iteration.)
+  for (const auto& arena : arenas_[kLarge]) {
+    if (const Arena::Spot spot = arena->cheapest(bytes, true); spot.block != nullptr) {
+      where = arena.get();
+      return arena->carve_from(spot, bytes);
+    }
+  }
+  return nullptr;
+}
+
+Block* StreamHeap::carve(std::size_t bytes, Arena*& where, std::size_t& cost) {
   const SizeClass c = class_of(bytes);
   for (const auto& arena : arenas_[c]) {
-    if (Block* block = carve_in(*arena, bytes)) {
+    if (Block* block = carve_in(*arena, bytes, cost)) {
       where = arena.get();
       return block;
     }
@@ -203,15 +200,15 @@ Block* StreamHeap::carve(std::size_t bytes, Arena*& where) {
   Arena* fresh = grow(c, bytes);
   if (fresh == nullptr) return nullptr;
   where = fresh;
-  return fresh->carve(bytes);
+  return fresh->carve(bytes, &cost);
 }
 
-Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes) {
+Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes, std::size_t& cost) {
   // A block over addresses still retiring could be mapped only after waiting on the host; a few
   // detours elsewhere in the (generous) address space usually find one that need not wait.
   constexpr int kMaxDetours = 4;
   for (int detour = 0;; ++detour) {
-    Block* block = arena.carve(bytes);
+    Block* block = arena.carve(bytes, &cost);
     if (block == nullptr) {
       if (std::none_of(detours_.begin(), detours_.end(),
                        [&](const auto& d) { return d.first == &arena; })) {
@@ -222,7 +219,7 @@ Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes) {
         if (d.first == &arena) release_block(d.second);
         return d.first == &arena;
       });
-      return arena.carve(bytes);
+      return arena.carve(bytes, &cost);
     }
     if (retiring_.empty() || detour == kMaxDetours || !awaits_retiring(arena, *block)) {
       return block;
@@ -238,165 +235,6 @@ bool StreamHeap::awaits_retiring(Arena& arena, const Block& block) const {
     if (slot.retiring && !slot.fence->done()) return true;
   }
   return false;
-}
-
-std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size_t last) {
-  DeviceBackend& backend = device_.backend();
-  std::size_t missing = 0;
-  const Fence* ordered = nullptr;
-  bool waited = false;
-  for (std::size_t i = first; i < last; ++i) {
-    PageSlot& slot = arena.page(i);
-    if (slot.retiring) {
-      // The old address still maps a page that went to another user, behind work enqueued here
-      // that has not finished. A new page can be mapped here only once it has: the one place
-      // where an allocation waits on the host (see DeviceMemoryStats::allocation_waits).
-      if (!slot.fence->done()) {
-        if (!std::exchange(waited, true)) {
-          device_.counters().allocation_waits.fetch_add(1, std::memory_order_relaxed);
-        }
-        slot.fence->wait();
-      }
-      std::erase(retiring_, std::pair<Arena*, std::size_t>{&arena, i});
-      unmap_retired(arena, i);
-    }
-    if (!slot.mapped) {
-      ++missing;
-      continue;
-    }
-    if (slot.fence) {
-      // Work of other streams on a block freed here: this stream waits for it on the GPU.
-      if (slot.fence.get() != ordered) slot.fence->order(backend, stream(), device_.device());
-      ordered = slot.fence.get();
-      slot.fence.reset();
-    }
-  }
-  return missing;
-}
-
-void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
-                           std::vector<Page>& pages) {
-  DeviceBackend& backend = device_.backend();
-  const std::size_t page = arena.page_bytes();
-  std::vector<std::pair<std::size_t, Page>> mapped_now;
-  const Fence* ordered = nullptr;
-  try {
-    std::size_t i = first;
-    while (i < last) {
-      if (arena.page(i).mapped) {
-        ++i;
-        continue;
-      }
-      // Map a run of unmapped pages, then grant access to the whole run at once.
-      const std::size_t run_start = i;
-      for (; i < last && !arena.page(i).mapped; ++i) {
-        // A page from another user: our later work waits for its old work, on the GPU.
-        if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
-          next.fence->order(backend, stream(), device_.device());
-          ordered = next.fence.get();
-        }
-        backend.map(arena.page_addr(i), page, pages.back().chunk, 0);
-        mapped_now.emplace_back(i, std::move(pages.back()));
-        pages.pop_back();
-        const Page& taken = mapped_now.back().second;
-        arena.page(i) = PageSlot{taken.chunk, taken.where, true, false, nullptr};
-        device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
-        device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
-        if (const Tier tier = tier_of(taken.where, device_.device()); tier != Tier::local) {
-          device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_add(
-              page, std::memory_order_relaxed);
-          ++remote_pages_;
-        }
-      }
-      backend.set_access(arena.page_addr(run_start), (i - run_start) * page, device_.grants());
-    }
-  } catch (...) {
-    // Nothing has used the new mappings; the pages go back as they came, fences included.
-    for (auto& [index, taken] : mapped_now) {
-      try {
-        forget_page(arena, index);
-        backend.unmap(arena.page_addr(index), page);
-        device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
-      } catch (const Error& e) {
-        log::error("rolling back a page map failed: {}", e.what());
-      }
-      pages.push_back(std::move(taken));
-    }
-    throw;
-  }
-}
-
-void StreamHeap::forget_page(Arena& arena, std::size_t index) {
-  PageSlot& slot = arena.page(index);
-  if (const Tier tier = tier_of(slot.where, device_.device()); tier != Tier::local) {
-    device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_sub(
-        arena.page_bytes(), std::memory_order_relaxed);
-    --remote_pages_;
-  }
-  device_.counters().mapped.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
-  slot = PageSlot{};
-}
-
-Page StreamHeap::unmap_page(Arena& arena, std::size_t index) {
-  PageSlot& slot = arena.page(index);
-  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-  Page page{slot.chunk, nullptr, slot.where};
-  forget_page(arena, index);
-  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
-  return page;
-}
-
-Page StreamHeap::hand_off(Arena& arena, std::size_t index, OwnFence& own) {
-  PageSlot& slot = arena.page(index);
-  FencePtr fence = Fence::join(own.get(), slot.fence);
-  if (fence == nullptr) return unmap_page(arena, index);
-  // Work enqueued before may still touch the page at this address. The new user maps the same
-  // page at its own address at once and waits for the fence on the GPU; this address keeps the
-  // page until the fence is seen complete (settle_retiring), so that work never faults.
-  Page page{slot.chunk, fence, slot.where};
-  const PageSlot kept{slot.chunk, slot.where, true, true, std::move(fence)};
-  forget_page(arena, index);
-  slot = kept;
-  retiring_.emplace_back(&arena, index);
-  device_.counters().deferred_unmaps.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().retiring.fetch_add(arena.page_bytes(), std::memory_order_relaxed);
-  return page;
-}
-
-void StreamHeap::settle_retiring(bool wait) {
-  std::erase_if(retiring_, [&](const std::pair<Arena*, std::size_t>& entry) {
-    auto [arena, index] = entry;
-    PageSlot& slot = arena->page(index);
-    try {
-      if (wait) {
-        slot.fence->wait();
-      } else if (!slot.fence->done()) {
-        return false;
-      }
-      unmap_retired(*arena, index);
-    } catch (const Error& e) {
-      log::error("unmapping a retired page at {:#x} failed: {}", arena->page_addr(index), e.what());
-      return false;
-    }
-    return true;
-  });
-  // Set-aside blocks whose addresses have settled go back to the free set.
-  std::erase_if(detours_, [&](const std::pair<Arena*, Block*>& d) {
-    auto [arena, block] = d;
-    auto [first, last] = arena->pages_touched(*block);
-    for (std::size_t i = first; i < last; ++i) {
-      if (arena->page(i).retiring) return false;
-    }
-    release_block(block);  // borrowed pages it shared with a block freed meanwhile go home
-    return true;
-  });
-}
-
-void StreamHeap::unmap_retired(Arena& arena, std::size_t index) {
-  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().retiring.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
-  arena.page(index) = PageSlot{};
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -574,6 +412,8 @@ std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job.value);
   if (it == jobs_.end()) return {0, 0};
+  ++iterations_ended_;
+  end_epoch();
   JobBlocks& owner = it->second;
   constexpr auto eph = static_cast<std::size_t>(Lifetime::ephemeral);
   constexpr auto per = static_cast<std::size_t>(Lifetime::persistent);
@@ -625,44 +465,6 @@ StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job.value);
   return it == jobs_.end() ? JobUsage{} : it->second.usage;
-}
-
-std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
-                                       bool idle_only) {
-  std::size_t taken = 0;
-  for_each_arena([&](Arena& arena) {
-    arena.for_each_free_largest_first([&](const Block& free_block) {
-      if (taken >= wanted) return;
-      auto [first, last] = arena.pages_inside(free_block);
-      for (std::size_t i = first; i < last && taken < wanted; ++i) {
-        // Pages of other tiers in free space went home when they were freed.
-        const PageSlot& slot = arena.page(i);
-        if (!slot.owned() || slot.where != device_.pool().where()) continue;
-        if (idle_only && !settled(slot.fence)) continue;
-        out.push_back(hand_off(arena, i, own));
-        ++taken;
-      }
-    });
-  });
-  return taken;
-}
-
-std::size_t StreamHeap::reclaim_pages(std::size_t wanted, bool idle_only) {
-  std::lock_guard lock(mu_);
-  if (!retiring_.empty()) settle_retiring(false);
-  OwnFence own(*this);
-  // Work enqueued on this stream before its blocks were freed may still touch their pages.
-  if (idle_only && own.get() != nullptr) return 0;
-  if (!idle_only) return_stray_remote_pages(own);
-  std::vector<Page> pages;
-  const std::size_t taken = reclaim_locked(wanted, pages, own, idle_only);
-  device_.pool().put(pages);
-  return taken;
-}
-
-void StreamHeap::settle(bool wait) {
-  std::lock_guard lock(mu_);
-  settle_retiring(wait);
 }
 
 }  // namespace salus::memory

@@ -8,6 +8,8 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -62,7 +64,8 @@ struct CarveResult {
 class StreamHeap {
  public:
   // Requests up to this size share pages in arenas of their own, so that small long-lived blocks
-  // do not pin pages among large ones.
+  // do not pin pages among large ones; except that one that would need a fresh chunk goes on
+  // pages the large class has mapped and left free, if any (see place).
   static constexpr std::size_t kSmallRequest = 1 << 20;
 
   // `small_bytes` and `large_bytes`: the first address range of each class. A class whose ranges
@@ -100,9 +103,11 @@ class StreamHeap {
   }
 
   // Pages come from the device pool, this heap's own free pages, then `stash` (pages the caller
-  // gathered from other tiers); what is left of `stash` stays the caller's.
+  // gathered from other tiers); what is left of `stash` stays the caller's. Without
+  // `fresh_chunks`, a block that would need a fresh chunk fails short instead (the caller first
+  // takes other streams' spare pages).
   CarveResult allocate(std::size_t bytes, std::size_t requested, JobId job, Lifetime lifetime,
-                       std::vector<Page>& stash);
+                       std::vector<Page>& stash, bool fresh_chunks = true);
   // Throws InvalidArgument when `ptr` is not a live block start, or its size disagrees.
   // With `job`, also throws when the block is not that job's.
   FreedBlock deallocate(DevicePtr ptr, std::optional<std::size_t> caller_bytes,
@@ -129,13 +134,26 @@ class StreamHeap {
   // their holder frees them later); reports each block's old class and size through `on_move`.
   template <class F>
   void orphan_job(JobId job, F&& on_move);
-  // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}.
+  // Moves the job's live ephemeral blocks to persistent; returns {bytes, blocks}. An iteration of
+  // the job ended: so does this heap's epoch, when the job has blocks here (see end_epoch).
   std::pair<std::size_t, std::size_t> promote(JobId job);
   [[nodiscard]] std::optional<BlockInfo> find(DevicePtr ptr);
+  // Which free pages reclaiming takes.
+  enum class Take : std::uint8_t {
+    any,   // every page wholly in free space (for another user, or memory is short)
+    idle,  // only those that nothing may still touch
+    // Spare pages, for a new block instead of a fresh chunk: only quiet ones (unmapped at once,
+    // so no address is left retiring) and never from an address that gave its page that way
+    // before (Arena::gave_spare).
+    spare,
+    // As spare, also pages that queued work may still touch: handed off behind a fence, their
+    // old address kept mapped until it completes (hand_off). For this heap's own new blocks only.
+    spare_fenced,
+  };
   // Takes up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
   // by an event after this stream's work so far: whoever takes them waits on the GPU, not here.
-  // With `idle_only`, takes pages only when nothing may still touch them. Returns how many.
-  std::size_t reclaim_pages(std::size_t wanted, bool idle_only = false);
+  // `take` says which pages qualify. Returns how many.
+  std::size_t reclaim_pages(std::size_t wanted, Take take = Take::any);
   // Unmaps the old addresses of pages handed off earlier whose work has finished; with `wait`,
   // waits for that work first, so that none is left.
   void settle(bool wait);
@@ -174,6 +192,10 @@ class StreamHeap {
  private:
 
   enum SizeClass : std::size_t { kSmall = 0, kLarge = 1 };
+  // The fewest pages a new block must lack before it takes spare pages that queued work may
+  // still touch (Take::spare_fenced; see gather_pages). Measured on the traces of
+  // benchmarks/traces with a GPU one iteration behind: 1 page made small CNN traces worse.
+  static constexpr std::size_t kFencedMovePages = 8;
   static SizeClass class_of(std::size_t bytes) { return bytes <= kSmallRequest ? kSmall : kLarge; }
   Arena& arena_of(const Block& block);
   // Every arena, large ones first (the order reclaiming takes pages in).
@@ -200,12 +222,19 @@ class StreamHeap {
   JobBlocks& owner_for(JobId job);
   void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
+  // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless it is
+  // small, its page would come from a fresh chunk and the large class has free space on mapped
+  // pages that holds it. nullptr when no address range can be had at all.
+  Block* place(std::size_t bytes, Arena*& where);
+  // A spot for a small block on the large class's mapped free pages; nullptr when none.
+  Block* overflow(std::size_t bytes, Arena*& where);
   // A free block of `bytes` in an arena of its class (`where` says which), growing the class by a
-  // range when none has room; nullptr when no address range can be had at all.
-  Block* carve(std::size_t bytes, Arena*& where);
+  // range when none has room; nullptr when no address range can be had at all. `cost` gets what
+  // it costs there (Arena::cost).
+  Block* carve(std::size_t bytes, Arena*& where, std::size_t& cost);
   // A free block of `bytes` in `arena`, preferring addresses that need not wait for retiring
   // pages; nullptr when the arena has no room.
-  Block* carve_in(Arena& arena, std::size_t bytes);
+  Block* carve_in(Arena& arena, std::size_t bytes, std::size_t& cost);
   [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
   // Makes the pages [first, last) of a block just carved ready for this stream: waits out old
   // addresses still retiring there, orders this stream after work that other streams may still
@@ -223,8 +252,24 @@ class StreamHeap {
     FencePtr fence_;  // null when the stream was idle
     bool asked_ = false;
   };
-  std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own,
-                             bool idle_only);
+  std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own, Take take);
+  // Epochs: an iteration's end (promote) ends the heap's epoch with a fence after the stream's
+  // work so far, and so does an allocation short of quiet spare pages. Free space whose last free
+  // came in an epoch whose fence has completed (or any, while the stream is idle) is quiet: no
+  // queued work can touch it, so its pages can move without keeping the old address mapped.
+  void end_epoch();
+  [[nodiscard]] bool quiet(const Block& free_block, OwnFence& own);
+  // Pages for the `missing` unmapped pages of [first, last) of a block just carved: the pool's
+  // kept pages; without `fresh_chunks`, nothing more. Else this heap's own spare pages rather
+  // than fresh chunks, except for addresses whose page went that way before (those get fresh
+  // ones: hysteresis, so that a steady state maps nothing); then fresh chunks; then, when the
+  // device is full, any free page of this heap; then `stash`. Returns how many are still
+  // missing (what it gathered stays in `pages`).
+  std::size_t gather_pages(Arena& arena, std::size_t first, std::size_t last, std::size_t missing,
+                           std::vector<Page>& pages, std::vector<Page>& stash, bool fresh_chunks);
+  // Up to `wanted` of this heap's spare pages into `pages`, for a block that lacks `missing`.
+  std::size_t take_spare(std::size_t wanted, std::size_t missing, std::vector<Page>& pages,
+                         OwnFence& own);
   void settle_retiring(bool wait);
   void unmap_retired(Arena& arena, std::size_t index);
   void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
@@ -296,6 +341,13 @@ class StreamHeap {
   std::uint32_t last_owner_job_ = 0;
   // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
   std::vector<std::pair<Arena*, std::size_t>> retiring_;
+  std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
+  std::uint64_t quiet_through_ = 0;     // free space of epochs up to this one is quiet
+  std::uint64_t iterations_ended_ = 0;  // promote calls that found the job here
+  // Fences of ended epochs not yet seen complete, oldest first; at most kMaxEpochFences (an
+  // epoch whose fence would exceed that is merged into the next).
+  static constexpr std::size_t kMaxEpochFences = 8;
+  std::deque<std::pair<std::uint64_t, FencePtr>> epoch_fences_;
   // Blocks set aside because their addresses were still retiring (see carve); neither free nor
   // live until those pages settle.
   std::vector<std::pair<Arena*, Block*>> detours_;

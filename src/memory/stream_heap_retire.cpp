@@ -35,7 +35,7 @@ void StreamHeap::drain_retired() {
   std::vector<Page> pages;
   OwnFence own(*this);
   return_stray_remote_pages(own);
-  reclaim_locked(std::numeric_limits<std::size_t>::max(), pages, own, false);
+  reclaim_locked(std::numeric_limits<std::size_t>::max(), pages, own, Take::any);
   device_.pool().put(pages);
 }
 
