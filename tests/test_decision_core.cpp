@@ -605,5 +605,58 @@ TEST_F(DecisionCoreTest, AJobLargerThanTheBudgetIsAdmittedOnlyIntoAnEmptyDevice)
   }
 }
 
+// A pending job that holds its weights already (JobView::memory_resident) takes memory: lanes
+// that no longer fit beside it merge, so that what the device holds stays within the budget.
+TEST_F(DecisionCoreTest, ResidentBytesOfAPendingJobMergeLanesThatNoLongerFit) {
+  const auto pack = policy("pack");
+  DecisionCore core(*pack, 100);
+  JobView a = job(1, 20, 20), b = job(2, 20, 20), c = job(3, 25, 5);
+  for (JobView* v : {&a, &b, &c}) v->memory_resident = true;
+  core.add(a);
+  core.add(b);
+  EXPECT_EQ(core.lane_count(), 2);
+  EXPECT_EQ(core.committed_bytes(), 80u);
+  core.add(c);  // 25 more resident bytes: two lanes of 40 no longer fit beside them
+  EXPECT_TRUE(core.admitted(JobId{3}));
+  EXPECT_EQ(core.lane_of(JobId{1}), core.lane_of(JobId{2})) << "the lanes did not merge";
+  EXPECT_LE(core.committed_bytes() + (core.admitted(JobId{3}) ? 0 : 25), 100u);
+  // Without resident bytes (the simulator's jobs), the same jobs keep their lanes.
+  DecisionCore sim(*pack, 100);
+  sim.add(job(1, 20, 20));
+  sim.add(job(2, 20, 20));
+  sim.add(job(3, 25, 5));
+  EXPECT_FALSE(sim.admitted(JobId{3}));
+  EXPECT_EQ(sim.lane_count(), 2);
+}
+
+// Headroom (what the device loses to whole pages) shrinks what plans may fill.
+TEST_F(DecisionCoreTest, HeadroomShrinksWhatAdmissionMayFill) {
+  const auto pack = policy("pack");
+  DecisionCore core(*pack, 100);
+  core.set_headroom(30);
+  core.add(job(1, 20, 20));
+  core.add(job(2, 20, 20));
+  EXPECT_EQ(core.lane_count(), 1) << "two lanes of 40 need 80, more than 100 - 30";
+  EXPECT_EQ(core.committed_bytes(), 60u);
+}
+
+// A job that left while its tensors live on (Python's default mode) leaves bytes nobody here
+// owns: lanes admitted as if they were free would both run and outgrow the device.
+TEST_F(DecisionCoreTest, UnownedBytesAreTakenAndAdmittedLanesMergeWhenTheyAppear) {
+  const auto pack = policy("pack");
+  DecisionCore core(*pack, 100);
+  core.add(job(1, 20, 20));
+  core.add(job(2, 20, 20));
+  ASSERT_EQ(core.lane_count(), 2) << "two lanes of 40 fit in 100";
+  core.set_unowned(30);
+  EXPECT_EQ(core.lane_count(), 1) << "80 more than 100 - 30: the later job shares the lane";
+  EXPECT_LE(core.committed_bytes(), 70u);
+  core.set_unowned(0);
+  core.remove(JobId{1});
+  core.add(job(3, 20, 20));
+  core.decide(0.0);
+  EXPECT_EQ(core.lane_count(), 2) << "freed again: a lane of its own";
+}
+
 }  // namespace
 }  // namespace salus::sched

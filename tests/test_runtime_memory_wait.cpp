@@ -62,6 +62,37 @@ TEST(RuntimeMemoryWait, AnIterationShortOfMemoryBecauseOfAnotherLaneWaits) {
   }
 }
 
+// A job that leaves while its blocks live on (Python's default mode) leaves bytes no job owns:
+// jobs admitted after it are planned beside them, not in the memory they still take.
+TEST(RuntimeMemoryWait, BlocksThatOutliveTheirJobCountAsTaken) {
+  Runtime runtime(sim(64 * MiB), {.policy = "pack"});
+  JobSpec spec{.name = "gone", .blocks_outlive_job = true};
+  Job gone = runtime.add_job(spec);
+  const DevicePtr weights = gone.allocate(36 * MiB);  // outside an iteration: persistent
+  gone.leave();
+  // Two lanes of 15 fit 64 MiB but not the 28 MiB the weights leave: one lane, taking turns.
+  auto run_pair = [](Job& x, Job& y) {
+    std::atomic<int> oom{0};
+    std::thread tx([&] { run_job(x, 5, 12 * MiB, oom); });
+    std::thread ty([&] { run_job(y, 5, 12 * MiB, oom); });
+    tx.join();
+    ty.join();
+    EXPECT_EQ(oom, 0);
+  };
+  Job b = runtime.add_job(hinted("b", 1 * MiB, 14 * MiB));
+  Job c = runtime.add_job(hinted("c", 1 * MiB, 14 * MiB));
+  run_pair(b, c);
+  EXPECT_EQ(b.stats().lane, c.stats().lane);
+  // Once the holder frees them, jobs that come next get lanes of their own again.
+  runtime.deallocate(weights);
+  b.leave();
+  c.leave();
+  Job d = runtime.add_job(hinted("d", 1 * MiB, 14 * MiB));
+  Job e = runtime.add_job(hinted("e", 1 * MiB, 14 * MiB));
+  run_pair(d, e);
+  EXPECT_NE(d.stats().lane, e.stats().lane);
+}
+
 // Two iterations that each hold half the device and ask for more wait on each other: one of them
 // (the second to ask) fails instead of both waiting for good; the other completes.
 TEST(RuntimeMemoryWait, TwoIterationsWaitingOnEachOtherFailOneNotBoth) {

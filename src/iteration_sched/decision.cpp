@@ -97,7 +97,15 @@ struct DecisionCore::State {
   std::vector<RunningIteration> scratch;
   std::vector<HeldFrom> held;
   bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
-  std::size_t extra_headroom = 0;  // see DecisionCore::set_extra_headroom
+  std::size_t headroom = 0;  // see DecisionCore::set_headroom
+  std::size_t unowned = 0;   // see DecisionCore::set_unowned
+
+  // What plans may fill: the budget less what the device loses to whole pages and what no job
+  // here owns.
+  [[nodiscard]] std::size_t usable() const {
+    const std::size_t taken = headroom + unowned;
+    return budget > taken ? budget - taken : 0;
+  }
 
   State(const Policy& p, std::size_t budget_bytes)
       : policy(p), plan(p.lanes()), exclusive(p.runs_to_completion()), budget(budget_bytes) {}
@@ -145,7 +153,7 @@ struct DecisionCore::State {
     const std::size_t e = rec.peak;
     // More than the whole budget (its measured peak grew, or the budget shrank): it can only run
     // alone, so it is admitted only into an empty device rather than left waiting for good.
-    if (p > budget || e > budget - p) {
+    if (p > usable() || e > usable() - p) {
       return none_admitted() ? std::optional<int>(plan == LanePlan::single ? 0 : first_free_lane())
                              : std::nullopt;
     }
@@ -157,16 +165,16 @@ struct DecisionCore::State {
       const std::size_t before = lane ? lane->quota() : 0;
       const std::size_t after =
           (lane ? lane->persistent : 0) + p + std::max(lane ? lane->max_peak() : 0, e);
-      return taken - before + after <= budget ? std::optional<int>(0) : std::nullopt;
+      return taken - before + after <= usable() ? std::optional<int>(0) : std::nullopt;
     }
     // Packed (and the memory-aware backbone): a lane of its own gives the most concurrency; else
     // the lane that grows least.
-    if (taken + p + e <= budget) return first_free_lane();
+    if (taken + p + e <= usable()) return first_free_lane();
     std::optional<int> best;
     std::size_t best_growth = 0;
     for (const auto& [id, lane] : lanes) {
       const std::size_t growth = p + (e > lane.max_peak() ? e - lane.max_peak() : 0);
-      if (taken + growth <= budget && (!best || growth < best_growth)) {
+      if (taken + growth <= usable() && (!best || growth < best_growth)) {
         best = id;
         best_growth = growth;
       }
@@ -254,7 +262,30 @@ struct DecisionCore::State {
     return plan == LanePlan::memory_aware && !extras.empty();
   }
 
+  // The lanes' quotas and what pending jobs hold already must fit what plans may fill. When they
+  // do not (a pending job's resident bytes, grown estimates, more headroom), the admitted jobs
+  // that neither run nor hold their lane go back to pending, latest arrival first, until they
+  // do; admit_pending then places them again, in fewer lanes.
+  void enforce_fit() {
+    if (committed + pending_resident <= usable()) return;
+    std::vector<JobRecord*> movable;
+    for (auto& [id, rec] : jobs) {
+      if (rec.lane && !rec.running && lanes.at(*rec.lane).owner != id) movable.push_back(&rec);
+    }
+    std::sort(movable.begin(), movable.end(), [](const JobRecord* a, const JobRecord* b) {
+      return a->view.arrival > b->view.arrival;
+    });
+    for (JobRecord* rec : movable) {
+      if (committed + pending_resident <= usable()) break;
+      unadmit(*rec);
+      pending.emplace(rec->view.arrival, rec->view.id);
+      pending_total += rec->persistent + rec->peak;
+      pending_resident += resident_of(*rec);
+    }
+  }
+
   void admit_pending() {
+    enforce_fit();
     if (admission_needs_clock()) {
       admission_dirty = !pending.empty();
       return;
@@ -311,7 +342,7 @@ struct DecisionCore::State {
   // The picture as the policy sees it: what is held throughout, the running curves, the held
   // lane quotas.
   [[nodiscard]] DeviceView device_view(std::size_t fixed) const {
-    return DeviceView{budget, fixed, scratch, held};
+    return DeviceView{usable(), fixed, scratch, held};
   }
 
   // The least delay after which `candidate` fits beside the picture (see least_start_offset).
@@ -329,7 +360,7 @@ struct DecisionCore::State {
     const double turn = predicted_seconds(rec.view);
     if (rec.waiting && !lanes.contains(lane_id) && turn < std::numeric_limits<double>::infinity()) {
       held.push_back({turn, rec.peak});
-      return least_start_offset(DeviceView{budget, fixed + rec.persistent, scratch, held},
+      return least_start_offset(DeviceView{usable(), fixed + rec.persistent, scratch, held},
                                 rec.view);
     }
     JobView quota;
@@ -448,7 +479,7 @@ struct DecisionCore::State {
     decide_lanes(now, decision);
     if (solo_running > 0 || !solo_waiting.empty()) return;  // a solo job holds the device
     const std::size_t fixed = picture(now);
-    const std::size_t extras_budget = budget > extra_headroom ? budget - extra_headroom : 0;
+    const std::size_t extras_budget = usable();
     auto next = waiting_admitted.begin();
     for (int examined = 0; examined < kExtraCandidates && next != waiting_admitted.end();
          ++examined) {
@@ -527,7 +558,7 @@ void DecisionCore::update(const JobView& job) {
     // Estimates grew past the budget: a job that neither runs nor holds its lane goes back to
     // waiting for admission rather than overcommit the device.
     const Lane& lane = s.lanes.at(*rec.lane);
-    if (s.committed > s.budget && !rec.running && lane.owner != job.id) {
+    if (s.committed > s.usable() && !rec.running && lane.owner != job.id) {
       s.unadmit(rec);
       s.pending.emplace(arrival, job.id);
       s.pending_total += rec.persistent + rec.peak;
@@ -638,8 +669,16 @@ std::optional<int> DecisionCore::lane_of(JobId job) const {
   return it == state_->jobs.end() ? std::nullopt : it->second.lane;
 }
 
-void DecisionCore::set_extra_headroom(std::size_t bytes) {
-  state_->extra_headroom = bytes;
+void DecisionCore::set_headroom(std::size_t bytes) {
+  if (state_->headroom == bytes) return;
+  state_->headroom = bytes;
+  state_->admit_pending();  // admitted jobs may no longer fit, or pending ones may now
+}
+
+void DecisionCore::set_unowned(std::size_t bytes) {
+  if (state_->unowned == bytes) return;
+  state_->unowned = bytes;
+  state_->admit_pending();
 }
 
 std::size_t DecisionCore::running_count() const {

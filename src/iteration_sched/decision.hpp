@@ -61,10 +61,14 @@ class DecisionCore {
   void progressed(JobId job, double now, double work_seconds);
   // Starts every iteration that may start at `now` under the policy and marks them running.
   Decision decide(double now);
-  // Memory-aware plans: bytes that extras must leave free beyond the predicted curves (the
-  // mechanism's measure of what the device loses to whole pages; 0 by default, as in the
-  // simulator, whose memory is exact). Admission and the lanes' turns do not change.
-  void set_extra_headroom(std::size_t bytes);
+  // Bytes that plans leave free (the mechanism's measure of what the device loses to whole pages;
+  // 0 by default, as in the simulator, whose memory is exact): admission places new jobs, and
+  // memory-aware extras start, within the budget less this. Admitted jobs that no longer fit and
+  // neither run nor own their lane go back to pending (and are placed again, in fewer lanes).
+  void set_headroom(std::size_t bytes);
+  // Live bytes on the device that no job of this core owns (blocks of jobs that left while their
+  // holders keep them, allocations made outside any job): plans treat them as taken, as above.
+  void set_unowned(std::size_t bytes);
 
   [[nodiscard]] bool admitted(JobId job) const;
   [[nodiscard]] bool waiting(JobId job) const;

@@ -106,8 +106,11 @@ std::shared_ptr<JobRecordState> DeviceScheduler::add(JobSpec spec) {
   if (spec.name.empty()) throw InvalidArgument("add_job: a job needs a name");
   refuse_if_never_fits(spec);
   const JobId id = memory_->register_job(spec.name, spec.limits);
+  const std::size_t unowned = bytes_on_device(kUnattributedJob);
   std::lock_guard lock(mu_);
   auto job = std::make_shared<JobRecordState>(id, std::move(spec), arrivals_++);
+  core_.set_unowned(unowned);  // its admission sees what is free now
+
   core_.add(view_of(*job));
   jobs_.emplace(id, job);
   history_.push_back(job);
@@ -287,16 +290,20 @@ void DeviceScheduler::end(JobRecordState& job) {
     throw;
   }
   const DeviceMemoryStats device = memory_->device_stats(device_);
+  const std::size_t unowned = bytes_on_device(kUnattributedJob);
   lock.lock();
   finish_profile(job, host_seconds, samples,
                  mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
   if (job.state == JobState::idle) core_.update(view_of(job));
   // Profiles count block bytes; the device holds whole pages. What that cost at the device's
-  // peak is left free beside the extras' predicted curves.
-  core_.set_extra_headroom(device.peak_reserved > device.peak_allocated
+  // peak is left free by admission and beside the extras' predicted curves.
+  core_.set_headroom(device.peak_reserved > device.peak_allocated
                                ? device.peak_reserved - device.peak_allocated
                                : 0);
+  core_.set_unowned(unowned);
+  const auto admitted_now = run_decisions();  // a smaller take may have let a pending job in
   lock.unlock();
+  wake(admitted_now);
 
   trace_->span(std::move(span));
   trace_memory(job, mem, device, now);
@@ -334,7 +341,11 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
   std::size_t peak = 0;
   for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
   if (samples.empty()) return;  // nothing allocated through Salus this iteration
-  p.ephemeral_peak_bytes = peak;
+  // Peaks vary between iterations (the first makes the optimizer's state; batches differ): plans
+  // count the largest of the last few, so that lanes placed side by side by one lucky iteration
+  // do not outgrow the device in the next.
+  p.recent_peaks[p.iterations_profiled++ % p.recent_peaks.size()] = peak;
+  p.ephemeral_peak_bytes = *std::max_element(p.recent_peaks.begin(), p.recent_peaks.end());
   // Resample to a fixed number of buckets, each the highest level reached within it.
   p.curve.duration_seconds = std::max(host_seconds, 1e-9);
   p.curve.bytes.assign(kCurveSamples, 0);
@@ -496,6 +507,10 @@ void DeviceScheduler::unbind_stream(StreamHandle stream) {
 
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
+  // A job whose blocks outlive it leaves them to nobody: the decisions made as it goes must
+  // already count them as taken (they are exact again once they are orphaned, below).
+  const std::size_t leaving = job.spec.blocks_outlive_job ? bytes_on_device(job.id) : 0;
+  const std::size_t unowned = bytes_on_device(kUnattributedJob);
   {
     std::unique_lock lock(mu_);
     if (job.state == JobState::cancelled && !cancelled) job.retired = true;
@@ -520,6 +535,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     jobs_.erase(job.id);
     std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
     job.wakeup.notify_all();
+    core_.set_unowned(unowned + leaving);
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }
   wake(to_wake);
@@ -528,8 +544,23 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   // used has finished (add_job_stream), and nobody waits for that here.
   if (job.spec.blocks_outlive_job) {
     memory_->orphan_job(job.id);  // its holders free its blocks, whenever they are done
+    const std::size_t now_unowned = bytes_on_device(kUnattributedJob);
+    std::unique_lock lock(mu_);
+    core_.set_unowned(now_unowned);
+    const auto admitted_now = run_decisions();
+    lock.unlock();
+    wake(admitted_now);
   } else {
     memory_->release_job(job.id);
+  }
+}
+
+std::size_t DeviceScheduler::bytes_on_device(JobId job) const {
+  try {
+    const JobMemoryStats stats = memory_->job_stats(job);
+    return stats.in_use_by_device.at(static_cast<std::size_t>(device_));
+  } catch (const UnknownJob&) {
+    return 0;  // released meanwhile (a cancel): it holds nothing
   }
 }
 

@@ -5,6 +5,7 @@
 // host thread is already enqueueing.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -32,6 +33,9 @@ struct JobProfile {
   MemoryCurve curve;
   bool measured = false;  // at least one iteration was timed on the GPU
   bool memory_known = false;  // hinted, or an iteration has ended (JobView::memory_known)
+  // The ephemeral peaks of the last iterations (ephemeral_peak_bytes is the largest).
+  std::array<std::size_t, 4> recent_peaks{};
+  std::uint64_t iterations_profiled = 0;
 };
 
 // One job as its device's scheduler keeps it. Everything mutable is guarded by the scheduler's
@@ -138,6 +142,8 @@ class DeviceScheduler {
   // With mu_ held: check_usable, and the job must be inside an iteration.
   void check_running(const JobRecordState& job, const char* what) const;
   void rethrow_if_finished(const JobRecordState& job) const;             // takes mu_
+  // Live block bytes of `job` on this device (0 once it is gone). Takes no scheduler lock.
+  [[nodiscard]] std::size_t bytes_on_device(JobId job) const;
   // Takes mu_: true when the job ended and its blocks outlive it (JobSpec::blocks_outlive_job),
   // so that their holders free them; false while the job may free its own; throws as
   // check_usable when it ended otherwise. One decision under one lock: no end slips between.

@@ -74,8 +74,10 @@ void print_counters(const Counters& c);
 // Counters and what they must show: work done, no mismatch, no unexplained error, no
 // UnknownJob for a cancelled job; with `spill`, pages moved (all of lending and borrowing with
 // `spill_everywhere`).
+// `pages_move`: waiting jobs' pages may move between tiers (device compute).
 void check_counters(const Counters& c, ErrorLog& log, const HarvestMaxima& harvest,
-                    std::uint64_t pages_moved, bool spill, bool spill_everywhere, Report& report);
+                    std::uint64_t pages_moved, bool spill, bool spill_everywhere, bool pages_move,
+                    Report& report);
 // After every job left and every block was freed: nothing allocated, lent or borrowed on any
 // device; after trim nothing reserved; then a fresh job gets each whole device, locally.
 void check_memory_returned(Runtime& runtime, std::size_t device_limit, Report& report);
