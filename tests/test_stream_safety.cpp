@@ -150,6 +150,39 @@ TEST_F(StreamSafety, AllocationThatFailsAfterReclaimingOwnPagesLeavesQueuedWorkA
   expect_balanced(*memory);
 }
 
+// A block freed while another stream's work on it is queued leaves that work's fence on its
+// pages. An allocation carved over those pages that then fails for want of more pages must give
+// the fence back with them: once this stream's own work is done (an iteration's end says so),
+// the pages look quiet, and a stream short of pages would unmap them at once under the work.
+TEST_F(StreamSafety, AFailedAllocationKeepsItsPagesFencesForAnotherStreamsWork) {
+  one_gpu();  // 32 pages
+  const StreamHandle s = new_stream(), reader = new_stream(), s2 = new_stream(),
+                     s3 = new_stream();
+  const JobId a = memory->register_job("a"), b = memory->register_job("b");
+  memory->add_job_stream(a, 0, reader);
+  const DevicePtr keep = alloc(2 * MiB, 0, a, Lifetime::persistent, s);  // page 0 of s's range
+  const DevicePtr p = alloc(8 * MiB, 0, a, Lifetime::ephemeral, s);      // pages 1-4
+  work.touch(*backend, reader, {{p, 8 * MiB}}, stamp_once(9, kSlowKernel));
+  memory->deallocate(p);
+  (void)memory->promote_ephemeral(a);  // an iteration ends: s is idle, its frees are quiet
+  const DevicePtr q = alloc(54 * MiB, 0, b, Lifetime::ephemeral, s2);  // the other 27 pages
+  // 10 MiB on s: carved over p's 4 pages and one more, which nobody has.
+  EXPECT_THROW((void)alloc(10 * MiB, 0, a, Lifetime::ephemeral, s), OutOfMemory);
+  const std::uint64_t unmaps = memory->device_stats(0).page_unmaps;
+  // Another stream short of pages: p's pages may go only behind the reader's work.
+  try {
+    memory->deallocate(alloc(8 * MiB, 0, b, Lifetime::ephemeral, s3));
+  } catch (const OutOfMemory&) {
+  }
+  EXPECT_EQ(memory->device_stats(0).page_unmaps, unmaps)
+      << "pages under the reader's queued work were unmapped at once";
+  sync_all();
+  expect_work_clean(work);
+  memory->deallocate(q);
+  memory->deallocate(keep);
+  expect_balanced(*memory);
+}
+
 // As above, but the allocation succeeds with the reclaimed pages, at another range of the same
 // stream. Stream order makes the new block's work safe; the old range's queued work is not.
 // (Waiting for that work, or failing with OutOfMemory, are both fine.)

@@ -7,43 +7,27 @@ global generator, so a model that drew from it would not repeat bitwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
+
+from models import Workload
 
 BATCH = 8
 MODELS = ("mobilenet", "gpt2", "vit")
 
 
 @dataclass
-class ThirdPartyJob:
-    """A model, AdamW, and a seeded batch source; step() runs one training step."""
+class ThirdPartyJob(Workload):
+    """A workload of models.py, named, trained with AdamW in training mode."""
 
-    name: str
-    model: nn.Module
-    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    optimizer: torch.optim.Optimizer = field(init=False)
-    losses: list[float] = field(default_factory=list)
+    name: str = ""
 
     def __post_init__(self) -> None:
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-
-    def step(self) -> float:
-        inputs, targets = self.batch()
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        value = float(loss.item())
-        self.losses.append(value)
-        return value
-
-    def parameters(self) -> list[torch.Tensor]:
-        return [p.detach().clone() for p in self.model.parameters()]
 
 
 def _images(gen: torch.Generator, size: int,
@@ -82,16 +66,16 @@ def make(name: str, seed: int) -> ThirdPartyJob:
         import torchvision
 
         model = torchvision.models.mobilenet_v3_small(num_classes=10, dropout=0.0)
-        return ThirdPartyJob(name, model, _images(gen, 64, 10), nn.functional.cross_entropy)
+        return ThirdPartyJob(model, _images(gen, 64, 10), nn.functional.cross_entropy, name=name)
     if name == "vit":
         import timm
 
         model = timm.models.vision_transformer.VisionTransformer(
             img_size=32, patch_size=4, embed_dim=128, depth=4, num_heads=4, num_classes=10)
-        return ThirdPartyJob(name, model, _images(gen, 32, 10), nn.functional.cross_entropy)
+        return ThirdPartyJob(model, _images(gen, 32, 10), nn.functional.cross_entropy, name=name)
     if name == "gpt2":
         def tokens() -> tuple[torch.Tensor, torch.Tensor]:
             seq = torch.randint(0, 2048, (BATCH, 49), generator=gen)
             return seq[:, :-1], seq[:, 1:]
-        return ThirdPartyJob(name, _Gpt2Lm(), tokens, _lm_loss)
+        return ThirdPartyJob(_Gpt2Lm(), tokens, _lm_loss, name=name)
     raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")

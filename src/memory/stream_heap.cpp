@@ -145,6 +145,12 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
     release_block(block);
     return {.job_gone = true};
   }
+  try {
+    adopt_page_fences(arena, first, last);
+  } catch (...) {
+    release_block(block);  // fences not yet adopted stay on their pages
+    throw;
+  }
   block->requested = requested;
   block->job = job;
   block->lifetime = lifetime;

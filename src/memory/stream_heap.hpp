@@ -236,10 +236,13 @@ class StreamHeap {
   // pages; nullptr when the arena has no room.
   Block* carve_in(Arena& arena, std::size_t bytes, std::size_t& cost);
   [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
-  // Makes the pages [first, last) of a block just carved ready for this stream: waits out old
-  // addresses still retiring there, orders this stream after work that other streams may still
-  // do on pages kept mapped. Returns how many pages need mapping.
+  // Makes the pages [first, last) of a block just carved ready for mapping: waits out old
+  // addresses still retiring there. Returns how many pages need mapping. Page fences stay: an
+  // allocation that fails after this gives the block back with its pages' fences intact.
   std::size_t prepare_pages(Arena& arena, std::size_t first, std::size_t last);
+  // Once the block is the caller's: orders this stream after the work that other streams may
+  // still do on its pages kept mapped (their fences), and drops those fences.
+  void adopt_page_fences(Arena& arena, std::size_t first, std::size_t last);
   // A fence after this stream's work so far (null when it has none), made once per call site
   // that needs one.
   class OwnFence {

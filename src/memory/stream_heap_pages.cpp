@@ -96,9 +96,7 @@ std::size_t StreamHeap::gather_pages(Arena& arena, std::size_t first, std::size_
 }
 
 std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size_t last) {
-  DeviceBackend& backend = device_.backend();
   std::size_t missing = 0;
-  const Fence* ordered = nullptr;
   bool waited = false;
   for (std::size_t i = first; i < last; ++i) {
     PageSlot& slot = arena.page(i);
@@ -115,18 +113,23 @@ std::size_t StreamHeap::prepare_pages(Arena& arena, std::size_t first, std::size
       std::erase(retiring_, std::pair<Arena*, std::size_t>{&arena, i});
       unmap_retired(arena, i);
     }
-    if (!slot.mapped) {
-      ++missing;
-      continue;
-    }
-    if (slot.fence) {
-      // Work of other streams on a block freed here: this stream waits for it on the GPU.
-      if (slot.fence.get() != ordered) slot.fence->order(backend, stream(), device_.device());
-      ordered = slot.fence.get();
-      slot.fence.reset();
-    }
+    if (!slot.mapped) ++missing;
   }
   return missing;
+}
+
+void StreamHeap::adopt_page_fences(Arena& arena, std::size_t first, std::size_t last) {
+  DeviceBackend& backend = device_.backend();
+  const Fence* ordered = nullptr;
+  for (std::size_t i = first; i < last; ++i) {
+    PageSlot& slot = arena.page(i);
+    if (!slot.fence) continue;
+    // Work of other streams on a block freed here: this stream waits for it on the GPU, and the
+    // page's fence is this stream's from now on (its epochs cover it).
+    if (slot.fence.get() != ordered) slot.fence->order(backend, stream(), device_.device());
+    ordered = slot.fence.get();
+    slot.fence.reset();
+  }
 }
 
 void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
