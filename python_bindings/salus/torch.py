@@ -133,16 +133,29 @@ def _enter_iteration(it: "Iteration") -> None:
         return
     import torch
 
-    stream = torch.cuda.ExternalStream(it.stream, device=it._job.device)
-    it._torch_stream_ctx = torch.cuda.stream(stream)
-    it._torch_stream_ctx.__enter__()
+    device = it._job.device
+    previous = torch.cuda.current_stream(device)
+    stream = torch.cuda.ExternalStream(it.stream, device=device)
+    # The job's stream is non-blocking: work the thread queued before the iteration (inputs
+    # copied in, a state_dict loaded) must be done before the iteration's work reads it.
+    stream.wait_stream(previous)
+    ctx = torch.cuda.stream(stream)
+    ctx.__enter__()
+    it._torch_stream_ctx = ctx
+    it._torch_streams = (previous, stream)
 
 
 def _exit_iteration(it: "Iteration") -> None:
     ctx = getattr(it, "_torch_stream_ctx", None)
-    if ctx is not None:
-        it._torch_stream_ctx = None
-        ctx.__exit__(None, None, None)
+    if ctx is None:
+        return
+    previous, stream = it._torch_streams
+    it._torch_stream_ctx = None
+    it._torch_streams = None
+    ctx.__exit__(None, None, None)
+    # Back on the previous stream, what follows (state_dict(), .cpu(), the next batch) waits for
+    # the iteration's work instead of reading values still being written.
+    previous.wait_stream(stream)
 
 
 def _pending_error() -> Optional[Error]:

@@ -353,13 +353,17 @@ using namespace salus::torch;
 
 extern "C" {
 
+// PyTorch's pluggable allocator does not check for null: a kernel would write to address 0, and
+// the context's sticky error would end every job of the process. Every failure throws instead
+// (c10 errors cross PyTorch's C++ frames into Python as exceptions).
 void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
+  if (size <= 0) return nullptr;  // c10 keeps empty storages without an address
   State* state = acquire_state(false);
-  if (state == nullptr) return nullptr;
-  if (size <= 0) {
-    state->release();
-    return nullptr;
-  }
+  // PyTorch keeps the allocator it was given for the life of the process: after disable() there
+  // is no other to hand the request to.
+  TORCH_CHECK(state != nullptr, "Salus: salus.torch was disabled, but PyTorch keeps a process's "
+              "CUDA allocator once it is set; this ", size, "-byte allocation on device ", device,
+              " has nowhere to go (enable Salus again before allocating on the GPU)");
   try {
     // The thread's job when it has one; else the job whose stream this is (a lane while its
     // iteration runs, or a bound stream), else unattributed.
@@ -369,8 +373,7 @@ void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
                        StreamHandle{reinterpret_cast<std::uintptr_t>(stream)},
                        who.device == device ? who.job : kUnattributedJob));
   } catch (...) {
-    t_last_error = std::current_exception();
-    return nullptr;  // PyTorch raises torch.OutOfMemoryError
+    report(static_cast<std::size_t>(size));  // torch.OutOfMemoryError for Salus's OutOfMemory
   }
 }
 
