@@ -232,8 +232,17 @@ TEST_F(MemoryBasic, BadInputGetsAClearErrorAndLosesNothing) {
     }
   };
   expect_invalid([&] { (void)alloc(0); }, "size 0");
-  expect_invalid([&] { (void)alloc(257 * MiB); }, "can never fit");
-  expect_invalid([&] { (void)alloc(SIZE_MAX); }, "can never fit");
+  // Beyond the device (spilling off): out of memory, as PyTorch's allocator reports it.
+  for (const std::size_t bytes : {257 * MiB, std::size_t{SIZE_MAX}}) {
+    try {
+      (void)alloc(bytes);
+      ADD_FAILURE() << "expected OutOfMemory for " << bytes << " bytes";
+    } catch (const OutOfMemory& e) {
+      EXPECT_EQ(e.info().requested_bytes, bytes);
+      EXPECT_EQ(e.info().device_limit_bytes, 256 * MiB);
+      EXPECT_NE(std::string(e.what()).find("can never fit"), std::string::npos) << e.what();
+    }
+  }
   expect_invalid([&] { (void)alloc(64, 2); }, "device 2 does not exist");
   expect_invalid([&] { (void)alloc(64, -1); }, "device -1 does not exist");
   expect_invalid([&] { memory->deallocate(0x1234); }, "unknown pointer");

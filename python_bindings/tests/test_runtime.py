@@ -110,9 +110,10 @@ def test_device_out_of_memory_names_the_device(runtime: salus.Runtime) -> None:
     assert info.value.job_limit == 0 and info.value.device_limit == 1 << 30
     assert info.value.job_in_use == 600 << 20 and info.value.device == 0
     job.deallocate(first)
-    # A request no device could ever hold is a bad argument, not a shortage.
-    with pytest.raises(salus.InvalidArgument, match="never fit"):
+    # A request no device could ever hold is out of memory, as PyTorch's allocator says.
+    with pytest.raises(salus.OutOfMemory, match="never fit") as info:
         job.allocate("2GiB")
+    assert info.value.requested == 2 << 30 and info.value.device_limit == 1 << 30
 
 
 def test_trace_shows_iterations(runtime: salus.Runtime, tmp_path: Path) -> None:

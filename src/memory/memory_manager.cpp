@@ -144,17 +144,26 @@ class MemoryManager::Impl {
     DeviceHeap& device = heap(request.device);
     if (request.bytes == 0)
       throw InvalidArgument("allocate: size 0 (a block needs at least a byte)");
-    // With spilling, a block may be larger than the device: its pages come from other tiers.
-    if (request.bytes > device.limit() && !tiers_.spills()) {
-      throw InvalidArgument(
-          fmt::format("allocate: {} bytes can never fit device {}, which may hold {} bytes",
-                      request.bytes, request.device, device.limit()));
-    }
     if (request.lifetime != Lifetime::persistent && request.lifetime != Lifetime::ephemeral) {
       throw InvalidArgument("allocate: lifetime is neither persistent nor ephemeral");
     }
-    const std::size_t bytes = round_up(request.bytes);
     JobRecord& job = jobs_.live(request.job);
+    // With spilling, a block may be larger than the device: its pages come from other tiers.
+    // Without, a request beyond the device is out of memory (as PyTorch's own allocator says),
+    // not a bad argument: a framework that catches out-of-memory to shrink its batch sees it.
+    if (request.bytes > device.limit() && !tiers_.spills()) {
+      throw OutOfMemory({.job = request.job,
+                         .job_name = job.name,
+                         .device = request.device,
+                         .requested_bytes = request.bytes,
+                         .job_in_use_bytes = job.in_use_total.load(std::memory_order_relaxed),
+                         .device_in_use_bytes = device.counters().allocated.load(),
+                         .device_limit_bytes = device.limit(),
+                         .reason = fmt::format("{} bytes can never fit device {}, which may hold "
+                                               "{} bytes",
+                                               request.bytes, request.device, device.limit())});
+    }
+    const std::size_t bytes = round_up(request.bytes);
     // The stream is checked (and its heap made) before anything is charged: a refused stream
     // leaves every count as it was. Looked up once: place() works on this heap.
     StreamHeap& heap = device.heap_for(request.stream);
