@@ -379,17 +379,20 @@ TEST_F(CudaBackendFake, HostFunctionsRunAndTheirExceptionsStayOut) {
   const StreamHandle stream = backend_.create_stream(0, 0);
   int runs = 0;
   backend_.launch_host_func(stream, [&] { ++runs; });
+  backend_.synchronize_stream(stream);  // they run on the driver's thread, in stream order
   EXPECT_EQ(runs, 1);
   EXPECT_NO_THROW(backend_.launch_host_func(stream, [&] {
     ++runs;
     throw std::runtime_error("boom");
   }));
+  backend_.synchronize_stream(stream);
   EXPECT_EQ(runs, 2);
   EXPECT_NO_THROW(backend_.launch_host_func(stream, [] { throw 42; }));
   // A refused launch keeps (and frees) the closure: nothing runs, nothing leaks (ASan checks).
   fake_.fail_next("cuLaunchHostFunc", CUDA_ERROR_INVALID_VALUE);
   auto shared = std::make_shared<int>(0);
   EXPECT_THROW(backend_.launch_host_func(stream, [shared, &runs] { ++runs; }), DeviceError);
+  backend_.synchronize_stream(stream);
   EXPECT_EQ(runs, 2);
   EXPECT_EQ(shared.use_count(), 1);
   EXPECT_THROW(backend_.launch_host_func(stream, {}), InvalidArgument);

@@ -118,6 +118,9 @@ class SALUS_API DeviceBackend {
   // hex, when it is no stream of this backend (never created, or destroyed) or belongs to another
   // device. Not for hot paths: callers check a stream once, when they first meet it.
   virtual void validate_stream(StreamHandle stream, int device) = 0;
+  // True while `stream` captures a CUDA graph (cuStreamBeginCapture, torch.cuda.graph): nothing
+  // may then query, synchronize or fence it. Backends without graphs never capture.
+  [[nodiscard]] virtual bool stream_capturing(StreamHandle /*stream*/) { return false; }
   // True when all work enqueued on `stream` so far has finished. `device` says whose default
   // stream a handle of 0 is (other streams know their device).
   [[nodiscard]] virtual bool query_stream(StreamHandle stream, int device) = 0;

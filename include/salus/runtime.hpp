@@ -212,6 +212,10 @@ class SALUS_API Runtime {
   void bind_stream(int device, StreamHandle stream, JobId job);
   // Throws InvalidArgument when the stream is not bound.
   void unbind_stream(int device, StreamHandle stream);
+  // The application is about to destroy `stream` of `device`: nothing of Salus names it any more
+  // (MemoryManager::retire_stream, and a binding to a job ends). Its handle may then come back as
+  // another stream without being mistaken for this one. Throws as MemoryManager::retire_stream.
+  void retire_stream(int device, StreamHandle stream);
   // The calling thread's current job in this runtime (kUnattributedJob clears it). Throws
   // UnknownJob for a job that is not present.
   void set_current_job(JobId job);

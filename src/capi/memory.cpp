@@ -139,7 +139,7 @@ salus_status salus_stream_retire(salus_runtime* runtime, int device, void* strea
     require(runtime, "salus_stream_retire: runtime");
     require(stream, "salus_stream_retire: stream (the default stream is never retired)");
     check_device(*runtime, device, "salus_stream_retire");
-    runtime->runtime->memory().retire_stream(device, stream_of(stream));
+    runtime->runtime->retire_stream(device, stream_of(stream));
   });
 }
 
@@ -149,7 +149,7 @@ salus_status salus_stream_destroy(salus_runtime* runtime, int device, void* stre
     require(stream, "salus_stream_destroy: stream (the default stream is never destroyed)");
     check_device(*runtime, device, "salus_stream_destroy");
     runtime->runtime->backend().validate_stream(stream_of(stream), device);
-    runtime->runtime->memory().retire_stream(device, stream_of(stream));
+    runtime->runtime->retire_stream(device, stream_of(stream));
     runtime->runtime->backend().destroy_stream(stream_of(stream));
   });
 }

@@ -59,6 +59,7 @@ class CudaBackend final : public DeviceBackend {
   void destroy_stream(StreamHandle stream) override;
   void synchronize_stream(StreamHandle stream) override;
   void validate_stream(StreamHandle stream, int device) override;
+  [[nodiscard]] bool stream_capturing(StreamHandle stream) override;
   [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
   EventHandle create_event(int device) override;
   void destroy_event(EventHandle event) override;

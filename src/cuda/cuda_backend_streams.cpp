@@ -82,6 +82,14 @@ int CudaBackend::device_of(CUcontext context) const noexcept {
 
 void CudaBackend::validate_stream(StreamHandle stream, int device) {
   check_device(device, "validate_stream");
+  if (stream.value == std::bit_cast<std::uint64_t>(CU_STREAM_PER_THREAD)) {
+    // It names a different stream on each thread: a fence recorded on it from another thread
+    // (a free, a cancel) would land on that thread's stream and order nothing.
+    throw InvalidArgument(
+        "the per-thread default stream (CU_STREAM_PER_THREAD) names another stream on each "
+        "thread, so Salus cannot order work on it from other threads: use a created stream "
+        "(or the legacy default stream, 0)");
+  }
   const int owner = device_of(stream, device);
   if (owner != device) {
     throw InvalidArgument(fmt::format("stream {:#x} belongs to device {}, not device {}",
@@ -128,6 +136,14 @@ void CudaBackend::destroy_stream(StreamHandle stream) {
 void CudaBackend::synchronize_stream(StreamHandle stream) {
   const auto scope = bind(device_of(stream));
   SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
+}
+
+bool CudaBackend::stream_capturing(StreamHandle stream) {
+  if (is_default_stream(stream)) return false;  // the legacy stream cannot capture
+  const auto scope = bind(device_of(stream));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  SALUS_CU(api_, cuStreamIsCapturing, to_cu(stream), &status);
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;  // an invalidated capture is not over yet
 }
 
 bool CudaBackend::query_stream(StreamHandle stream, int device) {

@@ -52,7 +52,8 @@
   X(cuEventSynchronize)              \
   X(cuEventElapsedTime)              \
   X(cuLaunchHostFunc)                \
-  X(cuMemcpyAsync)
+  X(cuMemcpyAsync)                   \
+  X(cuStreamIsCapturing)
 
 namespace salus::cuda {
 

@@ -57,11 +57,6 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
-  {
-    // A marker running now finishes first; later ones find the scheduler gone.
-    std::lock_guard sink_lock(marker_sink_->mu);
-    marker_sink_->scheduler = nullptr;
-  }
   // Lane streams drain here (Stream's destructor). Their heaps retire first: nothing may record
   // on a destroyed stream, and their address ranges serve the next stream instead.
   std::lock_guard lock(mu_);
@@ -278,8 +273,6 @@ void DeviceScheduler::end(JobRecordState& job) {
   // thread's bookkeeping below.
   if (!to_wake.empty()) std::this_thread::yield();
 
-  // The stream reaches this marker once the iteration's work (and its end event) is done.
-  if (timed) launch_marker(stream, timer->end);
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   JobMemoryStats mem;
   try {
@@ -402,7 +395,7 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   if (life == Lifetime::ephemeral) {
     // A block is the request rounded up to the block alignment: no lookup needed. (Never ask the
     // memory manager anything with mu_ held: a page move holds a heap lock while it waits for a
-    // lane stream, whose end-of-iteration marker needs mu_.)
+    // lane stream, and a memory wait takes mu_ under it.)
     constexpr std::size_t a = MemoryManager::kBlockAlignment;
     const std::size_t block_bytes = (bytes + a - 1) / a * a;
     lock.lock();
@@ -503,6 +496,11 @@ void DeviceScheduler::unbind_stream(StreamHandle stream) {
         fmt::format("unbind_stream: stream {:#x} of device {} is bound to no job", stream.value,
                     device_));
   }
+}
+
+void DeviceScheduler::forget_stream(StreamHandle stream) {
+  std::lock_guard lock(mu_);
+  bound_streams_.erase(stream.value);
 }
 
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {

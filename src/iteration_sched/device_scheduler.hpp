@@ -119,6 +119,8 @@ class DeviceScheduler {
   // A framework's stream: its allocations are the job's until unbound or the job finishes.
   void bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job);
   void unbind_stream(StreamHandle stream);
+  // The stream is going: a binding of it ends (none is fine).
+  void forget_stream(StreamHandle stream);
   // A job present on this device, by id; nullptr once it left or for other ids.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id);
   // Throws JobCancelled when `id` is a job of this device that was cancelled.
@@ -175,19 +177,14 @@ class DeviceScheduler {
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();  // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
-  // GPU time (gpu_time.cpp). An ended iteration's timer waits in pending_timings_ until its
-  // stream reaches the end-of-iteration marker (timing_reached, a host function), then the next
-  // settle_timings reads it and charges the job. Reading happens on an ordinary thread, never in
-  // the marker: CUDA forbids driver calls inside host functions.
+  // GPU time (gpu_time.cpp). An ended iteration's timer waits in pending_timings_ until a
+  // settle_timings finds its end event complete, reads it and charges the job.
   struct PendingTiming {
     std::shared_ptr<JobRecordState> job;
     IterationTimers::Pair timer;
-    bool reached = false;  // the stream ran the marker behind the end event
   };
-  // Takes mu_, then calls the backend without it.
+  // Takes mu_, then polls the backend without it.
   void settle_timings();
-  // Takes mu_: the marker for the timer whose end event is `end` has run.
-  void timing_reached(EventHandle end);
   // With mu_ held: adds one iteration's GPU time to the job's attained time and profile.
   void charge_gpu_time(JobRecordState& job, double seconds);
   // A timer whose start is recorded on `stream` (no lock held); none when the backend refused,
@@ -200,8 +197,6 @@ class DeviceScheduler {
   // With mu_ held, as the job's iteration ends: its timer waits to be read when `timed` (its end
   // event was recorded), else goes back to the pool.
   void hand_off_timer(JobRecordState& job, bool timed);
-  // After end() let the next job in: the marker behind the end event, on `stream`.
-  void launch_marker(StreamHandle stream, EventHandle end);
   void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
   // Memory waits (memory_wait.cpp). Device memory that other jobs' running iterations hold comes
   // back as they free it and end: an allocation the device refuses while they run waits for
@@ -232,15 +227,6 @@ class DeviceScheduler {
   const process::Birth birth_ = process::birth_now();
   IterationTimers timers_;  // its own lock
 
-  // What end-of-iteration markers on the lane streams reach: this scheduler while it lives.
-  // Markers hold the sink, not the scheduler, so the last reference to a scheduler is never
-  // dropped on one of its own lane streams (whose destruction would join the thread it runs on).
-  struct MarkerSink {
-    explicit MarkerSink(DeviceScheduler* owner) : scheduler(owner) {}
-    std::mutex mu;
-    DeviceScheduler* scheduler;  // guarded by mu; null once the scheduler is going
-  };
-  const std::shared_ptr<MarkerSink> marker_sink_ = std::make_shared<MarkerSink>(this);
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
   std::unordered_map<JobId, std::shared_ptr<JobRecordState>> jobs_;  // present ones

@@ -44,64 +44,41 @@ void DeviceScheduler::hand_off_timer(JobRecordState& job, bool timed) {
   if (!job.timer) return;
   const auto self = jobs_.find(job.id);
   if (timed && self != jobs_.end()) {
-    pending_timings_.push_back({self->second, *job.timer, false});
+    pending_timings_.push_back({self->second, *job.timer});
   } else {
     timers_.release(*job.timer);
   }
   job.timer.reset();
 }
 
-void DeviceScheduler::launch_marker(StreamHandle stream, EventHandle end) {
-  try {
-    backend_->launch_host_func(stream, [sink = marker_sink_, end] {
-      std::lock_guard sink_lock(sink->mu);
-      if (sink->scheduler) sink->scheduler->timing_reached(end);
-    });
-  } catch (...) {
-    // Without its marker the timer is read whenever its events say it is done.
-    timing_reached(end);
-    throw;
-  }
-}
-
-void DeviceScheduler::timing_reached(EventHandle end) {
-  std::lock_guard lock(mu_);
-  for (PendingTiming& pending : pending_timings_) {
-    if (pending.timer.end == end) pending.reached = true;
-  }
-}
-
 void DeviceScheduler::settle_timings() {
-  std::vector<PendingTiming> ready;
+  std::vector<PendingTiming> pending;
   {
     std::lock_guard lock(mu_);
-    const auto split = std::stable_partition(pending_timings_.begin(), pending_timings_.end(),
-                                             [](const PendingTiming& p) { return !p.reached; });
-    ready.assign(std::make_move_iterator(split), std::make_move_iterator(pending_timings_.end()));
-    pending_timings_.erase(split, pending_timings_.end());
+    if (pending_timings_.empty()) return;
+    pending.swap(pending_timings_);
   }
-  if (ready.empty()) return;
-  // Read without mu_: the backend may take its own locks (and the driver its time).
-  std::vector<std::optional<double>> seconds(ready.size());
-  std::vector<bool> failed(ready.size(), false);
-  for (std::size_t i = 0; i < ready.size(); ++i) {
+  // Polled without mu_: the backend may take its own locks (and the driver its time). No host
+  // function marks the end: each would stall its stream behind a driver thread (host functions
+  // are serialized), and after a sticky error the driver runs none, so a timer would wait forever.
+  std::vector<std::optional<double>> seconds(pending.size());
+  std::vector<bool> failed(pending.size(), false);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
     try {
-      seconds[i] = timers_.elapsed(ready[i].timer);
+      seconds[i] = timers_.elapsed(pending[i].timer);
     } catch (const Error& e) {
       failed[i] = true;
-      log::warn("the GPU time of an iteration of job '{}' is lost: {}", ready[i].job->spec.name,
+      log::warn("the GPU time of an iteration of job '{}' is lost: {}", pending[i].job->spec.name,
                 e.what());
     }
   }
   std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < ready.size(); ++i) {
-    if (seconds[i]) charge_gpu_time(*ready[i].job, *seconds[i]);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    if (seconds[i]) charge_gpu_time(*pending[i].job, *seconds[i]);
     if (seconds[i] || failed[i]) {
-      timers_.release(ready[i].timer);
+      timers_.release(pending[i].timer);
     } else {
-      // Its marker ran but the events are not done yet (a driver whose host functions run
-      // ahead of the stream's work, like the tests' fake): read it again next time.
-      pending_timings_.push_back(std::move(ready[i]));
+      pending_timings_.push_back(std::move(pending[i]));  // its work is still running
     }
   }
 }

@@ -271,6 +271,13 @@ void Runtime::unbind_stream(int device, StreamHandle stream) {
   impl_->scheduler(device).unbind_stream(stream);
 }
 
+void Runtime::retire_stream(int device, StreamHandle stream) {
+  impl_->check_process();
+  DeviceScheduler& scheduler = impl_->scheduler(device);
+  impl_->memory->retire_stream(device, stream);  // validates before anything changes
+  scheduler.forget_stream(stream);
+}
+
 void Runtime::set_current_job(JobId job) {
   impl_->check_process();
   if (job != kUnattributedJob) (void)impl_->job(job);  // refuse an id that is no job here

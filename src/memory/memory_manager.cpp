@@ -167,6 +167,15 @@ class MemoryManager::Impl {
     // The stream is checked (and its heap made) before anything is charged: a refused stream
     // leaves every count as it was. Looked up once: place() works on this heap.
     StreamHeap& heap = device.heap_for(request.stream);
+    // A capture records work for later replays: memory handed out now would have to stay the
+    // graph's for as long as it lives, and the fences below would query the capturing stream,
+    // which invalidates the capture. Not supported: refused before anything is touched.
+    if (device.backend().stream_capturing(request.stream)) {
+      throw NotSupported(fmt::format(
+          "allocate: stream {:#x} is capturing a CUDA graph; Salus does not serve allocations "
+          "during graph capture (allocate the graph's memory before capturing)",
+          request.stream.value));
+    }
     JobRecord::Charge charge;
     if (auto refusal = job.try_charge(request.lifetime, bytes, charge)) {
       device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);

@@ -137,6 +137,9 @@ CUresult fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
 CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
   return forward([&](auto& s) { return s.memcpy_async(dst, src, bytes, stream); });
 }
+CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  return forward([&](auto& s) { return s.stream_is_capturing(stream, status); });
+}
 
 }  // namespace
 
@@ -220,6 +223,15 @@ void FakeDriver::finish_work(std::uint64_t id) {
 }
 void FakeDriver::finish_all_work() {
   state_->finish_all_work();
+}
+void FakeDriver::drain_host_functions() {
+  state_->drain_host_functions();
+}
+void FakeDriver::begin_capture(StreamHandle stream) {
+  state_->begin_capture(std::bit_cast<CUstream>(stream.value));
+}
+bool FakeDriver::end_capture(StreamHandle stream) {
+  return state_->end_capture(std::bit_cast<CUstream>(stream.value));
 }
 bool FakeDriver::work_finished(std::uint64_t id) const {
   return state_->work_finished(id);
@@ -318,6 +330,8 @@ const char* fake_error_name(CUresult code) noexcept {
     SALUS_FAKE_ERROR(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
     SALUS_FAKE_ERROR(CUDA_ERROR_NOT_PERMITTED)
     SALUS_FAKE_ERROR(CUDA_ERROR_NOT_SUPPORTED)
+    SALUS_FAKE_ERROR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    SALUS_FAKE_ERROR(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
     SALUS_FAKE_ERROR(CUDA_ERROR_UNKNOWN)
 #undef SALUS_FAKE_ERROR
     default:

@@ -9,8 +9,10 @@
 //
 // A FakeDriver is its own RAII guard: constructing it makes it current (only one may live at a
 // time), destroying it uninstalls it, after which the table's functions return
-// CUDA_ERROR_DEINITIALIZED. It is thread-safe; host functions run synchronously in the thread that
-// calls cuLaunchHostFunc, outside the fake's lock.
+// CUDA_ERROR_DEINITIALIZED. It is thread-safe. Host functions run as on a GPU: in stream order,
+// asynchronously, one at a time on a thread of the fake's, outside its lock; a driver call from
+// inside one is a violation (see fake_driver_host.cpp). Destroying the fake runs those still
+// queued.
 //
 // Streams are in-order queues, so that tests can catch memory reused under queued GPU work:
 //  - The test enqueues "kernels" touching a range (enqueue_work); a kernel stays unfinished until
@@ -36,8 +38,11 @@
 //    the chunk through remaps, and a copy (cuMemcpyAsync) carries the words of its source range
 //    to its destination when the copy completes, from the chunks mapped under both ranges when it
 //    was enqueued (as the GPU's copy engine would). Words never written read as 0.
-//  - Host functions (cuLaunchHostFunc) run at once, even while earlier work on their stream is
-//    unfinished, and do not enter the queue.
+//  - Host functions (cuLaunchHostFunc) are items too: each runs on the fake's host-function thread
+//    once what precedes it has finished, and later items wait for it; host waits
+//    (cuStreamSynchronize, cuEventSynchronize, finish_all_work) block until those they cover ran.
+//  - A destroyed stream's handle is no stream: using it is a violation (a real driver may have
+//    given the handle to a new stream). Stream capture is modelled (begin_capture below).
 //  - Kernels and copies reference the virtual range they were enqueued against and the physical
 //    chunks mapped under it at that moment. cuMemUnmap or cuMemAddressFree of a range, or
 //    cuMemRelease of a chunk, that unfinished work references is recorded as a violation (the call
@@ -154,8 +159,18 @@ class FakeDriver {
   // work on its stream, the work of events it waited on); then whatever that unblocks. Unknown or
   // finished ids are ignored.
   void finish_work(std::uint64_t id);
-  // The GPU drains: every queued item finishes, held markers included.
+  // The GPU drains: every queued item finishes, held markers included, and every host function
+  // runs (this waits for them).
   void finish_all_work();
+  // Waits until every host function that is ready has run.
+  void drain_host_functions();
+  // The application captures a graph on `stream` (cuStreamBeginCapture/EndCapture): while it
+  // does, cuStreamQuery and cuStreamSynchronize on it fail with
+  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuStreamWaitEvent into it fails with
+  // CUDA_ERROR_STREAM_CAPTURE_ISOLATION, each a violation that invalidates the capture;
+  // cuStreamIsCapturing reports it. end_capture: false when the capture was invalidated.
+  void begin_capture(StreamHandle stream);
+  bool end_capture(StreamHandle stream);
   [[nodiscard]] bool work_finished(std::uint64_t id) const;
   // Unfinished kernels and copies.
   [[nodiscard]] std::size_t pending_work() const;

@@ -3,6 +3,8 @@
 // there is none, leaked chunks) fails here as it would on a GPU.
 #include "support/fake_driver_state.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -31,12 +33,21 @@ FakeDriver::State::State(FakeDriverConfig config)
   if (config_.devices.empty()) page_ = config_.host_granularity;
   retained_.assign(config_.devices.size(), 0);
   device_used_.assign(config_.devices.size(), 0);
+  host_thread_ = std::thread([this] { host_loop(); });
 }
 
 CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t> args,
                                 const std::function<CUresult()>& body) {
   const std::scoped_lock lock(mutex_);
   const int device = current_device();  // when the call was made (before cuCtxSetCurrent acts)
+  if (on_host_function_thread()) {
+    // CUDA forbids any driver call from a host function (it may deadlock or fail).
+    violations_.push_back(fmt::format("{} called from inside a host function", name));
+    if (record_calls_) calls_.push_back(FakeCall{std::string(name), std::move(args),
+                                                 CUDA_ERROR_NOT_PERMITTED, device});
+    return CUDA_ERROR_NOT_PERMITTED;
+  }
+  call_ = name;
   CUresult rc = injected(name);
   if (rc == CUDA_SUCCESS && !initialized_ && name != "cuInit") rc = CUDA_ERROR_NOT_INITIALIZED;
   if (rc == CUDA_SUCCESS) rc = body();
@@ -85,8 +96,13 @@ int FakeDriver::State::current_device() const {
   return valid_device(device) && retained_[static_cast<std::size_t>(device)] > 0 ? device : -1;
 }
 
-bool FakeDriver::State::valid_stream(CUstream stream) const {
-  return stream == nullptr || streams_.contains(std::bit_cast<std::uintptr_t>(stream));
+bool FakeDriver::State::valid_stream(CUstream stream) {
+  const auto key = std::bit_cast<std::uintptr_t>(stream);
+  if (stream == nullptr || streams_.contains(key)) return true;
+  if (destroyed_streams_.contains(key)) {
+    violations_.push_back(fmt::format("{} on stream {:#x}, which was destroyed", call_, key));
+  }
+  return false;
 }
 
 const FakePeerConfig& FakeDriver::State::peer(int from, int to) const {

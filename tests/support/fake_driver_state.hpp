@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -15,15 +16,22 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "support/fake_driver.hpp"
 
 namespace salus::test {
 
+// True on the fake's host-function thread while it runs a host function.
+[[nodiscard]] bool on_host_function_thread() noexcept;
+
 class FakeDriver::State {
  public:
   explicit State(FakeDriverConfig config);
+  ~State();  // host functions still queued run first (the GPU drains)
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
   // Entry points (driver semantics; outputs through pointers).
   CUresult init(unsigned flags);
@@ -65,6 +73,12 @@ class FakeDriver::State {
   CUresult event_elapsed_time(float* milliseconds, CUevent start, CUevent end);
   CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
   CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
+  CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
+
+  // Host functions and capture (fake_driver_host.cpp).
+  void drain_host_functions();
+  void begin_capture(CUstream stream);
+  bool end_capture(CUstream stream);
 
   // Steering and queries behind FakeDriver's public API.
   void fail_next(std::string call, CUresult code, int skip);
@@ -118,7 +132,7 @@ class FakeDriver::State {
     bool recorded = false;
   };
   // One entry of a stream's queue (fake_driver_work.cpp).
-  enum class ItemKind : std::uint8_t { kernel, copy, wait, record };
+  enum class ItemKind : std::uint8_t { kernel, copy, wait, record, host };
   struct Span {  // memory an item touches, as it was mapped when the item was enqueued
     CUdeviceptr va = 0;
     std::size_t bytes = 0;
@@ -140,6 +154,9 @@ class FakeDriver::State {
     std::vector<Span> spans;
     bool held = false;               // a hold_events marker not yet released
     std::vector<CopyPiece> pieces;   // a copy's bytes, carried when it completes
+    CUhostFn fn = nullptr;           // a host function's
+    void* user_data = nullptr;
+    bool dispatched = false;         // handed to the host-function thread
   };
   // fail_randomly's state.
   struct RandomFailures {
@@ -167,7 +184,11 @@ class FakeDriver::State {
   }
   [[nodiscard]] int current_device() const;  // -1: no valid current context
   [[nodiscard]] CUcontext context_of(int device) const;
-  [[nodiscard]] bool valid_stream(CUstream stream) const;  // nullptr (legacy) is valid
+  // nullptr (legacy) is valid. A destroyed stream's handle is not, and using it is a violation:
+  // a real driver may have handed the handle to a new stream meanwhile.
+  [[nodiscard]] bool valid_stream(CUstream stream);
+  // A call that capture forbids on a capturing stream: it fails and the capture is invalidated.
+  [[nodiscard]] bool breaks_capture(CUstream stream);
   [[nodiscard]] const FakePeerConfig& peer(int from, int to) const;
   [[nodiscard]] std::optional<std::size_t> granularity_of(const CUmemLocation& location) const;
   [[nodiscard]] bool range_reserved(CUdeviceptr ptr, std::size_t size) const;
@@ -198,6 +219,14 @@ class FakeDriver::State {
   // the call), or chunk `handle`.
   void check_range(std::string_view call, CUdeviceptr ptr, std::size_t size);
   void check_chunk(CUmemGenericAllocationHandle handle);
+  // Host functions (fake_driver_host.cpp): a ready one goes to the host-function thread, which
+  // runs them one at a time, outside the lock, and then finishes their items.
+  void dispatch(std::uint64_t id, Item& item);
+  void host_loop();
+  // After a host wait's call: blocks (without the lock) until `ids` are finished, for the host
+  // functions among what they follow have to run first.
+  void wait_finished(const std::vector<std::uint64_t>& ids);
+  [[nodiscard]] std::vector<std::uint64_t> stream_tails(CUstream stream) const;
   // The bytes model (fake_driver_bytes.cpp): the chunk and offset mapped at `va`; a copy's
   // pieces; carrying a completed copy's words.
   [[nodiscard]] std::optional<std::pair<CUmemGenericAllocationHandle, std::size_t>> resolve(
@@ -240,6 +269,15 @@ class FakeDriver::State {
   std::uint64_t next_item_ = 1;                    // ids are never reused
   std::map<std::uintptr_t, std::uint64_t> tails_;  // stream (0: legacy) -> its last item
   std::vector<std::string> violations_;
+  std::string_view call_;  // the entry point running now (for violations)
+  std::set<std::uintptr_t> destroyed_streams_;
+  std::map<std::uintptr_t, bool> capturing_;  // stream -> capture still valid
+
+  std::deque<std::uint64_t> host_queue_;  // ready host functions, in the order they became so
+  bool host_busy_ = false;                // the thread runs one now
+  bool stopping_ = false;
+  std::condition_variable host_cv_;  // the queue grew, or an item finished
+  std::thread host_thread_;          // last: starts once everything above exists
 };
 
 }  // namespace salus::test

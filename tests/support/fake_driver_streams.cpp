@@ -1,6 +1,8 @@
 // The fake driver's streams, events and host functions, on the queue model of
 // fake_driver_work.cpp: records and waits are items of their stream's queue, and a host wait
 // completes what it waits for.
+#include <fmt/format.h>
+
 #include <bit>
 
 #include "support/fake_driver_state.hpp"
@@ -32,7 +34,9 @@ CUresult FakeDriver::State::stream_create_with_priority(CUstream* stream, unsign
 CUresult FakeDriver::State::stream_destroy(CUstream stream) {
   return run("cuStreamDestroy", {as_int(stream)}, [&] {
     const auto key = std::bit_cast<std::uintptr_t>(stream);
-    if (streams_.erase(key) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_stream(stream) || streams_.erase(key) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    destroyed_streams_.insert(key);
+    capturing_.erase(key);
     // As with the driver, work already queued still runs (and may still be finished or waited
     // for through events); nothing new can join the queue.
     blocking_streams_.erase(key);
@@ -42,16 +46,22 @@ CUresult FakeDriver::State::stream_destroy(CUstream stream) {
 }
 
 CUresult FakeDriver::State::stream_synchronize(CUstream stream) {
-  return run("cuStreamSynchronize", {as_int(stream)}, [&] {
+  std::vector<std::uint64_t> waited;
+  const CUresult rc = run("cuStreamSynchronize", {as_int(stream)}, [&] {
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    if (breaks_capture(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    waited = stream_tails(stream);
     complete_stream(stream);  // the host waited: the GPU got through the stream's work so far
     return CUDA_SUCCESS;
   });
+  wait_finished(waited);  // and through the host functions in it
+  return rc;
 }
 
 CUresult FakeDriver::State::stream_query(CUstream stream) {
   return run("cuStreamQuery", {as_int(stream)}, [&] {
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    if (breaks_capture(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     const auto tail = tails_.find(std::bit_cast<std::uintptr_t>(stream));
     return tail == tails_.end() || finished(tail->second) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
@@ -67,9 +77,8 @@ CUresult FakeDriver::State::stream_get_ctx(CUstream stream, CUcontext* context) 
       *context = context_of(device);
       return CUDA_SUCCESS;
     }
-    const auto it = streams_.find(std::bit_cast<std::uintptr_t>(stream));
-    if (it == streams_.end()) return CUDA_ERROR_INVALID_HANDLE;
-    *context = context_of(it->second);
+    if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    *context = context_of(streams_.at(std::bit_cast<std::uintptr_t>(stream)));
     return CUDA_SUCCESS;
   });
 }
@@ -79,6 +88,15 @@ CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, un
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (!valid_stream(stream) || it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    // A captured stream may wait only for work of its own capture; the fake has no event
+    // recorded in a capture to wait for, so any wait isolates the capture from outside work.
+    if (capturing_.contains(std::bit_cast<std::uintptr_t>(stream))) {
+      capturing_[std::bit_cast<std::uintptr_t>(stream)] = false;
+      violations_.push_back(fmt::format(
+          "cuStreamWaitEvent made capturing stream {:#x} wait for work outside its capture",
+          as_int(stream)));
+      return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
     // Later work on the stream waits for the work the event captured when this call was made.
     enqueue(ItemKind::wait, stream, {}, it->second.captured);
     return CUDA_SUCCESS;
@@ -129,12 +147,16 @@ CUresult FakeDriver::State::event_query(CUevent event) {
 }
 
 CUresult FakeDriver::State::event_synchronize(CUevent event) {
-  return run("cuEventSynchronize", {as_int(event)}, [&] {
+  std::vector<std::uint64_t> waited;
+  const CUresult rc = run("cuEventSynchronize", {as_int(event)}, [&] {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    waited = {it->second.captured};
     complete(it->second.captured);  // the wait is over: the GPU got there
     return CUDA_SUCCESS;
   });
+  wait_finished(waited);
+  return rc;
 }
 
 CUresult FakeDriver::State::event_elapsed_time(float* milliseconds, CUevent start, CUevent end) {
@@ -156,15 +178,16 @@ CUresult FakeDriver::State::event_elapsed_time(float* milliseconds, CUevent star
 }
 
 CUresult FakeDriver::State::launch_host_func(CUstream stream, CUhostFn fn, void* user_data) {
-  const CUresult rc = run("cuLaunchHostFunc", {as_int(stream)}, [&] {
+  return run("cuLaunchHostFunc", {as_int(stream)}, [&] {
     if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return valid_stream(stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    // An item of its stream: it runs once what precedes it has finished, on the host-function
+    // thread (the lock is held here, so that thread cannot take the item before it is filled).
+    Item& item = items_.at(enqueue(ItemKind::host, stream, {}));
+    item.fn = fn;
+    item.user_data = user_data;
+    return CUDA_SUCCESS;
   });
-  // At once, even ahead of unfinished work on the stream (a simplification: nothing here runs
-  // later), and outside the lock: the function may call back into the backend (and so into this
-  // fake).
-  if (rc == CUDA_SUCCESS) fn(user_data);
-  return rc;
 }
 
 }  // namespace salus::test

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <set>
 #include <stdexcept>
 
 #include "support/fake_driver_state.hpp"
@@ -55,11 +56,15 @@ std::uint64_t FakeDriver::State::enqueue(ItemKind kind, CUstream stream, std::ve
 
 void FakeDriver::State::settle() {
   // An item only follows items with smaller ids, so one pass in id order settles every chain.
+  // A ready host function goes to the host-function thread, which finishes it once it has run.
   for (auto it = items_.begin(); it != items_.end();) {
-    const Item& item = it->second;
-    const bool runs_alone = item.kind != ItemKind::kernel && !item.held;
-    if (runs_alone && std::all_of(item.after.begin(), item.after.end(),
-                                  [&](std::uint64_t id) { return finished(id); })) {
+    Item& item = it->second;
+    const bool ready = std::all_of(item.after.begin(), item.after.end(),
+                                   [&](std::uint64_t id) { return finished(id); });
+    if (ready && item.kind == ItemKind::host) {
+      dispatch(it->first, item);
+      ++it;
+    } else if (ready && item.kind != ItemKind::kernel && !item.held) {
       it = retire(it);
     } else {
       ++it;
@@ -68,13 +73,31 @@ void FakeDriver::State::settle() {
 }
 
 void FakeDriver::State::complete(std::uint64_t id) {
+  // Everything `id` follows, transitively; then finished in id order (each after what it
+  // follows). A host function cannot be finished here: it is dispatched, and what follows it
+  // stays pending until it has run (wait_finished).
+  std::set<std::uint64_t> closure;
   std::vector<std::uint64_t> todo{id};
   while (!todo.empty()) {
-    const auto it = items_.find(todo.back());
+    const std::uint64_t next = todo.back();
     todo.pop_back();
-    if (it == items_.end()) continue;
+    const auto it = items_.find(next);
+    if (it == items_.end() || !closure.insert(next).second) continue;
     todo.insert(todo.end(), it->second.after.begin(), it->second.after.end());
-    retire(it);
+  }
+  for (const std::uint64_t next : closure) {
+    const auto it = items_.find(next);
+    if (it == items_.end()) continue;
+    Item& item = it->second;
+    if (!std::all_of(item.after.begin(), item.after.end(),
+                     [&](std::uint64_t before) { return finished(before); })) {
+      continue;
+    }
+    if (item.kind == ItemKind::host) {
+      dispatch(next, item);
+    } else {
+      retire(it);
+    }
   }
   settle();
 }
@@ -123,6 +146,8 @@ std::string FakeDriver::State::describe(std::uint64_t id) const {
       return fmt::format("stream wait #{} on {}", id, stream_name(item.stream));
     case ItemKind::record:
       return fmt::format("event record #{} on {}", id, stream_name(item.stream));
+    case ItemKind::host:
+      return fmt::format("host function #{} on {}", id, stream_name(item.stream));
   }
   return fmt::format("item #{}", id);
 }
@@ -171,8 +196,19 @@ void FakeDriver::State::finish_work(std::uint64_t id) {
 }
 
 void FakeDriver::State::finish_all_work() {
-  const std::scoped_lock lock(mutex_);
-  for (auto it = items_.begin(); it != items_.end();) it = retire(it);
+  {
+    // Host functions run on their thread; the rest finishes now.
+    const std::scoped_lock lock(mutex_);
+    for (auto it = items_.begin(); it != items_.end();) {
+      if (it->second.kind == ItemKind::host) {
+        dispatch(it->first, it->second);
+        ++it;
+      } else {
+        it = retire(it);
+      }
+    }
+  }
+  drain_host_functions();
 }
 
 void FakeDriver::State::advance_clock(double milliseconds) {
