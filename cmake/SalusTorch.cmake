@@ -2,9 +2,12 @@
 # SALUS_PYTHON (default: the project's .venv, else python3 on PATH). Defines
 #   salus::c10    (libc10: what salus_torch needs)
 #   salus::torch  (libtorch, libtorch_cpu, libc10 and the C++ API headers: for libtorch programs)
-# and sets SALUS_TORCH_FOUND. The wheel's own TorchConfig.cmake is not used: it looks for the CUDA
+#   salus::torch_cuda  (libtorch_cuda, libc10_cuda and the CUDA headers: what salus_torch_cuda
+#                       needs; only where the wheel has its CUDA libraries and the headers exist)
+# and sets SALUS_TORCH_FOUND and SALUS_TORCH_CUDA_FOUND. The wheel's own TorchConfig.cmake is not used: it looks for the CUDA
 # libraries the wheel was built with (cuDNN, NVTX...), which a machine without a GPU lacks.
 set(SALUS_TORCH_FOUND OFF)
+set(SALUS_TORCH_CUDA_FOUND OFF)
 if(NOT SALUS_PYTHON)
   if(EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
     set(SALUS_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
@@ -34,6 +37,22 @@ if(SALUS_PYTHON)
       INTERFACE_LINK_LIBRARIES
         "${SALUS_TORCH_LIB_DIR}/libtorch.so;${SALUS_TORCH_LIB_DIR}/libtorch_cpu.so;salus::c10")
     message(STATUS "libtorch: ${SALUS_TORCH_DIR} (through ${SALUS_PYTHON})")
+    # The CUDA half: the wheel's CUDA libraries (a CPU-only wheel has none) and the toolkit's
+    # headers (c10's CUDA headers include cuda_runtime_api.h). Linked, not loaded with dlopen: the
+    # torch module has loaded them already where salus_torch_cuda is used.
+    set(torch_cuda_lib ${SALUS_TORCH_LIB_DIR}/libtorch_cuda.so)
+    set(c10_cuda_lib ${SALUS_TORCH_LIB_DIR}/libc10_cuda.so)
+    find_path(SALUS_CUDA_RUNTIME_INCLUDE cuda_runtime_api.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    if(EXISTS ${torch_cuda_lib} AND EXISTS ${c10_cuda_lib} AND SALUS_CUDA_RUNTIME_INCLUDE)
+      set(SALUS_TORCH_CUDA_FOUND ON)
+      add_library(salus::torch_cuda INTERFACE IMPORTED)
+      set_target_properties(salus::torch_cuda PROPERTIES
+        INTERFACE_INCLUDE_DIRECTORIES "${SALUS_CUDA_RUNTIME_INCLUDE}"
+        INTERFACE_LINK_LIBRARIES "${torch_cuda_lib};${c10_cuda_lib};salus::torch")
+      message(STATUS "libtorch_cuda: found (salus_torch_cuda is built)")
+    else()
+      message(STATUS "libtorch_cuda or the CUDA headers not found: salus_torch_cuda is not built")
+    endif()
   else()
     message(STATUS "libtorch not found through ${SALUS_PYTHON}: salus_torch is not built")
   endif()

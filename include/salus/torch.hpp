@@ -4,7 +4,10 @@
 // Simulated backend: c10's CPU allocator is replaced, so CPU tensors live in simulated GPU memory
 // and real training loops run under Salus's scheduling and accounting on any machine. The compute
 // runs on the job's thread: a cancel must not free what the thread still uses (see below).
-// CUDA backend: PyTorch's pluggable CUDA allocator calls salus_torch_cuda_malloc/free below.
+// CUDA backend: PyTorch's pluggable CUDA allocator calls salus_torch_cuda_malloc/free below;
+// libsalus_torch_cuda (salus/torch_cuda.hpp) is that allocator, with record_stream, statistics
+// and empty_cache answered by Salus. CUDA graphs are not supported: starting a capture (or a
+// torch.cuda.MemPool) through it throws a c10::Error naming Salus, before the capture begins.
 //
 // Attribution: the calling thread's job (set_thread_job or JobScope) owns what it allocates, as
 // ephemeral memory inside its iteration and persistent outside; with no job, memory is
@@ -66,10 +69,27 @@ class SALUS_TORCH_API JobScope {
 // this thread (OutOfMemory with its fields, JobCancelled...) is kept here. Null when none.
 [[nodiscard]] SALUS_TORCH_API std::exception_ptr take_last_error();
 
-// Every runtime call from the allocator runs as around(call, arg). The Python module uses it to
-// release the GIL when a policy written in Python may need it. Null: call directly.
+// Runtime calls from the allocator run as around(call, arg). The Python module releases the GIL
+// there: around the calls that may block (an allocation waiting for memory, a spill, a trim), so
+// that the Python threads a wait depends on (another job's loop) go on; and around every call
+// when a policy written in Python may take the GIL under the scheduler's lock. Null: call directly.
 using Around = void (*)(void (*call)(void*), void* arg);
-SALUS_TORCH_API void set_around(Around around);
+enum class AroundCalls : std::uint8_t {
+  blocking,  // allocations and trims
+  all,       // also frees, record_stream
+};
+SALUS_TORCH_API void set_around(Around around, AroundCalls calls = AroundCalls::all);
+
+// CUDA mode's other allocator calls, for PyTorch's allocator object (libsalus_torch_cuda; see
+// salus/torch_cuda.hpp).
+// The runtime CUDA mode routes to; null when the glue is off or in CPU mode.
+[[nodiscard]] SALUS_TORCH_API std::shared_ptr<Runtime> cuda_runtime();
+// The block at `ptr` (allocated through salus_torch_cuda_malloc) is also used on `stream`.
+// Returns false, doing nothing, when `ptr` is no block of the glue (another allocator's).
+SALUS_TORCH_API bool record_stream(void* ptr, StreamHandle stream);
+// Returns every device's unused pages to the driver (torch.cuda.empty_cache()); the bytes
+// released, 0 when CUDA mode is off. Waits for stream work that may still touch them.
+SALUS_TORCH_API std::size_t trim_cuda();
 
 struct Counters {
   std::uint64_t allocations = 0;

@@ -5,7 +5,17 @@
 * simulated backend (no GPU): c10's CPU allocator becomes Salus, so CPU tensors live in simulated
   GPU memory and real training loops run under Salus's scheduling and memory accounting;
 * CUDA backend: PyTorch's CUDA allocations go through Salus (its pluggable allocator), and each
-  job's iteration runs on the stream Salus hands it, as PyTorch's current stream.
+  job's iteration runs on the stream Salus hands it, as PyTorch's current stream. Salus answers
+  ``Tensor.record_stream``, ``torch.cuda.memory_allocated``, ``max_memory_allocated``,
+  ``memory_reserved``, ``memory_stats`` (the "all" figures: Salus has no small and large pools)
+  and ``reset_peak_memory_stats`` (Salus resets the peaks of every device at once) from its own
+  statistics, and ``torch.cuda.empty_cache()`` trims its cached pages. CUDA graphs are not
+  supported: capturing one (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) or
+  using ``torch.cuda.MemPool`` raises an error naming Salus before any capture begins.
+
+The GIL: an allocation may wait (for memory another job's iteration holds, for a spill), and
+PyTorch allocates holding the GIL in places; the glue releases it around such calls, so that the
+other Python threads, whose work the wait may depend on, go on.
 
 Attribution: allocations inside ``with job.iteration():`` are that job's ephemeral memory
 (promoted to persistent if they survive the iteration); inside ``with job:`` its persistent
@@ -73,9 +83,9 @@ def enable(runtime: Optional["Runtime"] = None) -> None:
     glue.set_thread_job(*_current_binding())  # a `with job:` entered before enable()
     if glue.enabled():
         raise InvalidArgument("salus.torch is enabled already: call salus.torch.disable() first")
-    release_gil = bool(runtime._impl.python_policy)
+    python_policy = bool(runtime._impl.python_policy)
     if runtime.backend_name == "sim":
-        glue.enable_cpu(runtime._capsule(), release_gil)
+        glue.enable_cpu(runtime._capsule(), python_policy)
         _mode = "cpu"
         return
     import torch
@@ -84,15 +94,27 @@ def enable(runtime: Optional["Runtime"] = None) -> None:
         raise InvalidArgument(
             "PyTorch's CUDA allocator is initialized already (a CUDA tensor or call came first): "
             "call salus.torch.enable(runtime) before any CUDA work, at the start of the process")
-    glue.enable_cuda(runtime._capsule(), release_gil)
+    glue.enable_cuda(runtime._capsule(), python_policy)
     try:
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            glue.library_path(), "salus_torch_cuda_malloc", "salus_torch_cuda_free")
-        torch.cuda.memory.change_current_allocator(allocator)
+        _install_cuda_allocator(glue)
     except Exception:
         glue.disable()
         raise
     _mode = "cuda"
+
+
+def _install_cuda_allocator(glue: Any) -> None:
+    """Salus's CUDA allocator becomes PyTorch's (PyTorch keeps it for the life of the process)."""
+    if hasattr(glue, "install_cuda_allocator"):
+        glue.install_cuda_allocator()
+        return
+    # Built without libsalus_torch_cuda (no CUDA headers at build time): PyTorch's plain pluggable
+    # allocator, which lacks record_stream, statistics and empty_cache.
+    import torch
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        glue.library_path(), "salus_torch_cuda_malloc", "salus_torch_cuda_free")
+    torch.cuda.memory.change_current_allocator(allocator)
 
 
 def disable() -> None:

@@ -6,6 +6,9 @@
 #include <string>
 
 #include "salus/torch.hpp"
+#if defined(SALUS_TORCH_HAS_CUDA_ALLOCATOR)
+#include "salus/torch_cuda.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -18,8 +21,11 @@ std::shared_ptr<salus::Runtime> runtime_of(const py::capsule& capsule) {
   return *static_cast<std::shared_ptr<salus::Runtime>*>(capsule.get_pointer());
 }
 
-// Runs an allocator's runtime call without the GIL when this thread holds it: a policy written
-// in Python takes the GIL while it holds the scheduler's lock, which the call may need.
+// Runs an allocator's runtime call without the GIL when this thread holds it. PyTorch allocates
+// holding the GIL in places (torch.tensor(data), unpickling, tensor deleters...), and the call
+// may wait: for memory another job's iteration holds (its loop, a Python thread, then needs the
+// GIL to finish), for a spill; and a policy written in Python takes the GIL while it holds the
+// scheduler's lock, which any call may need.
 void without_gil(void (*call)(void*), void* arg) {
   if (PyGILState_Check() == 0) {
     call(arg);
@@ -46,11 +52,14 @@ PYBIND11_MODULE(_salus_torch, m) {
   for (const auto& [name, enable] : enablers) {
     m.def(
         name,
-        [enable](const py::capsule& runtime, bool release_gil) {
-          salus::torch::set_around(release_gil ? &without_gil : nullptr);
+        [enable](const py::capsule& runtime, bool python_policy) {
+          // Always around the calls that may block; around all of them under a Python policy.
+          salus::torch::set_around(&without_gil, python_policy
+                                                     ? salus::torch::AroundCalls::all
+                                                     : salus::torch::AroundCalls::blocking);
           enable(runtime_of(runtime));
         },
-        py::arg("runtime"), py::arg("release_gil"));
+        py::arg("runtime"), py::arg("python_policy"));
   }
   m.def("disable", [] {
     py::gil_scoped_release release;
@@ -69,6 +78,11 @@ PYBIND11_MODULE(_salus_torch, m) {
     return py::dict(py::arg("allocations") = c.allocations, py::arg("frees") = c.frees,
                     py::arg("failed_frees") = c.failed_frees);
   });
+#if defined(SALUS_TORCH_HAS_CUDA_ALLOCATOR)
+  // Salus's CUDA allocator object (record_stream, statistics, empty_cache, graphs refused) as
+  // PyTorch's, once per process.
+  m.def("install_cuda_allocator", [] { salus::torch::install_cuda_allocator(); });
+#endif
   m.def("library_path", [] {
     // For torch.cuda.memory.CUDAPluggableAllocator, which opens the library by path.
     Dl_info info{};

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -27,7 +28,7 @@ struct State {
   Runtime* runtime = nullptr;       // valid while blocks > 0 or enabled
   bool cpu = false;
   bool host_compute_before = false;  // cpu: the runtime's host_compute before enable
-  std::uint64_t generation = 0;  // g_fork_generation when enabled (see "fork()" below)
+  std::uint64_t generation = 0;      // g_fork_generation when enabled (see "fork()" below)
   std::atomic<bool> enabled{true};
   std::atomic<std::int64_t> blocks{0};
   std::mutex mu;
@@ -46,6 +47,7 @@ std::mutex g_mu;                       // enable/disable
 std::atomic<State*> g_state{nullptr};  // the enabled one, or null
 c10::Allocator* g_previous_cpu = nullptr;
 std::atomic<Around> g_around{nullptr};
+std::atomic<AroundCalls> g_around_calls{AroundCalls::all};
 
 // fork(): a child has only the forking thread, and the runtime the glue routes to is its
 // parent's (its stream threads are not in the child, its simulated memory is shared with the
@@ -67,14 +69,18 @@ struct ThreadJob {
 thread_local ThreadJob t_job;
 thread_local std::exception_ptr t_last_error;
 
+// Whether a runtime call may block the calling thread for long (see set_around).
+enum class Blocks : bool { no, yes };
+
 template <typename F>
-void around(F&& f) {
-  Around a = g_around.load(std::memory_order_relaxed);
-  if (a == nullptr) {
+void around(Blocks blocks, F&& f) {
+  const Around a = g_around.load(std::memory_order_relaxed);
+  if (a == nullptr || (blocks == Blocks::no &&
+                       g_around_calls.load(std::memory_order_relaxed) != AroundCalls::all)) {
     f();
     return;
   }
-  a([](void* arg) { (*static_cast<F*>(arg))(); }, &f);
+  a([](void* arg) { (*static_cast<std::remove_reference_t<F>*>(arg))(); }, &f);
 }
 
 // Which runtime each live block came from, for both the CPU allocator and the CUDA functions.
@@ -93,6 +99,13 @@ class Owners {
     Shard& s = shard(ptr);
     std::lock_guard lock(s.mu);
     s.map.insert_or_assign(ptr, owner);
+  }
+  std::optional<Owner> find(DevicePtr ptr) {
+    Shard& s = shard(ptr);
+    std::lock_guard lock(s.mu);
+    auto it = s.map.find(ptr);
+    if (it == s.map.end()) return std::nullopt;
+    return it->second;
   }
   std::optional<Owner> take(DevicePtr ptr) {
     Shard& s = shard(ptr);
@@ -133,7 +146,7 @@ void log_failed_free(DevicePtr ptr, const char* what) {
 void free_block(State& state, DevicePtr ptr, std::optional<int> device,
                 std::optional<std::size_t> bytes) {
   try {
-    around([&] { state.runtime->deallocate(ptr, {bytes, device, std::nullopt}); });
+    around(Blocks::no, [&] { state.runtime->deallocate(ptr, {bytes, device, std::nullopt}); });
     g_frees.fetch_add(1, std::memory_order_relaxed);
   } catch (const std::exception& e) {
     g_failed_frees.fetch_add(1, std::memory_order_relaxed);
@@ -183,7 +196,8 @@ DevicePtr allocate_block(State& state, std::size_t bytes, int device, StreamHand
                          JobId job) {
   DevicePtr ptr = 0;
   try {
-    around([&] { ptr = state.runtime->allocate(bytes, device, stream, job); });
+    // May wait for memory (another job's iteration, a spill): blocks.
+    around(Blocks::yes, [&] { ptr = state.runtime->allocate(bytes, device, stream, job); });
   } catch (...) {
     state.release();
     throw;
@@ -338,8 +352,37 @@ std::exception_ptr take_last_error() {
   return std::exchange(t_last_error, nullptr);
 }
 
-void set_around(Around a) {
+void set_around(Around a, AroundCalls calls) {
+  g_around_calls.store(calls);
   g_around.store(a);
+}
+
+std::shared_ptr<Runtime> cuda_runtime() {
+  std::lock_guard lock(g_mu);
+  State* state = g_state.load();
+  if (state == nullptr || state->cpu) return nullptr;
+  std::lock_guard state_lock(state->mu);
+  return state->keeper;
+}
+
+bool record_stream(void* ptr, StreamHandle stream) {
+  const auto addr = reinterpret_cast<DevicePtr>(ptr);
+  const std::optional<Owner> owner = g_owners.find(addr);
+  // A block of the parent process (in a forked child) is the parent's business.
+  if (!owner || owner->state->generation != g_fork_generation.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  // The block is live (its tensor is being recorded), so its state's runtime is too.
+  around(Blocks::no, [&] { owner->state->runtime->record_stream(addr, stream); });
+  return true;
+}
+
+std::size_t trim_cuda() {
+  const std::shared_ptr<Runtime> runtime = cuda_runtime();
+  if (!runtime) return 0;
+  std::size_t released = 0;
+  around(Blocks::yes, [&] { released = runtime->memory().trim(); });
+  return released;
 }
 
 Counters counters() {
@@ -361,8 +404,10 @@ void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
   State* state = acquire_state(false);
   // PyTorch keeps the allocator it was given for the life of the process: after disable() there
   // is no other to hand the request to.
-  TORCH_CHECK(state != nullptr, "Salus: salus.torch was disabled, but PyTorch keeps a process's "
-              "CUDA allocator once it is set; this ", size, "-byte allocation on device ", device,
+  TORCH_CHECK(state != nullptr,
+              "Salus: salus.torch was disabled, but PyTorch keeps a process's "
+              "CUDA allocator once it is set; this ",
+              size, "-byte allocation on device ", device,
               " has nowhere to go (enable Salus again before allocating on the GPU)");
   try {
     // The thread's job when it has one; else the job whose stream this is (a lane while its
