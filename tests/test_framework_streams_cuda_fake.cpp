@@ -98,7 +98,8 @@ TEST_F(FrameworkStreamsCudaFake, TheDriverSaysWhichDeviceAStreamBelongsTo) {
   EXPECT_NO_THROW(backend_->validate_stream(on1, 1));
   EXPECT_NO_THROW(backend_->validate_stream(StreamHandle{0}, 1));
   EXPECT_NO_THROW(backend_->validate_stream(StreamHandle{0x1}, 1)) << "CU_STREAM_LEGACY";
-  EXPECT_NO_THROW(backend_->validate_stream(StreamHandle{0x2}, 0)) << "CU_STREAM_PER_THREAD";
+  // The per-thread default stream is another stream on each thread: refused (test_cuda_stream_rules).
+  EXPECT_THROW(backend_->validate_stream(StreamHandle{0x2}, 0), InvalidArgument);
   EXPECT_THROW(backend_->validate_stream(on1, 0), InvalidArgument);
   try {
     backend_->validate_stream(StreamHandle{0x1234}, 0);
@@ -113,7 +114,11 @@ TEST_F(FrameworkStreamsCudaFake, TheDriverSaysWhichDeviceAStreamBelongsTo) {
   EXPECT_THROW(backend_->validate_stream(on0, 0), DeviceError);
   EXPECT_NO_THROW(backend_->validate_stream(on0, 0));
   destroy(on0);
+  // The application's mistake: a real driver may have reused the handle; the fake says so.
   EXPECT_THROW(backend_->validate_stream(on0, 0), InvalidArgument) << "destroyed";
+  ASSERT_EQ(fake_->violations().size(), 1u);
+  EXPECT_NE(fake_->violations()[0].find("destroyed"), std::string::npos);
+  fake_->clear_violations();
 
   // The memory manager refuses before any change, and works on the good stream.
   EXPECT_THROW((void)alloc(2 * MiB, StreamHandle{0x1234}), InvalidArgument);
