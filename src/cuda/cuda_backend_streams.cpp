@@ -82,6 +82,7 @@ int CudaBackend::device_of(CUcontext context) const noexcept {
 
 void CudaBackend::validate_stream(StreamHandle stream, int device) {
   check_device(device, "validate_stream");
+  static_cast<void>(context(device));  // a framework's stream is told by its (retained) context
   const int owner = device_of(stream, device);
   if (owner != device) {
     throw InvalidArgument(fmt::format("stream {:#x} belongs to device {}, not device {}",

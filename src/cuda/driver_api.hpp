@@ -52,7 +52,9 @@
   X(cuEventSynchronize)              \
   X(cuEventElapsedTime)              \
   X(cuLaunchHostFunc)                \
-  X(cuMemcpyAsync)
+  X(cuMemcpyAsync)                   \
+  X(cuDeviceGetAttribute)            \
+  X(cuDriverGetVersion)
 
 namespace salus::cuda {
 
