@@ -156,7 +156,8 @@ TEST_F(CudaBackendFake, PropertiesComeFromTheDriver) {
   EXPECT_EQ(backend_.granularity(Location::host()), kPage);
   EXPECT_THROW(static_cast<void>(backend_.properties(3)), InvalidArgument);
   EXPECT_THROW(static_cast<void>(backend_.granularity(Location::gpu(-1))), InvalidArgument);
-  for (int d = 0; d < 3; ++d) EXPECT_EQ(fake_.retained_contexts(d), 1);
+  // Properties and granularities need no context: none is retained before a device is used.
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(fake_.retained_contexts(d), 0);
 }
 
 TEST(CudaBackendFakeConfig, GranularityIsReadNotAssumed) {
@@ -171,8 +172,9 @@ TEST(CudaBackendFakeConfig, GranularityIsReadNotAssumed) {
   EXPECT_THROW(static_cast<void>(backend.create_chunk(Location::host(), 2 * MiB)), NotSupported);
   EXPECT_THROW(static_cast<void>(backend.create_chunk(Location::gpu(1), 2 * MiB)), InvalidArgument);
   const auto granularity_queries = fake.calls("cuMemGetAllocationGranularity");
-  ASSERT_EQ(granularity_queries.size(), 3u);  // once per device and once for the host
-  EXPECT_EQ(granularity_queries[2].args[0], CU_MEM_LOCATION_TYPE_HOST);
+  // Once per device; not for the host, whose support attributes already said no.
+  ASSERT_EQ(granularity_queries.size(), 2u);
+  EXPECT_EQ(granularity_queries[1].args[0], CU_MEM_LOCATION_TYPE_DEVICE);
 }
 
 TEST(CudaBackendFakeConfig, NoDeviceIsNotSupported) {
@@ -186,13 +188,18 @@ TEST(CudaBackendFakeConfig, ContextsAreReleasedEvenWhenTheDriverRefuses) {
   FakeDriver fake(FakeDriverConfig::uniform(2));
   {
     CudaBackend backend(fake.api());
+    backend.destroy_stream(backend.create_stream(0, 0));  // both devices used: both retained
+    backend.destroy_stream(backend.create_stream(1, 0));
     EXPECT_EQ(fake.retained_contexts(0), 1);
     EXPECT_EQ(fake.retained_contexts(1), 1);
     fake.fail_next("cuDevicePrimaryCtxRelease", CUDA_ERROR_INVALID_CONTEXT);
   }  // a failing release is logged; the destructor does not throw
   EXPECT_EQ(fake.count("cuDevicePrimaryCtxRelease"), 2u);
   EXPECT_EQ(fake.retained_contexts(0) + fake.retained_contexts(1), 1);
-  { CudaBackend backend(fake.api()); }
+  {
+    CudaBackend backend(fake.api());
+    backend.destroy_stream(backend.create_stream(1, 0));
+  }
   EXPECT_EQ(fake.retained_contexts(0) + fake.retained_contexts(1), 1);
 }
 
@@ -215,7 +222,8 @@ TEST_F(CudaBackendFake, ChunkSizeIsCheckedBeforeTheDriver) {
   const auto creates = fake_.calls("cuMemCreate");
   ASSERT_EQ(creates.size(), 1u);
   EXPECT_EQ(creates[0].args,
-            (std::vector<std::uint64_t>{3 * kPage, CU_MEM_LOCATION_TYPE_DEVICE, 1, 0}));
+            (std::vector<std::uint64_t>{3 * kPage, CU_MEM_LOCATION_TYPE_DEVICE, 1, 0,
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1}));
   EXPECT_EQ(fake_.used_bytes(Location::gpu(1)), 3 * kPage);
   const ChunkHandle host = backend_.create_chunk(Location::host(), kPage);
   EXPECT_EQ(fake_.calls("cuMemCreate")[1].args[1], CU_MEM_LOCATION_TYPE_HOST);

@@ -3,8 +3,8 @@
 // every live block (bytes, owner, pattern seed) and of which jobs are quiescent, and checks after
 // every operation:
 //  - every live block keeps its pointer and its bytes, and find() still reports it;
-//  - every mapped page under a live block grants its device read-write (and no other device any
-//    access), and the sim agrees with the borrowed / lent / in_use_by_tier accounting page by page;
+//  - every mapped page under a live block grants its device and every device that can reach the
+//    page's memory read-write (and no other device any access), and the sim agrees with the borrowed / lent / in_use_by_tier accounting page by page;
 //  - pages move only as the operation allows: never under an active job (except its own
 //    activation or an explicit remap), only down a tier on demote, only home on activation;
 //  - at the end, with every job released and trim() done, no chunk is left anywhere.
@@ -213,7 +213,11 @@ class HarvestPropertyRandom : public SimMemoryTest, public ::testing::WithParamI
     std::vector<std::size_t> peer(devices), host(devices), local(devices), lent(devices);
     for (const auto& [page, v] : pages) {
       for (int d = 0; d < devices; ++d) {
-        const Access want = d == v.device ? Access::read_write : Access::none;
+        // The owner, and every device that can reach where the page lives (issue 20: peers
+        // are granted on every map and every move, as PyTorch's expandable segments do).
+        const bool reaches = v.where.is_host() || d == v.where.index ||
+                             backend->peer_link(d, v.where.index).can_access;
+        const Access want = d == v.device || reaches ? Access::read_write : Access::none;
         ASSERT_EQ(backend->access_of(page, d), want)
             << "op " << op << ": page " << std::hex << page << std::dec << " of device " << v.device
             << " at " << to_string(v.where) << ", access of device " << d;

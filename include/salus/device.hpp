@@ -57,6 +57,13 @@ struct DeviceProperties {
   std::string name;
   std::size_t total_memory = 0;  // bytes
   std::size_t granularity = 0;   // physical page size for create_chunk/map (bytes)
+  // Whether host memory chunks (the host tier) are available, and how the driver is asked for
+  // them: "HOST", "HOST_NUMA:<node>" (CUDA 12.x drivers refuse plain HOST), "sim", or empty.
+  bool host_chunks = false;
+  std::string host_chunk_location;
+  // The device's chunks carry the GPUDirect RDMA flag / can be exported as file descriptors.
+  bool gpu_direct_rdma = false;
+  bool shareable_handles = false;
 };
 
 enum class LinkKind : std::uint8_t { self, nvlink, pcie, none };

@@ -175,6 +175,9 @@ struct MemoryStats {
   std::vector<DeviceMemoryStats> devices;
   std::vector<JobMemoryStats> jobs;
   std::size_t host_spill_bytes = 0;  // host pages Salus holds for spilling (mapped or kept)
+  // Host memory is a tier (the backend offers host chunks); how the driver is asked for them is
+  // DeviceProperties::host_chunk_location.
+  bool host_tier_available = false;
 };
 
 // Why pages moved.

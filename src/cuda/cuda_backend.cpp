@@ -13,15 +13,24 @@
 
 namespace salus::cuda {
 
-CUmemLocation to_cu_location(Location where) {
+namespace {
+
+std::string describe(const CUmemLocation& location) {
+  return location.type == CU_MEM_LOCATION_TYPE_HOST
+             ? std::string("HOST")
+             : fmt::format("HOST_NUMA:{}", location.id);
+}
+
+}  // namespace
+
+CUmemLocation CudaBackend::cu_location(Location where) const {
   CUmemLocation location{};
   if (!where.is_host()) {
     location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     location.id = where.index;
-  } else if (where.index == 0) {
-    // Plain HOST rather than HOST_NUMA node 0: it also works on machines without NUMA support.
-    location.type = CU_MEM_LOCATION_TYPE_HOST;
-    location.id = 0;
+  } else if (where.index == 0 && host_location_) {
+    // Host node 0 means "the host" to the layers above: whichever form this driver accepts.
+    location = *host_location_;
   } else {
     location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
     location.id = where.index;
@@ -29,18 +38,26 @@ CUmemLocation to_cu_location(Location where) {
   return location;
 }
 
-CUmemAllocationProp pinned_allocation(Location where) {
+CUmemAllocationProp CudaBackend::allocation_prop(Location where) const {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  prop.location = to_cu_location(where);
+  prop.location = cu_location(where);
+  if (!where.is_host() && where.index >= 0 && where.index < device_count()) {
+    // Only what the device supports: the driver refuses a flag or handle type it cannot honour.
+    // File descriptors are what cross-process sharing will export; the RDMA flag lets NICs
+    // read the chunks directly.
+    const DeviceCaps& caps = devices_[static_cast<std::size_t>(where.index)];
+    if (caps.posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (caps.gpu_direct_rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
+  }
   return prop;
 }
 
 // --- PrimaryContext ---------------------------------------------------------------------------
 
-CudaBackend::PrimaryContext::PrimaryContext(const DriverApi& api, int ordinal) : api_(&api) {
-  SALUS_CU(api, cuDeviceGet, &device_, ordinal);
+CudaBackend::PrimaryContext::PrimaryContext(const DriverApi& api, CUdevice device)
+    : api_(&api), device_(device) {
   SALUS_CU(api, cuDevicePrimaryCtxRetain, &context_, device_);
 }
 
@@ -73,8 +90,28 @@ CudaBackend::ScopedContext::~ScopedContext() {
   }
 }
 
+CUcontext CudaBackend::context(int device) const {
+  LazyContext& slot = contexts_.at(static_cast<std::size_t>(device));
+  if (CUcontext ready = slot.context()) return ready;
+  const std::scoped_lock lock(context_mu_);
+  if (slot.owner_ == nullptr) {
+    // A failed retain leaves the slot empty, so that the next use tries again.
+    slot.owner_ =
+        std::make_unique<PrimaryContext>(api_, devices_[static_cast<std::size_t>(device)].device);
+    slot.context_.store(slot.owner_->context(), std::memory_order_release);
+  }
+  return slot.owner_->context();
+}
+
 CudaBackend::ScopedContext CudaBackend::bind(int device) const {
-  return ScopedContext(api_, contexts_[static_cast<std::size_t>(device)].context());
+  return ScopedContext(api_, context(device));
+}
+
+int CudaBackend::any_device() const noexcept {
+  for (std::size_t d = 0; d < contexts_.size(); ++d) {
+    if (contexts_[d].context() != nullptr) return static_cast<int>(d);
+  }
+  return 0;
 }
 
 // --- construction -----------------------------------------------------------------------------
@@ -88,39 +125,92 @@ CudaBackend::CudaBackend(DriverApi api) : api_(std::move(api)) {
   SALUS_CU(api_, cuDeviceGetCount, &count);
   if (count <= 0) throw NotSupported("the CUDA driver reports no device");
 
-  contexts_.reserve(static_cast<std::size_t>(count));
+  devices_.resize(static_cast<std::size_t>(count));
+  contexts_ = std::vector<LazyContext>(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    SALUS_CU(api_, cuDeviceGet, &devices_[static_cast<std::size_t>(i)].device, i);
+  }
+  for (int i = 0; i < count; ++i) devices_[static_cast<std::size_t>(i)] = read_caps(i);
   device_granularity_.reserve(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) {
-    contexts_.emplace_back(api_, i);
-    const auto scope = bind(i);
-    const CUmemAllocationProp prop = pinned_allocation(Location::gpu(i));
     std::size_t granularity = 0;
-    SALUS_CU(api_, cuMemGetAllocationGranularity, &granularity, &prop,
-             CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    check(api_, "cuMemGetAllocationGranularity",
+          query_granularity(allocation_prop(Location::gpu(i)), i, &granularity));
     if (granularity == 0) {
       throw DeviceError("cuMemGetAllocationGranularity", "CUDA_SUCCESS", CUDA_SUCCESS,
                         fmt::format("device {} reported a granularity of 0", i));
     }
     device_granularity_.push_back(granularity);
   }
-
-  {
-    // Host VMM chunks need a CUDA 12.2+ driver and a capable platform; without them only device
-    // chunks are offered rather than failing the whole backend.
-    const auto scope = bind(0);
-    const CUmemAllocationProp prop = pinned_allocation(Location::host());
-    std::size_t granularity = 0;
-    const CUresult rc =
-        api_.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (rc == CUDA_SUCCESS && granularity != 0) {
-      host_granularity_ = granularity;
-    } else {
-      log::info("the CUDA driver offers no host memory chunks ({})", error_name(api_, rc));
-    }
+  choose_host_location();
+  // For the log only (what a first run on a machine reports): a failure here is no reason to stop.
+  int version = 0;
+  if (api_.cuDriverGetVersion(&version) == CUDA_SUCCESS) {
+    log::info("CUDA driver API {}.{}, {} device(s)", version / 1000, version % 1000 / 10, count);
   }
 
   address_granularity_ = *std::min_element(device_granularity_.begin(), device_granularity_.end());
   if (host_granularity_) address_granularity_ = std::min(address_granularity_, *host_granularity_);
+}
+
+int CudaBackend::attribute(CUdevice_attribute attribute, int device, int fallback) const {
+  if (api_.cuDeviceGetAttribute == nullptr) return fallback;
+  int value = 0;
+  const CUresult rc = api_.cuDeviceGetAttribute(
+      &value, attribute, devices_[static_cast<std::size_t>(device)].device);
+  // A driver older than the attribute answers CUDA_ERROR_INVALID_VALUE: it does not have it.
+  return rc == CUDA_SUCCESS ? value : fallback;
+}
+
+CudaBackend::DeviceCaps CudaBackend::read_caps(int device) const {
+  DeviceCaps caps = devices_[static_cast<std::size_t>(device)];
+  caps.gpu_direct_rdma =
+      attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device, 0) != 0;
+  caps.posix_fd =
+      attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device, 0) != 0;
+  // -1: the system has no NUMA; node 0 is then the only one.
+  caps.host_numa_id = std::max(attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device, 0), 0);
+  return caps;
+}
+
+CUresult CudaBackend::query_granularity(const CUmemAllocationProp& prop, int device,
+                                        std::size_t* out) {
+  // The query concerns the location in `prop`, not a context; should a driver want one anyway,
+  // the device's is retained then (and only then).
+  CUresult rc = api_.cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (rc == CUDA_ERROR_INVALID_CONTEXT) {
+    const auto scope = bind(device);
+    rc = api_.cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  }
+  return rc;
+}
+
+void CudaBackend::choose_host_location() {
+  // Host VMM chunks: plain HOST needs a CUDA 13.0 driver (12.x refuses it with
+  // CUDA_ERROR_INVALID_VALUE), HOST_NUMA a 12.2+ one. Without either only device chunks are
+  // offered rather than failing the whole backend.
+  std::vector<CUmemLocation> candidates;
+  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) != 0) {
+    candidates.push_back({CU_MEM_LOCATION_TYPE_HOST, 0});
+  }
+  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) != 0) {
+    candidates.push_back({CU_MEM_LOCATION_TYPE_HOST_NUMA, devices_.front().host_numa_id});
+  }
+  CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
+  for (const CUmemLocation& location : candidates) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = location;
+    std::size_t granularity = 0;
+    rc = query_granularity(prop, 0, &granularity);
+    if (rc == CUDA_SUCCESS && granularity != 0) {
+      host_location_ = location;
+      host_granularity_ = granularity;
+      log::info("host memory chunks as {}", describe(location));
+      return;
+    }
+  }
+  log::info("the CUDA driver offers no host memory chunks ({})", error_name(api_, rc));
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -136,7 +226,8 @@ void CudaBackend::check_device(int device, std::string_view what) const {
 
 DeviceProperties CudaBackend::properties(int device) const {
   check_device(device, "properties");
-  const CUdevice dev = contexts_[static_cast<std::size_t>(device)].device();
+  const DeviceCaps& caps = devices_[static_cast<std::size_t>(device)];
+  const CUdevice dev = caps.device;
   DeviceProperties props;
   std::array<char, 256> name{};
   SALUS_CU(api_, cuDeviceGetName, name.data(), static_cast<int>(name.size()), dev);
@@ -144,6 +235,10 @@ DeviceProperties CudaBackend::properties(int device) const {
   props.name = name.data();
   SALUS_CU(api_, cuDeviceTotalMem, &props.total_memory, dev);
   props.granularity = device_granularity_[static_cast<std::size_t>(device)];
+  props.host_chunks = host_location_.has_value();
+  if (host_location_) props.host_chunk_location = describe(*host_location_);
+  props.gpu_direct_rdma = caps.gpu_direct_rdma;
+  props.shareable_handles = caps.posix_fd;
   return props;
 }
 
@@ -163,8 +258,8 @@ PeerLink CudaBackend::peer_link(int from, int to) const {
   check_device(to, "peer_link");
   if (from == to) return {LinkKind::self, true, 0, 0.0};
 
-  const CUdevice src = contexts_[static_cast<std::size_t>(from)].device();
-  const CUdevice dst = contexts_[static_cast<std::size_t>(to)].device();
+  const CUdevice src = devices_[static_cast<std::size_t>(from)].device;
+  const CUdevice dst = devices_[static_cast<std::size_t>(to)].device;
   int access = 0;
   SALUS_CU(api_, cuDeviceGetP2PAttribute, &access, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, src,
            dst);

@@ -4,9 +4,11 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -28,7 +30,9 @@ namespace salus::cuda {
 // (with unified addressing, copies and host functions work from any device's context).
 class CudaBackend final : public DeviceBackend {
  public:
-  // Initializes the driver, retains every device's primary context and caches granularities.
+  // Initializes the driver and caches granularities and device attributes. A device's primary
+  // context is retained on first use of that device only: each costs about half a gigabyte of
+  // device memory, which a process that uses one GPU of eight should not pay eight times.
   // Throws NotSupported when the driver reports no device, DeviceError when a call fails.
   explicit CudaBackend(DriverApi api);
   ~CudaBackend() override;
@@ -40,7 +44,7 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] const DriverApi& driver() const noexcept { return api_; }
 
   [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
-  [[nodiscard]] int device_count() const override { return static_cast<int>(contexts_.size()); }
+  [[nodiscard]] int device_count() const override { return static_cast<int>(devices_.size()); }
   [[nodiscard]] DeviceProperties properties(int device) const override;
   [[nodiscard]] std::size_t granularity(Location where) const override;
   [[nodiscard]] PeerLink peer_link(int from, int to) const override;
@@ -76,7 +80,7 @@ class CudaBackend final : public DeviceBackend {
   // One retained primary context; released on destruction.
   class PrimaryContext {
    public:
-    PrimaryContext(const DriverApi& api, int ordinal);
+    PrimaryContext(const DriverApi& api, CUdevice device);
     PrimaryContext(PrimaryContext&& other) noexcept;
     PrimaryContext& operator=(PrimaryContext&&) = delete;
     PrimaryContext(const PrimaryContext&) = delete;
@@ -112,14 +116,50 @@ class CudaBackend final : public DeviceBackend {
     std::size_t bytes = 0;
   };
 
+  // A device's primary context, or nullptr until something retains it (context()).
+  class LazyContext {
+   public:
+    [[nodiscard]] CUcontext context() const noexcept {
+      return context_.load(std::memory_order_acquire);
+    }
+
+   private:
+    friend class CudaBackend;
+    std::atomic<CUcontext> context_{nullptr};
+    std::unique_ptr<PrimaryContext> owner_;  // guarded by context_mu_
+  };
+  // What the driver supports for a device, read once at construction (no context needed).
+  struct DeviceCaps {
+    CUdevice device = 0;
+    bool gpu_direct_rdma = false;  // VMM chunks may carry the GPUDirect RDMA flag
+    bool posix_fd = false;         // VMM chunks may be exported as POSIX file descriptors
+    int host_numa_id = 0;          // the host NUMA node nearest the device (0 without NUMA)
+  };
+
+  // The primary context of `device`, retained on first use (thread-safe).
+  [[nodiscard]] CUcontext context(int device) const;
   [[nodiscard]] ScopedContext bind(int device) const;
+  // For calls about no device in particular (address space, host chunks): a device whose context
+  // is already retained, so that such calls never retain one more; device 0 when none is.
+  [[nodiscard]] int any_device() const noexcept;
+  [[nodiscard]] int attribute(CUdevice_attribute attribute, int device, int fallback) const;
+  [[nodiscard]] DeviceCaps read_caps(int device) const;
+  // Picks how host chunks are asked for (HOST on 13.0+, else HOST_NUMA on the node nearest
+  // device 0) and caches their granularity; leaves host_location_ empty when neither works.
+  void choose_host_location();
+  // cuMemGetAllocationGranularity (MINIMUM) without a context when the driver allows it, else
+  // with `device`'s.
+  CUresult query_granularity(const CUmemAllocationProp& prop, int device, std::size_t* out);
+  [[nodiscard]] CUmemLocation cu_location(Location where) const;
+  [[nodiscard]] CUmemAllocationProp allocation_prop(Location where) const;
   void check_device(int device, std::string_view what) const;
   // The device a stream (or, for handle 0 and the legacy and per-thread default streams,
   // `fallback`) belongs to. Streams this backend did not create (a framework's) are looked up
   // through the driver (cuStreamGetCtx). InvalidArgument if the driver does not know it.
   [[nodiscard]] int device_of(StreamHandle stream, int fallback = 0) const;
   // The device whose primary context is `context`, or -1 (a context the application made).
-  [[nodiscard]] int device_of(CUcontext context) const noexcept;
+  // Retains the contexts of devices not used yet while looking, until one matches.
+  [[nodiscard]] int device_of(CUcontext context) const;
   [[nodiscard]] int device_of(EventHandle event) const;
   // cuEventCreate with `flags` on `device`, registered for device_of.
   EventHandle make_event(int device, unsigned flags, std::string_view what);
@@ -129,9 +169,12 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] std::size_t address_granularity() const noexcept { return address_granularity_; }
 
   DriverApi api_;  // first: the contexts below release through it
-  std::vector<PrimaryContext> contexts_;
+  std::vector<DeviceCaps> devices_;
+  mutable std::mutex context_mu_;  // serializes retaining
+  mutable std::vector<LazyContext> contexts_;
   std::vector<std::size_t> device_granularity_;
   std::optional<std::size_t> host_granularity_;  // empty when the driver has no host VMM chunks
+  std::optional<CUmemLocation> host_location_;   // how host(0) chunks are asked for
   std::size_t address_granularity_ = 0;
 
   mutable std::mutex mutex_;  // guards the maps below
@@ -140,8 +183,5 @@ class CudaBackend final : public DeviceBackend {
   std::unordered_map<std::uint64_t, int> events_;
 };
 
-// Shared by the backend's translation units.
-[[nodiscard]] CUmemLocation to_cu_location(Location where);
-[[nodiscard]] CUmemAllocationProp pinned_allocation(Location where);
 
 }  // namespace salus::cuda

@@ -42,11 +42,6 @@ CUmemAccess_flags to_cu_flags(Access access) {
       fmt::format("set_access: unknown access value {}", static_cast<int>(access)));
 }
 
-// Host chunks are not about any device; any context will do for the driver.
-int context_device(Location where) {
-  return where.is_host() ? 0 : where.index;
-}
-
 }  // namespace
 
 CudaBackend::ChunkInfo CudaBackend::chunk_info(ChunkHandle chunk) const {
@@ -61,9 +56,9 @@ CudaBackend::ChunkInfo CudaBackend::chunk_info(ChunkHandle chunk) const {
 ChunkHandle CudaBackend::create_chunk(Location where, std::size_t bytes) {
   const std::size_t page = granularity(where);  // validates the location
   check_size("create_chunk", bytes, page);
-  const CUmemAllocationProp prop = pinned_allocation(where);
+  const CUmemAllocationProp prop = allocation_prop(where);
 
-  const auto scope = bind(context_device(where));
+  const auto scope = bind(where.is_host() ? any_device() : where.index);
   CUmemGenericAllocationHandle handle = 0;
   SALUS_CU(api_, cuMemCreate, &handle, bytes, &prop, 0);
   try {
@@ -78,7 +73,7 @@ ChunkHandle CudaBackend::create_chunk(Location where, std::size_t bytes) {
 
 void CudaBackend::release_chunk(ChunkHandle chunk) {
   const ChunkInfo info = chunk_info(chunk);
-  const auto scope = bind(context_device(info.where));
+  const auto scope = bind(info.where.is_host() ? any_device() : info.where.index);
   SALUS_CU(api_, cuMemRelease, chunk.value);
   // Forgotten only once the driver agreed, so a failed release can be retried.
   const std::scoped_lock lock(mutex_);
@@ -91,7 +86,8 @@ DevicePtr CudaBackend::reserve_address(std::size_t bytes, std::size_t alignment)
     throw InvalidArgument(
         fmt::format("reserve_address: alignment {} is neither 0 nor a power of two", alignment));
   }
-  const auto scope = bind(0);  // one address space for all devices: any context will do
+  // One address space for all devices: any context will do, and none is retained for it.
+  const auto scope = bind(any_device());
   CUdeviceptr base = 0;
   SALUS_CU(api_, cuMemAddressReserve, &base, bytes, alignment, CUdeviceptr{0}, 0);
   return static_cast<DevicePtr>(base);
@@ -100,7 +96,7 @@ DevicePtr CudaBackend::reserve_address(std::size_t bytes, std::size_t alignment)
 void CudaBackend::free_address(DevicePtr base, std::size_t bytes) {
   check_aligned("free_address", "base", base, address_granularity());
   check_size("free_address", bytes, address_granularity());
-  const auto scope = bind(0);
+  const auto scope = bind(any_device());
   SALUS_CU(api_, cuMemAddressFree, static_cast<CUdeviceptr>(base), bytes);
 }
 
@@ -115,14 +111,14 @@ void CudaBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
     throw InvalidArgument(fmt::format("map: [{}, {}) lies outside chunk {:#x} of {} bytes",
                                       chunk_offset, chunk_offset + bytes, chunk.value, info.bytes));
   }
-  const auto scope = bind(context_device(info.where));
+  const auto scope = bind(info.where.is_host() ? any_device() : info.where.index);
   SALUS_CU(api_, cuMemMap, static_cast<CUdeviceptr>(va), bytes, chunk_offset, chunk.value, 0);
 }
 
 void CudaBackend::unmap(DevicePtr va, std::size_t bytes) {
   check_aligned("unmap", "address", va, address_granularity());
   check_size("unmap", bytes, address_granularity());
-  const auto scope = bind(0);
+  const auto scope = bind(any_device());
   SALUS_CU(api_, cuMemUnmap, static_cast<CUdeviceptr>(va), bytes);
 }
 
@@ -135,12 +131,12 @@ void CudaBackend::set_access(DevicePtr va, std::size_t bytes, std::span<const Ac
     check_device(grant.device, "set_access");
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = contexts_[static_cast<std::size_t>(grant.device)].device();
+    desc.location.id = devices_[static_cast<std::size_t>(grant.device)].device;
     desc.flags = to_cu_flags(grant.access);
     descs.push_back(desc);
   }
   if (descs.empty()) return;  // nothing to replace; the driver would reject a count of 0
-  const auto scope = bind(0);
+  const auto scope = bind(any_device());
   SALUS_CU(api_, cuMemSetAccess, static_cast<CUdeviceptr>(va), bytes, descs.data(), descs.size());
 }
 

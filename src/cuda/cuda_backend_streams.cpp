@@ -73,9 +73,19 @@ int CudaBackend::device_of(StreamHandle stream, int fallback) const {
   return device;
 }
 
-int CudaBackend::device_of(CUcontext context) const noexcept {
+int CudaBackend::device_of(CUcontext context) const {
   for (std::size_t d = 0; d < contexts_.size(); ++d) {
     if (contexts_[d].context() == context) return static_cast<int>(d);
+  }
+  // A device Salus has not used yet: contexts are retained lazily. A stream's context exists, so
+  // retaining that device's primary context costs nothing new; the search stops at the match.
+  for (std::size_t d = 0; d < contexts_.size(); ++d) {
+    if (contexts_[d].context() != nullptr) continue;
+    try {
+      if (this->context(static_cast<int>(d)) == context) return static_cast<int>(d);
+    } catch (const DeviceError&) {
+      // A device the driver will not give a context is not the stream's.
+    }
   }
   return -1;
 }
@@ -90,6 +100,7 @@ void CudaBackend::validate_stream(StreamHandle stream, int device) {
         "thread, so Salus cannot order work on it from other threads: use a created stream "
         "(or the legacy default stream, 0)");
   }
+  static_cast<void>(context(device));  // a framework's stream is told by its (retained) context
   const int owner = device_of(stream, device);
   if (owner != device) {
     throw InvalidArgument(fmt::format("stream {:#x} belongs to device {}, not device {}",

@@ -53,7 +53,9 @@
   X(cuEventElapsedTime)              \
   X(cuLaunchHostFunc)                \
   X(cuMemcpyAsync)                   \
-  X(cuStreamIsCapturing)
+  X(cuStreamIsCapturing)             \
+  X(cuDeviceGetAttribute)           \
+  X(cuDriverGetVersion)
 
 namespace salus::cuda {
 

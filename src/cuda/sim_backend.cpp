@@ -83,7 +83,10 @@ void SimBackend::check_device(int device, const char* what) const {
 DeviceProperties SimBackend::properties(int device) const {
   check_device(device, "properties");
   const auto& d = config_.devices[static_cast<std::size_t>(device)];
-  return {d.name, d.memory_bytes, d.granularity};
+  DeviceProperties props{d.name, d.memory_bytes, d.granularity};
+  props.host_chunks = true;  // the simulator always has its host pool
+  props.host_chunk_location = "sim";
+  return props;
 }
 
 std::size_t SimBackend::pool_index(Location where) const {

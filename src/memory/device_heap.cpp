@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 
 #include "memory/job_table.hpp"
@@ -42,7 +43,13 @@ DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, Job
       va_factor_(va_factor),
       pool_(*backend_, Location::gpu(device), backend_->granularity(Location::gpu(device)),
             limit_bytes),
-      grants_{AccessGrant{device, Access::read_write}},
+      grants_(backend_->device_count(), device,
+              [&tiers](int from, int to) {
+                // The lenders of `from` are the peers it can reach (ranked once, in Tiers).
+                const auto& lenders = tiers.lenders(from);
+                return std::any_of(lenders.begin(), lenders.end(),
+                                   [to](const Lender& l) { return l.device == to; });
+              }),
       mover_(backend_, device, pool_.page_bytes(), tiers.options().move_batch_pages) {
   tiers_.add_device(pool_);
 }

@@ -68,8 +68,11 @@ class DeviceHeap {
   [[nodiscard]] Tiers& tiers() const { return tiers_; }
   [[nodiscard]] JobTable& jobs() const { return jobs_; }
   [[nodiscard]] PageMover& mover() { return mover_; }
-  // Devices that must be able to access every page mapped here.
-  [[nodiscard]] std::span<const AccessGrant> grants() const { return grants_; }
+  // Devices that must be able to access a page mapped here that lives at `where`.
+  [[nodiscard]] std::span<const AccessGrant> grants(Location where) const {
+    return grants_.of(where);
+  }
+  [[nodiscard]] const AccessGrants& access_grants() const { return grants_; }
 
   // The heap of `stream`, made on first use (the backend checks the stream then, so the hot path
   // never does): a retired heap ready for reuse is re-bound, else a new one is made. Throws
@@ -113,7 +116,7 @@ class DeviceHeap {
   const int device_;
   const std::size_t va_factor_;
   PagePool pool_;
-  std::vector<AccessGrant> grants_;
+  AccessGrants grants_;
   DeviceCounters counters_;
   PageMover mover_;
 

@@ -166,7 +166,7 @@ class MemoryManager::Impl {
     const std::size_t bytes = round_up(request.bytes);
     // The stream is checked (and its heap made) before anything is charged: a refused stream
     // leaves every count as it was. Looked up once: place() works on this heap.
-    StreamHeap& heap = device.heap_for(request.stream);
+    StreamHeap& heap = heap_for(device, job, request);
     // A capture records work for later replays: memory handed out now would have to stay the
     // graph's for as long as it lives, and the fences below would query the capturing stream,
     // which invalidates the capture. Not supported: refused before anything is touched.
@@ -186,6 +186,16 @@ class MemoryManager::Impl {
     (void)memory::take_driver_refusal();  // only this request's refusals are its reason
     try {
       ptr = place(device, heap, request, bytes, why_not);
+    } catch (const DeviceError& e) {
+      job.uncharge(request.lifetime, bytes);
+      // The driver out of memory for a map or an address range (cuMemMap, cuMemAddressReserve)
+      // is the caller's out-of-memory as much as a refused chunk is: a framework that frees its
+      // cache and retries must see it as such. Anything else is a device error.
+      if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") throw;
+      device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
+      throw OutOfMemory(oom_info(job, device, request,
+                                 fmt::format("the driver refused {}: {}", e.call(), e.status()),
+                                 false));
     } catch (...) {
       job.uncharge(request.lifetime, bytes);
       throw;
@@ -284,6 +294,20 @@ class MemoryManager::Impl {
     freed.record->uncharge(freed.lifetime, freed.bytes);  // no lookup by id on the free path
     harvester_->on_free();
     return {freed.bytes, owner->device(), freed.job, freed.lifetime};
+  }
+
+  // The stream's heap; the driver out of address space for its first ranges
+  // (cuMemAddressReserve) is an out-of-memory, not a device error.
+  StreamHeap& heap_for(DeviceHeap& device, const JobRecord& job, const AllocationRequest& request) {
+    try {
+      return device.heap_for(request.stream);
+    } catch (const DeviceError& e) {
+      if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") throw;
+      device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
+      throw OutOfMemory(oom_info(job, device, request,
+                                 fmt::format("the driver refused {}: {}", e.call(), e.status()),
+                                 false));
+    }
   }
 
   OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
@@ -581,6 +605,7 @@ void MemoryManager::set_move_observer(std::function<void(const MoveRecord&)> obs
 MemoryStats MemoryManager::stats() const {
   MemoryStats s;
   s.host_spill_bytes = impl_->tiers_.host_held_bytes();
+  s.host_tier_available = impl_->tiers_.has_host();
   for (const auto& device : impl_->heaps_) s.devices.push_back(device->stats());
   for (std::size_t j = 0; j < impl_->jobs_.size(); ++j) {
     // A job being registered right now has a slot but no record yet.

@@ -1,6 +1,9 @@
 #include "memory/page_mover.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
+#include <string_view>
 
 #include "log/log.hpp"
 
@@ -14,6 +17,20 @@ namespace {
 // lost the context, and then the tries cost microseconds.
 constexpr int kRestoreAttempts = 16;
 
+// Errors after which the context is lost for good (a kernel fault): every later call fails the
+// same way, so trying again only delays the report.
+bool sticky(const DeviceError& e) {
+  static constexpr std::string_view kSticky[] = {
+      "CUDA_ERROR_ILLEGAL_ADDRESS",      "CUDA_ERROR_LAUNCH_FAILED",
+      "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+      "CUDA_ERROR_MISALIGNED_ADDRESS",   "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+      "CUDA_ERROR_INVALID_PC",           "CUDA_ERROR_ECC_UNCORRECTABLE",
+      "CUDA_ERROR_ASSERT",               "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+      "CUDA_ERROR_DEINITIALIZED",        "CUDA_ERROR_LAUNCH_TIMEOUT",
+  };
+  return std::find(std::begin(kSticky), std::end(kSticky), e.status()) != std::end(kSticky);
+}
+
 template <class F>
 void retried(F&& step) {
   for (int attempt = 1;; ++attempt) {
@@ -21,7 +38,7 @@ void retried(F&& step) {
       step();
       return;
     } catch (const DeviceError& e) {
-      if (attempt == kRestoreAttempts) throw;
+      if (attempt == kRestoreAttempts || sticky(e)) throw;
       log::warn("putting a page back failed (try {} of {}): {}", attempt, kRestoreAttempts,
                 e.what());
     }
@@ -29,6 +46,26 @@ void retried(F&& step) {
 }
 
 }  // namespace
+
+AccessGrants::AccessGrants(int device_count, int device,
+                           const std::function<bool(int, int)>& reaches) {
+  on_device_.resize(static_cast<std::size_t>(device_count));
+  for (int p = 0; p < device_count; ++p) {
+    auto& grants = on_device_[static_cast<std::size_t>(p)];
+    // The owner always: its pages on a peer are borrowed only over a link it has.
+    grants.push_back({device, Access::read_write});
+    for (int q = 0; q < device_count; ++q) {
+      if (q != device && (q == p || reaches(q, p))) grants.push_back({q, Access::read_write});
+    }
+  }
+  // Host memory is within every device's reach.
+  for (int q = 0; q < device_count; ++q) on_host_.push_back({q, Access::read_write});
+}
+
+std::span<const AccessGrant> AccessGrants::of(Location where) const {
+  if (where.is_host()) return on_host_;
+  return on_device_.at(static_cast<std::size_t>(where.index));
+}
 
 PageMover::PageMover(std::shared_ptr<DeviceBackend> backend, int device, std::size_t page_bytes,
                      std::size_t window_pages)
@@ -57,7 +94,7 @@ void PageMover::ensure_started() {
 
 double PageMover::run(std::span<PageMove> moves,
                       std::span<const std::shared_ptr<const Event>> after,
-                      std::span<const AccessGrant> grants, std::vector<Page>& old) {
+                      const AccessGrants& grants, std::vector<Page>& old) {
   if (moves.empty()) return 0.0;
   std::lock_guard lock(mu_);
   ensure_started();
@@ -78,7 +115,7 @@ double PageMover::run(std::span<PageMove> moves,
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGrant> grants,
+void PageMover::move_window(std::span<PageMove> window, const AccessGrants& grants,
                             std::vector<Page>& old) {
   DeviceBackend& backend = *backend_;
   const AccessGrant self{device_, Access::read_write};
@@ -120,13 +157,13 @@ void PageMover::move_window(std::span<PageMove> window, std::span<const AccessGr
       try {
         backend.map(move.va, page_bytes_, move.to.chunk, 0);
         new_mapped = true;
-        backend.set_access(move.va, page_bytes_, grants);
+        backend.set_access(move.va, page_bytes_, grants.of(move.to.where));
       } catch (...) {
         // Put the old page back under its address; its bytes are intact. When the new page got
         // mapped but not its access, it has to come off first (the caller takes it back as unused).
         if (new_mapped) backend.unmap(move.va, page_bytes_);
         retried([&] { backend.map(move.va, page_bytes_, move.slot->chunk, 0); });
-        retried([&] { backend.set_access(move.va, page_bytes_, grants); });
+        retried([&] { backend.set_access(move.va, page_bytes_, grants.of(move.slot->where)); });
         throw;
       }
       old.push_back({move.slot->chunk, nullptr, move.slot->where});

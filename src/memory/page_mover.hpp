@@ -5,6 +5,7 @@
 // earlier pages are being remapped.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,21 @@
 #include "salus/device.hpp"
 
 namespace salus::memory {
+
+// Who gets access to a page mapped in one device's address ranges: the device itself and every
+// peer that can reach where the page lives, read_write. A mapping grants nothing by itself, and
+// peers' kernels and copies (a framework's peer-to-peer copy, NCCL) touch the blocks too, so
+// every map and every remap grants them all, as PyTorch's expandable segments do.
+class AccessGrants {
+ public:
+  // `reaches(q, p)`: device q can access memory of device p (q != p).
+  AccessGrants(int device_count, int device, const std::function<bool(int, int)>& reaches);
+  [[nodiscard]] std::span<const AccessGrant> of(Location where) const;
+
+ private:
+  std::vector<std::vector<AccessGrant>> on_device_;  // [p]: for a page that lives on GPU p
+  std::vector<AccessGrant> on_host_;
+};
 
 struct PageMove {
   DevicePtr va = 0;
@@ -37,11 +53,11 @@ class PageMover {
   // the wall seconds taken. On a failure, moves not marked done keep their old pages and the
   // caller still owns their `to` pages.
   double run(std::span<PageMove> moves, std::span<const std::shared_ptr<const Event>> after,
-             std::span<const AccessGrant> grants, std::vector<Page>& old);
+             const AccessGrants& grants, std::vector<Page>& old);
 
  private:
   void ensure_started();
-  void move_window(std::span<PageMove> window, std::span<const AccessGrant> grants,
+  void move_window(std::span<PageMove> window, const AccessGrants& grants,
                    std::vector<Page>& old);
 
   std::shared_ptr<DeviceBackend> backend_;

@@ -109,7 +109,7 @@ void StreamHeap::run_moves(MoveReason reason, std::vector<PageMove>& moves,
   std::vector<Page> old;
   std::exception_ptr failure;
   try {
-    record.seconds = device_.mover().run(moves, after, device_.grants(), old);
+    record.seconds = device_.mover().run(moves, after, device_.access_grants(), old);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -145,9 +145,12 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
         ++i;
         continue;
       }
-      // Map a run of unmapped pages, then grant access to the whole run at once.
+      // Map a run of unmapped pages from one location, then grant access to the whole run at
+      // once (who may access a page depends on where it lives).
       const std::size_t run_start = i;
-      for (; i < last && !arena.page(i).mapped; ++i) {
+      const Location run_where = pages.back().where;
+      for (; i < last && !arena.page(i).mapped && !pages.empty() && pages.back().where == run_where;
+           ++i) {
         // A page from another user: our later work waits for its old work, on the GPU.
         if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
           next.fence->order(backend, stream(), device_.device());
@@ -166,7 +169,8 @@ void StreamHeap::map_pages(Arena& arena, std::size_t first, std::size_t last,
           ++remote_pages_;
         }
       }
-      backend.set_access(arena.page_addr(run_start), (i - run_start) * page, device_.grants());
+      backend.set_access(arena.page_addr(run_start), (i - run_start) * page,
+                         device_.grants(run_where));
     }
   } catch (...) {
     // Nothing has used the new mappings; the pages go back as they came, fences included.

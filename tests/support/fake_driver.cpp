@@ -141,13 +141,22 @@ CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status
   return forward([&](auto& s) { return s.stream_is_capturing(stream, status); });
 }
 
+CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice device) {
+  return forward([&](auto& s) { return s.device_get_attribute(value, attrib, device); });
+}
+CUresult fake_cuDriverGetVersion(int* version) {
+  return forward([&](auto& s) { return s.driver_get_version(version); });
+}
+
 }  // namespace
 
 FakeDriverConfig FakeDriverConfig::uniform(int count, std::size_t memory_bytes,
                                            std::size_t granularity) {
   FakeDriverConfig config;
-  config.devices.assign(static_cast<std::size_t>(count),
-                        FakeDeviceConfig{"Salus Fake GPU", memory_bytes, granularity});
+  FakeDeviceConfig device;
+  device.memory_bytes = memory_bytes;
+  device.granularity = granularity;
+  config.devices.assign(static_cast<std::size_t>(count), device);
   return config;
 }
 
@@ -180,6 +189,9 @@ cuda::DriverApi FakeDriver::api() const {
 
 void FakeDriver::fail_next(std::string call, CUresult code, int skip) {
   state_->fail_next(std::move(call), code, skip);
+}
+void FakeDriver::fail_sticky(std::string call, CUresult code, int skip) {
+  state_->fail_sticky(std::move(call), code, skip);
 }
 void FakeDriver::fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt) {
   state_->fail_randomly(rate, seed, std::move(exempt));

@@ -69,7 +69,23 @@ namespace salus::test {
 struct FakeDeviceConfig {
   std::string name = "Salus Fake GPU";
   std::size_t memory_bytes = 16 * GiB;
-  std::size_t granularity = 2 * MiB;
+  std::size_t granularity = 2 * MiB;  // MINIMUM
+  // RECOMMENDED: larger than MINIMUM, as on real GPUs, so that code mixing the two is caught.
+  // 0: four times `granularity`.
+  std::size_t recommended_granularity = 0;
+  // cuDeviceGetAttribute. HOST_NUMA_ID (-1: a system without NUMA) and the HOST_NUMA support
+  // attribute exist from driver 12.2 on, HOST support from 13.0 on (older drivers answer
+  // CUDA_ERROR_INVALID_VALUE, as they do for an attribute they do not know).
+  int host_numa_id = 0;
+  bool vmm = true;           // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: cuMemCreate on it works
+  bool host_numa_vmm = true;  // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool host_vmm = true;       // HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: else cuMemCreate with the RDMA flag is
+  // CUDA_ERROR_INVALID_VALUE.
+  bool gpu_direct_rdma_vmm = true;
+  // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: else cuMemCreate requesting the handle type is
+  // CUDA_ERROR_NOT_SUPPORTED.
+  bool posix_fd = true;
 };
 
 // What cuDeviceGetP2PAttribute reports for an ordered pair of distinct devices.
@@ -89,6 +105,10 @@ struct FakeDriverConfig {
   int greatest_priority = -5;
   // cuMemcpyAsync fails with CUDA_ERROR_INVALID_VALUE unless both ranges are mapped.
   bool check_copy_ranges = true;
+  // cuDriverGetVersion. Below 13000 (e.g. 12040), host chunks as CU_MEM_LOCATION_TYPE_HOST are
+  // refused with CUDA_ERROR_INVALID_VALUE (cuMemCreate, cuMemGetAllocationGranularity); below
+  // 12020 HOST_NUMA is too.
+  int driver_version = 13000;
 
   static FakeDriverConfig uniform(int count, std::size_t memory_bytes = 16 * GiB,
                                   std::size_t granularity = 2 * MiB);
@@ -97,7 +117,8 @@ struct FakeDriverConfig {
 // One driver call as the fake saw it. `args` are the call's input arguments in the driver's order,
 // as integers (pointers and handles by value, output pointers left out), except:
 //   cuMemSetAccess: {va, size, count, then per descriptor: location type, location id, flags}
-//   cuMemCreate:    {size, location type, location id, flags}
+//   cuMemCreate:    {size, location type, location id, flags, requested handle types,
+//                    gpuDirectRDMACapable}
 //   cuMemGetAllocationGranularity: {location type, location id, option}
 //   cuLaunchHostFunc: {stream}
 // `context_device` is the device of the thread's current context when the call was made (-1 for
@@ -133,6 +154,10 @@ class FakeDriver {
   // CUDA_ERROR_UNKNOWN. Calls named in `exempt` never fail this way. fail_next injections come
   // first. The failed call does nothing, as with fail_next.
   void fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt = {});
+  // A sticky error, as after a kernel fault (CUDA_ERROR_ILLEGAL_ADDRESS): the (skip+1)-th next
+  // call of `call` ("" for the very next call of any name) and every call after it fail with
+  // `code`, doing nothing. cuGetErrorName still works.
+  void fail_sticky(std::string call, CUresult code, int skip = 0);
   // Failures fail_randomly injected so far, in all, and per call name.
   [[nodiscard]] std::uint64_t random_failures() const;
   [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> random_failures_by_call() const;
@@ -175,7 +200,11 @@ class FakeDriver {
   // Unfinished kernels and copies.
   [[nodiscard]] std::size_t pending_work() const;
   // Each: the call, its range or chunk, and the unfinished work item (with its stream) that
-  // still referenced it, in the order they happened.
+  // still referenced it, in the order they happened. Also work without access: a kernel
+  // (enqueue_work) on a stream of device D needs D's read_write access to its whole range, a
+  // copy (cuMemcpyAsync) on such a stream D's read access to its source and read_write to its
+  // destination (the legacy stream: the device of the calling thread's context, unchecked
+  // without one). A mapping alone grants nothing, as with the driver.
   [[nodiscard]] std::vector<std::string> violations() const;
   void clear_violations();
 

@@ -1,4 +1,6 @@
 // The fake driver's virtual memory management: chunks, reservations, mappings and access.
+#include <fmt/format.h>
+
 #include <bit>
 
 #include "support/fake_driver_state.hpp"
@@ -17,12 +19,20 @@ CUresult FakeDriver::State::mem_get_allocation_granularity(
   return run("cuMemGetAllocationGranularity", std::move(args), [&] {
     if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    const auto page = granularity_of(prop->location);
-    if (!page) {
-      return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CUDA_ERROR_INVALID_DEVICE
-                                                                : CUDA_ERROR_NOT_SUPPORTED;
+    if (const CUresult rc = location_status(prop->location); rc != CUDA_SUCCESS) return rc;
+    const std::size_t page = *granularity_of(prop->location);
+    if (option == CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+      std::size_t recommended = 4 * page;
+      if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        const FakeDeviceConfig& d = config_.devices[static_cast<std::size_t>(prop->location.id)];
+        if (d.recommended_granularity != 0) recommended = d.recommended_granularity;
+      }
+      *granularity = recommended;
+    } else if (option == CU_MEM_ALLOC_GRANULARITY_MINIMUM) {
+      *granularity = page;
+    } else {
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    *granularity = *page;  // MINIMUM and RECOMMENDED agree in the fake
     return CUDA_SUCCESS;
   });
 }
@@ -35,14 +45,16 @@ CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std
     args.push_back(static_cast<std::uint64_t>(prop->location.id));
   }
   args.push_back(flags);
+  if (prop != nullptr) {
+    args.push_back(static_cast<std::uint64_t>(prop->requestedHandleTypes));
+    args.push_back(static_cast<std::uint64_t>(prop->allocFlags.gpuDirectRDMACapable));
+  }
   return run("cuMemCreate", std::move(args), [&] {
     if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (const CUresult rc = location_status(prop->location); rc != CUDA_SUCCESS) return rc;
+    if (const CUresult rc = check_export(*prop); rc != CUDA_SUCCESS) return rc;
     const auto page = granularity_of(prop->location);
-    if (!page) {
-      return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CUDA_ERROR_INVALID_DEVICE
-                                                                : CUDA_ERROR_NOT_SUPPORTED;
-    }
     if (size == 0 || size % *page != 0) return CUDA_ERROR_INVALID_VALUE;
     Chunk chunk;
     chunk.size = size;
@@ -59,6 +71,21 @@ CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std
     chunks_.emplace(*handle, chunk);
     return CUDA_SUCCESS;
   });
+}
+
+CUresult FakeDriver::State::check_export(const CUmemAllocationProp& prop) const {
+  // What a device chunk may carry is the device's to say; host chunks are not checked.
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_SUCCESS;
+  const FakeDeviceConfig& d = config_.devices[static_cast<std::size_t>(prop.location.id)];
+  const unsigned types = static_cast<unsigned>(prop.requestedHandleTypes);
+  if ((types & ~static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) != 0) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // Windows or fabric handles: not modelled
+  }
+  if (types != 0 && !d.posix_fd) return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop.allocFlags.gpuDirectRDMACapable != 0 && !d.gpu_direct_rdma_vmm) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult FakeDriver::State::mem_release(CUmemGenericAllocationHandle handle) {
@@ -211,11 +238,42 @@ CUresult FakeDriver::State::memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::
                // What the copy touches until it completes (after the stream's earlier work),
                // and the words it carries then.
                if (bytes > 0) {
+                 const int device = device_of_stream(stream);
+                 const std::string what = fmt::format("copy on device {}", device);
+                 check_access(what + " from", device, src, bytes, CU_MEM_ACCESS_FLAGS_PROT_READ);
+                 check_access(what + " to", device, dst, bytes,
+                              CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
                  enqueue(ItemKind::copy, stream, {span_of(dst, bytes), span_of(src, bytes)}, 0,
                          false, copy_pieces(dst, src, bytes));
                }
                return CUDA_SUCCESS;
              });
+}
+
+int FakeDriver::State::device_of_stream(CUstream stream) const {
+  const auto it = streams_.find(std::bit_cast<std::uintptr_t>(stream));
+  return it != streams_.end() ? it->second : current_device();
+}
+
+void FakeDriver::State::check_access(const std::string& what, int device, CUdeviceptr va,
+                                     std::size_t bytes, CUmemAccess_flags needed) {
+  if (device < 0 || bytes == 0) return;
+  const auto enough = [&](CUmemAccess_flags has) {
+    return needed == CU_MEM_ACCESS_FLAGS_PROT_READ
+               ? has == CU_MEM_ACCESS_FLAGS_PROT_READ || has == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+               : has == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  };
+  for (CUdeviceptr page = va - va % page_; page < va + bytes; page += page_) {
+    const auto it = pages_.find(page);
+    if (it == pages_.end()) continue;  // unmapped: the caller's own check
+    if (!enough(it->second[static_cast<std::size_t>(device)])) {
+      violations_.push_back(fmt::format(
+          "{} [{:#x}, +{:#x}) without device {}'s {} access at page {:#x} (a fault on a GPU)",
+          what, va, bytes, device,
+          needed == CU_MEM_ACCESS_FLAGS_PROT_READ ? "read" : "read_write", page));
+      return;
+    }
+  }
 }
 
 }  // namespace salus::test

@@ -48,8 +48,11 @@ CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t
     return CUDA_ERROR_NOT_PERMITTED;
   }
   call_ = name;
-  CUresult rc = injected(name);
-  if (rc == CUDA_SUCCESS && !initialized_ && name != "cuInit") rc = CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = sticky_ != CUDA_SUCCESS ? sticky_ : injected(name);
+  // cuDriverGetVersion is the one call that works before cuInit.
+  if (rc == CUDA_SUCCESS && !initialized_ && name != "cuInit" && name != "cuDriverGetVersion") {
+    rc = CUDA_ERROR_NOT_INITIALIZED;
+  }
   if (rc == CUDA_SUCCESS) rc = body();
   if (record_calls_) {
     calls_.push_back(FakeCall{std::string(name), std::move(args), rc, device});
@@ -58,14 +61,16 @@ CUresult FakeDriver::State::run(std::string_view name, std::vector<std::uint64_t
 }
 
 CUresult FakeDriver::State::injected(std::string_view name) {
-  const auto failure = std::find_if(failures_.begin(), failures_.end(),
-                                    [&](const Failure& f) { return f.call == name; });
+  const auto failure = std::find_if(failures_.begin(), failures_.end(), [&](const Failure& f) {
+    return f.call == name || (f.sticky && f.call.empty());
+  });
   if (failure == failures_.end()) return random_failure(name);
   if (failure->skip > 0) {
     --failure->skip;
     return random_failure(name);
   }
   const CUresult rc = failure->code;
+  if (failure->sticky) sticky_ = rc;
   failures_.erase(failure);
   return rc;
 }
@@ -108,6 +113,24 @@ bool FakeDriver::State::valid_stream(CUstream stream) {
 const FakePeerConfig& FakeDriver::State::peer(int from, int to) const {
   const auto it = peer_overrides_.find({from, to});
   return it != peer_overrides_.end() ? it->second : config_.peers;
+}
+
+CUresult FakeDriver::State::location_status(const CUmemLocation& location) const {
+  switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (!valid_device(location.id)) return CUDA_ERROR_INVALID_DEVICE;
+      return config_.devices[static_cast<std::size_t>(location.id)].vmm ? CUDA_SUCCESS
+                                                                         : CUDA_ERROR_NOT_SUPPORTED;
+    case CU_MEM_LOCATION_TYPE_HOST:
+      // CUDA 12.x drivers know HOST only as a cuMemcpy/prefetch location, not for cuMemCreate.
+      if (config_.driver_version < 13000) return CUDA_ERROR_INVALID_VALUE;
+      return config_.host_chunks ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      if (config_.driver_version < 12020 || location.id < 0) return CUDA_ERROR_INVALID_VALUE;
+      return config_.host_chunks ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
 }
 
 std::optional<std::size_t> FakeDriver::State::granularity_of(const CUmemLocation& location) const {
@@ -297,7 +320,57 @@ CUresult FakeDriver::State::ctx_get_stream_priority_range(int* least, int* great
   });
 }
 
+CUresult FakeDriver::State::device_get_attribute(int* value, CUdevice_attribute attrib,
+                                                 CUdevice device) {
+  return run("cuDeviceGetAttribute",
+             {static_cast<std::uint64_t>(attrib), static_cast<std::uint64_t>(device)}, [&] {
+               if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+               if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+               const FakeDeviceConfig& d = config_.devices[static_cast<std::size_t>(device)];
+               const int version = config_.driver_version;
+               switch (attrib) {
+                 case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+                   *value = d.vmm;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+                   *value = d.gpu_direct_rdma_vmm;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+                   *value = d.posix_fd;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+                   if (version < 12020) return CUDA_ERROR_INVALID_VALUE;
+                   *value = d.host_numa_id;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+                   if (version < 12020) return CUDA_ERROR_INVALID_VALUE;
+                   *value = config_.host_chunks && d.host_numa_vmm;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+                   if (version < 13000) return CUDA_ERROR_INVALID_VALUE;
+                   *value = config_.host_chunks && d.host_vmm;
+                   return CUDA_SUCCESS;
+                 default:
+                   *value = 0;  // not modelled
+                   return CUDA_SUCCESS;
+               }
+             });
+}
+
+CUresult FakeDriver::State::driver_get_version(int* version) {
+  return run("cuDriverGetVersion", {}, [&] {
+    if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *version = config_.driver_version;
+    return CUDA_SUCCESS;
+  });
+}
+
 // --- steering and queries --------------------------------------------------------------------
+
+void FakeDriver::State::fail_sticky(std::string call, CUresult code, int skip) {
+  const std::scoped_lock lock(mutex_);
+  failures_.push_back(Failure{std::move(call), code, skip, true});
+}
 
 void FakeDriver::State::fail_next(std::string call, CUresult code, int skip) {
   const std::scoped_lock lock(mutex_);

@@ -79,10 +79,13 @@ class FakeDriver::State {
   void drain_host_functions();
   void begin_capture(CUstream stream);
   bool end_capture(CUstream stream);
+  CUresult device_get_attribute(int* value, CUdevice_attribute attrib, CUdevice device);
+  CUresult driver_get_version(int* version);
 
   // Steering and queries behind FakeDriver's public API.
   void fail_next(std::string call, CUresult code, int skip);
   void fail_randomly(double rate, std::uint64_t seed, std::vector<std::string> exempt);
+  void fail_sticky(std::string call, CUresult code, int skip);
   [[nodiscard]] std::uint64_t random_failures() const;
   [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> random_failures_by_call() const;
   void record_calls(bool record);
@@ -169,6 +172,7 @@ class FakeDriver::State {
     std::string call;
     CUresult code = CUDA_SUCCESS;
     int skip = 0;
+    bool sticky = false;  // fail_sticky: every later call fails too
   };
 
   // Records the call, applies an injected failure or the initialization check, else runs `body`;
@@ -191,6 +195,16 @@ class FakeDriver::State {
   [[nodiscard]] bool breaks_capture(CUstream stream);
   [[nodiscard]] const FakePeerConfig& peer(int from, int to) const;
   [[nodiscard]] std::optional<std::size_t> granularity_of(const CUmemLocation& location) const;
+  // Whether this driver version and device accept `location` for VMM chunks: CUDA_SUCCESS, or
+  // what cuMemCreate and cuMemGetAllocationGranularity answer.
+  [[nodiscard]] CUresult location_status(const CUmemLocation& location) const;
+  // Whether the device named in a cuMemCreate prop supports its handle types and RDMA flag.
+  [[nodiscard]] CUresult check_export(const CUmemAllocationProp& prop) const;
+  // The device whose work runs on `stream`; -1 when unknown (legacy stream without a context).
+  [[nodiscard]] int device_of_stream(CUstream stream) const;
+  // Records a violation unless `device` holds at least `needed` on every page of the range.
+  void check_access(const std::string& what, int device, CUdeviceptr va, std::size_t bytes,
+                    CUmemAccess_flags needed);
   [[nodiscard]] bool range_reserved(CUdeviceptr ptr, std::size_t size) const;
   [[nodiscard]] bool range_mapped(CUdeviceptr ptr, std::size_t size) const;
   [[nodiscard]] bool range_unmapped(CUdeviceptr ptr, std::size_t size) const;
@@ -244,6 +258,7 @@ class FakeDriver::State {
   std::vector<FakeCall> calls_;
   bool record_calls_ = true;
   std::deque<Failure> failures_;
+  CUresult sticky_ = CUDA_SUCCESS;  // once set, every call fails with it
   RandomFailures random_;
   // Words written (write_word) or copied into each chunk: chunk -> offset -> value.
   std::map<CUmemGenericAllocationHandle, std::map<std::size_t, std::uint64_t>> words_;

@@ -187,6 +187,7 @@ std::uint64_t FakeDriver::State::enqueue_work(CUstream stream, CUdeviceptr va, s
     throw std::invalid_argument(
         fmt::format("enqueue_work: [{:#x}, +{:#x}) is empty or not all mapped", va, bytes));
   }
+  check_access("kernel", device_of_stream(stream), va, bytes, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   return enqueue(ItemKind::kernel, stream, {span_of(va, bytes)});
 }
 
