@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Checks Salus on a real NVIDIA GPU, in one command: sets up, builds (build-gpu/), runs the CUDA
-# backend's C++ tests, the C++ demos on the GPU (--cuda), and the PyTorch tests and example on the
-# GPU (python_bindings/tests/test_gpu.py, examples/pytorch_sharing.py) through .venv.
+# backend's C++ tests, the C++ demos on the GPU (--cuda), the PyTorch checks that print one summary
+# line each (scripts/gpu_checks.py: kernels over Salus memory with the data checked, two jobs
+# spilling to the host, OutOfMemory, record_stream, CUDA graphs, memory_stats, two GPUs), and the
+# PyTorch tests and example on the GPU (python_bindings/tests/test_gpu.py,
+# examples/pytorch_sharing.py) through .venv. Ends with the summary lines again.
 # Without a GPU it says so and exits 0. Exits non-zero if any step failed.
 #
 # Environment: SALUS_JOBS (build parallelism, default 2).
@@ -36,6 +39,7 @@ step() {
 
 ./scripts/setup.sh </dev/null
 
+rm -f "$BUILD/gpu_checks.txt"
 log "configure and build $BUILD/"
 mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSALUS_BUILD_BENCHMARKS=OFF \
@@ -63,6 +67,8 @@ elif ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
     "$PY" >&2
   failures+=("torch.cuda.is_available()")
 else
+  step "PyTorch checks (scripts/gpu_checks.py)" \
+    bash -c "set -o pipefail; '$PY' scripts/gpu_checks.py | tee '$BUILD/gpu_checks.txt'"
   step "pytest python_bindings/tests/test_gpu.py" \
     "$PY" -m pytest python_bindings/tests/test_gpu.py -v
   step "examples/pytorch_sharing.py on the GPU" "$PY" examples/pytorch_sharing.py \
@@ -70,6 +76,7 @@ else
 fi
 
 echo
+[[ -f $BUILD/gpu_checks.txt ]] && cat "$BUILD/gpu_checks.txt"
 if ((${#failures[@]})); then
   printf '[gpu-check] %d step(s) failed: %s\n' "${#failures[@]}" "$(IFS=','; echo "${failures[*]}")"
   exit 1
