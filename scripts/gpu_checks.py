@@ -137,10 +137,13 @@ CHECKS = [
         s = rt.device_stats(0)
         assert torch.cuda.memory_allocated(0) == s.allocated, (torch.cuda.memory_allocated(0), s)
         assert torch.cuda.memory_reserved(0) == s.reserved
+        assert torch.cuda.max_memory_allocated(0) == s.peak_allocated
         stats = torch.cuda.memory_stats(0)
         assert stats["allocated_bytes.all.current"] == s.allocated
         del x
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(0)
+        assert torch.cuda.max_memory_allocated(0) == rt.device_stats(0).allocated
         torch.cuda.empty_cache()
         assert rt.device_stats(0).mapped == 0, rt.device_stats(0)
         print(f"memory_allocated {s.allocated} == Salus's; empty_cache unmapped everything")

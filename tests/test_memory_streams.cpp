@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "support/memory_fixture.hpp"
+#include "support/stream_gate.hpp"
 
 namespace salus::testing {
 namespace {
@@ -23,16 +24,8 @@ class MemoryStreamOrder : public SimMemoryTest {
     b = Stream(backend, 0);
   }
 
-  // Holds `stream` until the returned promise is set; the host function then stamps `done`.
   std::promise<void> block_stream(const Stream& stream, std::atomic<bool>& done) {
-    std::promise<void> gate;
-    auto opened = std::make_shared<std::shared_future<void>>(gate.get_future().share());
-    backend->launch_host_func(stream.handle(), [opened, &done] {
-      opened->wait();
-      std::this_thread::sleep_for(20ms);  // the "kernel" still runs after the gate opens
-      done.store(true);
-    });
-    return gate;
+    return test_support::block_stream(*backend, stream.handle(), done);
   }
 
   Stream a;

@@ -20,6 +20,7 @@
 #include "salus/sim.hpp"
 #include "salus/torch.hpp"
 #include "salus/torch_cuda.hpp"
+#include "support/stream_gate.hpp"
 
 namespace salus::testing {
 namespace {
@@ -57,16 +58,8 @@ class TorchCudaAllocator : public ::testing::Test {
   }
   static void* as_cuda(const Stream& s) { return reinterpret_cast<void*>(s.handle().value); }
 
-  // Holds `stream` until the returned promise is set; its work then marks `done`.
   std::promise<void> block_stream(const Stream& stream, std::atomic<bool>& done) {
-    std::promise<void> gate;
-    auto opened = std::make_shared<std::shared_future<void>>(gate.get_future().share());
-    backend->launch_host_func(stream.handle(), [opened, &done] {
-      opened->wait();
-      std::this_thread::sleep_for(20ms);  // the "kernel" still runs after the gate opens
-      done.store(true);
-    });
-    return gate;
+    return test_support::block_stream(*backend, stream.handle(), done);
   }
 
   DeviceMemoryStats salus_stats() const { return runtime->memory().device_stats(0); }
