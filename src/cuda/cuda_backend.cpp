@@ -189,11 +189,14 @@ void CudaBackend::choose_host_location() {
   // Host VMM chunks: plain HOST needs a CUDA 13.0 driver (12.x refuses it with
   // CUDA_ERROR_INVALID_VALUE), HOST_NUMA a 12.2+ one. Without either only device chunks are
   // offered rather than failing the whole backend.
+  // HOST only where the driver says so (its attribute came with 13.0, and a 12.x driver may
+  // answer a granularity for HOST that its cuMemCreate then refuses). HOST_NUMA's attribute is
+  // younger than the location: unknown (-1 here), the granularity query decides.
   std::vector<CUmemLocation> candidates;
-  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) != 0) {
+  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) == 1) {
     candidates.push_back({CU_MEM_LOCATION_TYPE_HOST, 0});
   }
-  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) != 0) {
+  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, -1) != 0) {
     candidates.push_back({CU_MEM_LOCATION_TYPE_HOST_NUMA, devices_.front().host_numa_id});
   }
   CUresult rc = CUDA_ERROR_NOT_SUPPORTED;

@@ -78,7 +78,7 @@ struct FakeDeviceConfig {
   // CUDA_ERROR_INVALID_VALUE, as they do for an attribute they do not know).
   int host_numa_id = 0;
   bool vmm = true;           // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: cuMemCreate on it works
-  bool host_numa_vmm = true;  // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool host_numa_vmm = true;  // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (known from 12.4)
   bool host_vmm = true;       // HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: else cuMemCreate with the RDMA flag is
   // CUDA_ERROR_INVALID_VALUE.

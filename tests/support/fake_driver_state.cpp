@@ -343,7 +343,8 @@ CUresult FakeDriver::State::device_get_attribute(int* value, CUdevice_attribute 
                    *value = d.host_numa_id;
                    return CUDA_SUCCESS;
                  case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-                   if (version < 12020) return CUDA_ERROR_INVALID_VALUE;
+                   // Modelled as younger than the HOST_NUMA location (12.2) itself.
+                   if (version < 12040) return CUDA_ERROR_INVALID_VALUE;
                    *value = config_.host_chunks && d.host_numa_vmm;
                    return CUDA_SUCCESS;
                  case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
