@@ -152,16 +152,11 @@ class MemoryManager::Impl {
     // Without, a request beyond the device is out of memory (as PyTorch's own allocator says),
     // not a bad argument: a framework that catches out-of-memory to shrink its batch sees it.
     if (request.bytes > device.limit() && !tiers_.spills()) {
-      throw OutOfMemory({.job = request.job,
-                         .job_name = job.name,
-                         .device = request.device,
-                         .requested_bytes = request.bytes,
-                         .job_in_use_bytes = job.in_use_total.load(std::memory_order_relaxed),
-                         .device_in_use_bytes = device.counters().allocated.load(),
-                         .device_limit_bytes = device.limit(),
-                         .reason = fmt::format("{} bytes can never fit device {}, which may hold "
-                                               "{} bytes",
-                                               request.bytes, request.device, device.limit())});
+      throw OutOfMemory(oom_info(job, device, request,
+                                 fmt::format("{} bytes can never fit device {}, which may hold "
+                                             "{} bytes",
+                                             request.bytes, request.device, device.limit()),
+                                 false));
     }
     const std::size_t bytes = round_up(request.bytes);
     // The stream is checked (and its heap made) before anything is charged: a refused stream
@@ -191,11 +186,8 @@ class MemoryManager::Impl {
       // The driver out of memory for a map or an address range (cuMemMap, cuMemAddressReserve)
       // is the caller's out-of-memory as much as a refused chunk is: a framework that frees its
       // cache and retries must see it as such. Anything else is a device error.
-      if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") throw;
-      device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-      throw OutOfMemory(oom_info(job, device, request,
-                                 fmt::format("the driver refused {}: {}", e.call(), e.status()),
-                                 false));
+      throw_if_driver_out_of_memory(e, device, job, request);
+      throw;
     } catch (...) {
       job.uncharge(request.lifetime, bytes);
       throw;
@@ -302,12 +294,20 @@ class MemoryManager::Impl {
     try {
       return device.heap_for(request.stream);
     } catch (const DeviceError& e) {
-      if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") throw;
-      device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-      throw OutOfMemory(oom_info(job, device, request,
-                                 fmt::format("the driver refused {}: {}", e.call(), e.status()),
-                                 false));
+      throw_if_driver_out_of_memory(e, device, job, request);
+      throw;
     }
+  }
+
+  // The driver out of memory for a chunk, a map or an address range is the caller's
+  // out-of-memory: a framework that frees its cache and retries must see it as such.
+  void throw_if_driver_out_of_memory(const DeviceError& e, DeviceHeap& device,
+                                     const JobRecord& job, const AllocationRequest& request) {
+    if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") return;
+    device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
+    throw OutOfMemory(oom_info(job, device, request,
+                               fmt::format("the driver refused {}: {}", e.call(), e.status()),
+                               false));
   }
 
   OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
