@@ -9,6 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
+#include <stop_token>
+#include <thread>
+#include <utility>
 
 namespace salus::process {
 
@@ -30,5 +34,23 @@ struct Birth {
 // Throws NotSupported saying that `what` (e.g. "this runtime") was made in process `birth.pid`
 // before fork(), and what to do instead, when `birth` is not this process's.
 void check_not_inherited(const Birth& birth, const char* what);
+
+// Starts `body(stop_token)` on a new thread and returns once that thread has begun running it.
+// Why wait: a thread that is still starting holds, for a moment, locks of the C library or of a
+// sanitizer's allocator; a fork() in that moment leaves them held for ever in the child. GCC 12's
+// AddressSanitizer has no fork handlers for its allocator, so a child forked right after a runtime
+// was made hung making its own threads (ForkedChild.TheDefaultIsANewOneInTheChild, 1 run in 4).
+template <class Body>
+[[nodiscard]] std::jthread running_thread(Body body) {
+  std::promise<void> started;  // a promise, not a latch: safe to destroy once the wait returns
+  std::future<void> begun = started.get_future();
+  std::jthread thread([started = std::move(started), body = std::move(body)](
+                          std::stop_token stop) mutable {
+    started.set_value();
+    body(std::move(stop));
+  });
+  begun.wait();
+  return thread;
+}
 
 }  // namespace salus::process

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stop_token>
 
+#include "cuda/process_fork.hpp"
 #include "cuda/sim_compute.hpp"
 #include "cuda/sim_stream.hpp"
 #include "log/log.hpp"
@@ -23,7 +24,7 @@ SimBackend::Stream::Stream(int device_index, int priority_value, std::uint64_t i
     : device(device_index),
       priority(priority_value),
       id(id_value),
-      worker([this](std::stop_token st) { run(st); }) {}
+      worker(process::running_thread([this](std::stop_token st) { run(st); })) {}
 
 void SimBackend::Stream::push(Task task) {
   {

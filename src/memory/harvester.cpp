@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cuda/process_fork.hpp"
 #include "log/log.hpp"
 
 namespace salus::memory {
@@ -53,7 +54,7 @@ Harvester::Harvester(const std::vector<std::unique_ptr<DeviceHeap>>& devices, Ti
     : devices_(devices),
       tiers_(tiers),
       jobs_(jobs),
-      worker_([this](std::stop_token stop) { run_prefetches(stop); }) {}
+      worker_(process::running_thread([this](std::stop_token stop) { run_prefetches(stop); })) {}
 
 Harvester::~Harvester() {
   worker_.request_stop();
