@@ -35,6 +35,7 @@
 #include <sys/types.h>
 
 #include "salus/export.hpp"
+#include "salus/stats_fields.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,7 +47,7 @@ extern "C" {
 /* ---- Version, status and errors ------------------------------------------------------------- */
 
 #define SALUS_C_API_VERSION_MAJOR 1
-#define SALUS_C_API_VERSION_MINOR 0
+#define SALUS_C_API_VERSION_MINOR 1 /* 1: salus_device_stats carries every field */
 
 typedef enum salus_status {
   SALUS_OK = 0,
@@ -328,24 +329,21 @@ SALUS_API salus_status salus_stream_retire(salus_runtime* runtime, int device, v
 /* Returns cached, unused pages to the devices; *released_bytes (may be NULL) says how many. */
 SALUS_API salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes);
 
+/* Live bytes of one class: the fields of SALUS_CLASS_BYTES_FIELDS (salus/stats_fields.h). */
+typedef struct salus_class_bytes {
+#define SALUS_STATS_MEMBER(type, name, what) type name;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
+} salus_class_bytes;
+
+/* One device's memory: the fields of SALUS_DEVICE_STATS_FIELDS (salus/stats_fields.h, where each
+ * is described), and its live bytes by class. */
 typedef struct salus_device_stats {
   size_t struct_size;
-  size_t limit, granularity;
-  size_t allocated, peak_allocated;
-  size_t reserved, peak_reserved;
-  size_t mapped, cached;
-  size_t persistent_in_use, ephemeral_in_use;
-  uint64_t allocations, frees, out_of_memory;
-  uint64_t cross_stream_reuses;
-  /* Harvesting: this device's pages lent to peers, and peers' and host pages it borrows. */
-  size_t lent, borrowed_peer, borrowed_host;
-  uint64_t pages_moved, bytes_moved;
-  /* Stream-ordered safety: pages handed on behind queued work, bytes still retiring now. */
-  uint64_t deferred_unmaps;
-  size_t retiring;
-  uint64_t allocation_waits;
-  /* Streams with address ranges on the device (retired ones awaiting reuse included). */
-  size_t stream_heaps;
+#define SALUS_STATS_MEMBER(type, name, what) type name;
+  SALUS_DEVICE_STATS_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
+  salus_class_bytes persistent, ephemeral;
 } salus_device_stats;
 
 /* out->struct_size must be set. */

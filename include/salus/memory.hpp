@@ -29,6 +29,7 @@
 #include "salus/device.hpp"
 #include "salus/export.hpp"
 #include "salus/job_id.hpp"
+#include "salus/stats_fields.h"
 
 namespace salus {
 
@@ -104,10 +105,11 @@ struct MemoryOptions {
   HarvestOptions harvest;
 };
 
+// Live bytes of one class: SALUS_CLASS_BYTES_FIELDS (salus/stats_fields.h).
 struct ClassBytes {
-  std::size_t in_use = 0;  // live block bytes (requests rounded to the block alignment)
-  std::size_t peak = 0;
-  std::size_t blocks = 0;  // live blocks
+#define SALUS_STATS_MEMBER(type, name, what) type name = 0;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
 };
 
 struct JobMemoryStats {
@@ -132,43 +134,13 @@ struct JobMemoryStats {
   std::uint64_t prefetched_bytes = 0;  // brought home in the background (prefetch)
 };
 
+// One device's memory: the fields of SALUS_DEVICE_STATS_FIELDS (salus/stats_fields.h, where each
+// is described), and the live bytes by class. Add a field there, not here: C and Python follow.
 struct DeviceMemoryStats {
-  int device = 0;
-  std::size_t limit = 0;        // physical bytes Salus may hold
-  std::size_t granularity = 0;  // page size
-  std::size_t allocated = 0;    // live block bytes
-  std::size_t peak_allocated = 0;
-  std::size_t reserved = 0;  // physical pages held (mapped or pooled)
-  std::size_t peak_reserved = 0;
-  std::size_t mapped = 0;  // of `reserved`, pages mapped into the virtual range
-  std::size_t cached = 0;  // free bytes in mapped blocks, ready for reuse
+#define SALUS_STATS_MEMBER(type, name, what) type name = 0;
+  SALUS_DEVICE_STATS_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
   ClassBytes by_class[kLifetimeCount];
-  std::uint64_t allocations = 0;
-  std::uint64_t frees = 0;
-  std::uint64_t page_maps = 0;
-  std::uint64_t page_unmaps = 0;
-  std::uint64_t chunk_creates = 0;
-  std::uint64_t chunk_releases = 0;
-  std::uint64_t cross_stream_reuses = 0;  // blocks handed to another stream behind an event
-  std::uint64_t out_of_memory = 0;
-  // Harvesting. Pages of this device mapped into other devices' ranges, and pages of peers and
-  // of the host mapped into this device's ranges.
-  std::size_t lent = 0;
-  std::size_t borrowed_peer = 0;
-  std::size_t borrowed_host = 0;
-  std::uint64_t pages_moved = 0;  // pages under this device's ranges that changed tier
-  std::uint64_t bytes_moved = 0;
-  double move_seconds = 0.0;         // wall time of those moves, copies and remapping included
-  std::uint64_t recalled_pages = 0;  // this device's pages it took back from borrowers
-  // Stream-ordered safety. Pages handed to a new user (another stream, a pool, a tier) while
-  // work enqueued before their free might still touch them: the new user waits for that work on
-  // the GPU, and the old address keeps the page mapped until it has finished.
-  std::uint64_t deferred_unmaps = 0;
-  std::size_t retiring = 0;  // bytes still mapped at such old addresses right now
-  // Allocations that had to wait on the host for such work (their address was still retiring).
-  std::uint64_t allocation_waits = 0;
-  // Streams with a heap (address ranges) on this device, retired ones awaiting reuse included.
-  std::size_t stream_heaps = 0;
 };
 
 struct MemoryStats {

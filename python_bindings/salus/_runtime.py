@@ -99,22 +99,46 @@ class JobStats:
 
 @dataclass(frozen=True)
 class DeviceStats:
+    """One device's memory: the fields of ``SALUS_DEVICE_STATS_FIELDS``
+    (``salus/stats_fields.h`` describes each; ``salus._salus.device_stats_fields()`` lists
+    them), and its live bytes by class. ``tests/test_stats_fields.py`` checks that the two agree.
+    """
+
     device: int
-    limit: int
-    granularity: int
-    allocated: int
+    limit: int  # physical bytes Salus may hold
+    granularity: int  # page size
+    allocated: int  # live block bytes
     peak_allocated: int
-    reserved: int
+    reserved: int  # physical pages held (mapped or pooled), in bytes
     peak_reserved: int
     mapped: int
+    cached: int  # free bytes on mapped pages, ready for reuse
     allocations: int
     frees: int
+    page_maps: int
+    page_unmaps: int
+    chunk_creates: int
+    chunk_releases: int
+    cross_stream_reuses: int
     out_of_memory: int
-    lent: int
-    borrowed_peer: int
-    borrowed_host: int
+    lent: int  # this device's pages mapped into other devices' ranges
+    borrowed_peer: int  # peers' pages mapped into this device's ranges
+    borrowed_host: int  # host pages mapped into this device's ranges
     pages_moved: int
-    retiring: int
+    bytes_moved: int
+    move_seconds: float
+    recalled_pages: int
+    deferred_unmaps: int  # pages handed on behind queued work
+    retiring: int  # bytes still mapped at such old addresses now
+    allocation_waits: int
+    stream_heaps: int
+    persistent: ClassBytes
+    ephemeral: ClassBytes
+
+
+def _device_stats(raw: Mapping[str, Any]) -> DeviceStats:
+    return DeviceStats(**{**raw, "persistent": ClassBytes(**raw["persistent"]),
+                          "ephemeral": ClassBytes(**raw["ephemeral"])})
 
 
 def _job_stats(raw: Mapping[str, Any]) -> JobStats:
@@ -245,7 +269,7 @@ class Runtime:
 
     def device_stats(self, device: int = 0) -> DeviceStats:
         _check_device(device)
-        return DeviceStats(**self._impl.device_stats(device))
+        return _device_stats(self._impl.device_stats(device))
 
     def trace_json(self) -> str:
         """Chrome trace-event JSON: iterations per lane and job, page moves, memory counters."""

@@ -269,9 +269,13 @@ class PyJob {
   std::unique_ptr<Job> job_;
 };
 
-py::dict class_bytes(const ClassBytes& c) {
-  return py::dict(py::arg("in_use") = c.in_use, py::arg("peak") = c.peak,
-                  py::arg("blocks") = c.blocks);
+// Statistics come from their field lists (salus/stats_fields.h): every field reaches Python.
+#define SALUS_STATS_ITEM(type, name, what) out[#name] = from.name;
+
+py::dict class_bytes(const ClassBytes& from) {
+  py::dict out;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_ITEM)
+  return out;
 }
 
 py::dict job_memory(const JobMemoryStats& m) {
@@ -301,17 +305,29 @@ py::dict job_stats(const JobStats& s) {
                   py::arg("memory") = job_memory(s.memory));
 }
 
-py::dict device_stats(const DeviceMemoryStats& d) {
-  return py::dict(
-      py::arg("device") = d.device, py::arg("limit") = d.limit,
-      py::arg("granularity") = d.granularity, py::arg("allocated") = d.allocated,
-      py::arg("peak_allocated") = d.peak_allocated, py::arg("reserved") = d.reserved,
-      py::arg("peak_reserved") = d.peak_reserved, py::arg("mapped") = d.mapped,
-      py::arg("allocations") = d.allocations, py::arg("frees") = d.frees,
-      py::arg("out_of_memory") = d.out_of_memory, py::arg("lent") = d.lent,
-      py::arg("borrowed_peer") = d.borrowed_peer, py::arg("borrowed_host") = d.borrowed_host,
-      py::arg("pages_moved") = d.pages_moved, py::arg("retiring") = d.retiring);
+py::dict device_stats(const DeviceMemoryStats& from) {
+  py::dict out;
+  SALUS_DEVICE_STATS_FIELDS(SALUS_STATS_ITEM)
+  out["persistent"] = class_bytes(from.by_class[static_cast<int>(Lifetime::persistent)]);
+  out["ephemeral"] = class_bytes(from.by_class[static_cast<int>(Lifetime::ephemeral)]);
+  return out;
 }
+#undef SALUS_STATS_ITEM
+
+// The field lists themselves, as (name, what it counts) pairs: the dataclasses are checked
+// against them (tests/test_stats_fields.py).
+#define SALUS_STATS_NAME(type, name, what) out.append(py::make_tuple(#name, what));
+py::list device_stats_fields() {
+  py::list out;
+  SALUS_DEVICE_STATS_FIELDS(SALUS_STATS_NAME)
+  return out;
+}
+py::list class_bytes_fields() {
+  py::list out;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_NAME)
+  return out;
+}
+#undef SALUS_STATS_NAME
 
 JobKind job_kind(const std::string& kind) {
   if (kind == "training") return JobKind::training;
@@ -513,6 +529,8 @@ PYBIND11_MODULE(_salus, m) {
   salus::python::bind_job(m);
   salus::python::bind_simulation(m);
   m.def("cuda_available", [] { return salus::cuda_available(); });
+  m.def("device_stats_fields", &salus::python::device_stats_fields);
+  m.def("class_bytes_fields", &salus::python::class_bytes_fields);
   m.attr("MAX_SIM_DEVICES") = salus::kMaxSimDevices;
   // No sink here: see salus/_logging.py for why Python gets no callback.
   m.def("set_log_level", [](const std::string& level) {

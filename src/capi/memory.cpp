@@ -162,6 +162,18 @@ salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes) {
   });
 }
 
+namespace {
+
+salus_class_bytes class_bytes(const salus::ClassBytes& c) {
+  salus_class_bytes out{};
+#define SALUS_STATS_COPY_CLASS(type, name, what) out.name = c.name;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_COPY_CLASS)
+#undef SALUS_STATS_COPY_CLASS
+  return out;
+}
+
+}  // namespace
+
 salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
                                     salus_device_stats* out) {
   return guarded([&] {
@@ -173,29 +185,11 @@ salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
     const salus::DeviceMemoryStats s = runtime->runtime->memory().device_stats(device);
     salus_device_stats d{};
     d.struct_size = sizeof(salus_device_stats);
-    d.limit = s.limit;
-    d.granularity = s.granularity;
-    d.allocated = s.allocated;
-    d.peak_allocated = s.peak_allocated;
-    d.reserved = s.reserved;
-    d.peak_reserved = s.peak_reserved;
-    d.mapped = s.mapped;
-    d.cached = s.cached;
-    d.persistent_in_use = s.by_class[static_cast<std::size_t>(salus::Lifetime::persistent)].in_use;
-    d.ephemeral_in_use = s.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)].in_use;
-    d.allocations = s.allocations;
-    d.frees = s.frees;
-    d.out_of_memory = s.out_of_memory;
-    d.cross_stream_reuses = s.cross_stream_reuses;
-    d.lent = s.lent;
-    d.borrowed_peer = s.borrowed_peer;
-    d.borrowed_host = s.borrowed_host;
-    d.pages_moved = s.pages_moved;
-    d.bytes_moved = s.bytes_moved;
-    d.deferred_unmaps = s.deferred_unmaps;
-    d.retiring = s.retiring;
-    d.allocation_waits = s.allocation_waits;
-    d.stream_heaps = s.stream_heaps;
+#define SALUS_STATS_COPY(type, name, what) d.name = s.name;
+    SALUS_DEVICE_STATS_FIELDS(SALUS_STATS_COPY)
+    d.persistent = class_bytes(s.by_class[static_cast<std::size_t>(salus::Lifetime::persistent)]);
+    d.ephemeral = class_bytes(s.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)]);
+#undef SALUS_STATS_COPY
     *out = d;
   });
 }

@@ -27,7 +27,9 @@ TEST_F(CApi, AllocateWriteFreeAndStats) {
 
   salus_device_stats stats = device_stats(1);
   EXPECT_EQ(stats.allocated, 3 * kMiB);
-  EXPECT_EQ(stats.ephemeral_in_use, 3 * kMiB);
+  EXPECT_EQ(stats.ephemeral.in_use, 3 * kMiB);
+  EXPECT_EQ(stats.ephemeral.blocks, 1u);
+  EXPECT_EQ(stats.device, 1);
   EXPECT_EQ(stats.limit, 64 * kMiB);
   EXPECT_EQ(job_stats(job).ephemeral_in_use, 3 * kMiB);
 

@@ -294,10 +294,10 @@ struct Model {
       FUZZ_CHECK(s.allocated == per_device[static_cast<std::size_t>(d)],
                  where + ": allocated " + std::to_string(s.allocated) + ", model " +
                      std::to_string(per_device[static_cast<std::size_t>(d)]));
-      FUZZ_CHECK(s.persistent_in_use + s.ephemeral_in_use == s.allocated, where);
+      FUZZ_CHECK(s.persistent.in_use + s.ephemeral.in_use == s.allocated, where);
       FUZZ_CHECK(s.allocated <= s.peak_allocated && s.reserved <= s.peak_reserved, where);
       for (std::size_t v : {s.allocated, s.reserved, s.mapped, s.cached, s.lent, s.borrowed_peer,
-                            s.borrowed_host, s.retiring, s.persistent_in_use, s.ephemeral_in_use}) {
+                            s.borrowed_host, s.retiring, s.persistent.in_use, s.ephemeral.in_use}) {
         FUZZ_CHECK(v < kSane, where + ": a statistic wrapped: " + std::to_string(v));
       }
     }

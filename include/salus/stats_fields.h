@@ -1,0 +1,58 @@
+/* Statistics, declared once. Each list below names the fields of one statistics struct as
+ * X(type, name, what it counts). The C++ struct (salus/memory.hpp), the C struct (salus/c_api.h)
+ * and the Python binding's conversion are made from the list; the Python dataclass is checked
+ * against it (python_bindings/tests/test_stats_fields.py), and the C++ and C layouts are checked
+ * in tests/test_stats_fields.cpp. A field added here reaches C++, C and the binding at once; one
+ * added to a struct by hand, or missing from the dataclass, fails those tests.
+ *
+ * C-compatible: types are size_t, uint64_t, int and double. */
+#ifndef SALUS_STATS_FIELDS_H
+#define SALUS_STATS_FIELDS_H
+
+#include <stddef.h> /* the lists name size_t and uint64_t where they are expanded */
+#include <stdint.h>
+
+/* Live bytes of one class (persistent or ephemeral). */
+#define SALUS_CLASS_BYTES_FIELDS(X)                                                   \
+  X(size_t, in_use, "live block bytes (requests rounded to the block alignment)")    \
+  X(size_t, peak, "the most in_use has been")                                        \
+  X(size_t, blocks, "live blocks")
+
+/* One device's memory. Besides these, each struct carries the device's live bytes by class: C++
+ * `by_class[kLifetimeCount]`, C and Python `persistent` and `ephemeral` (SALUS_CLASS_BYTES_FIELDS). */
+#define SALUS_DEVICE_STATS_FIELDS(X)                                                           \
+  X(int, device, "the device's index")                                                        \
+  X(size_t, limit, "physical bytes Salus may hold")                                           \
+  X(size_t, granularity, "page size")                                                         \
+  X(size_t, allocated, "live block bytes")                                                    \
+  X(size_t, peak_allocated, "the most allocated has been")                                    \
+  X(size_t, reserved, "physical pages held (mapped or pooled), in bytes")                     \
+  X(size_t, peak_reserved, "the most reserved has been")                                      \
+  X(size_t, mapped, "of reserved, bytes mapped into the virtual ranges")                      \
+  X(size_t, cached, "free bytes on mapped pages, ready for reuse")                            \
+  X(uint64_t, allocations, "allocations so far")                                              \
+  X(uint64_t, frees, "frees so far")                                                          \
+  X(uint64_t, page_maps, "pages mapped so far")                                               \
+  X(uint64_t, page_unmaps, "pages unmapped so far")                                           \
+  X(uint64_t, chunk_creates, "physical chunks created so far")                                \
+  X(uint64_t, chunk_releases, "physical chunks released so far")                              \
+  X(uint64_t, cross_stream_reuses, "blocks handed to another stream behind an event")        \
+  X(uint64_t, out_of_memory, "allocations refused for want of memory")                       \
+  /* Harvesting: this device's pages mapped into other devices' ranges, and pages of peers   \
+   * and of the host mapped into this device's ranges. */                                     \
+  X(size_t, lent, "bytes of this device's pages mapped into other devices' ranges")          \
+  X(size_t, borrowed_peer, "bytes of peers' pages mapped into this device's ranges")         \
+  X(size_t, borrowed_host, "bytes of host pages mapped into this device's ranges")           \
+  X(uint64_t, pages_moved, "pages under this device's ranges that changed tier")             \
+  X(uint64_t, bytes_moved, "bytes of those pages")                                            \
+  X(double, move_seconds, "wall time of those moves, copies and remapping included")         \
+  X(uint64_t, recalled_pages, "this device's pages it took back from borrowers")             \
+  /* Stream-ordered safety: pages handed to a new user while work enqueued before their free \
+   * might still touch them (the new user waits for that work on the GPU, and the old address \
+   * keeps the page mapped until it has finished). */                                         \
+  X(uint64_t, deferred_unmaps, "pages handed on behind queued work")                          \
+  X(size_t, retiring, "bytes still mapped at such old addresses now")                         \
+  X(uint64_t, allocation_waits, "allocations that waited on the host for such work")         \
+  X(size_t, stream_heaps, "streams with address ranges here, retired ones awaiting reuse too")
+
+#endif /* SALUS_STATS_FIELDS_H */
