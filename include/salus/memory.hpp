@@ -34,7 +34,7 @@
 namespace salus {
 
 namespace memory {
-struct SafePointAccess;
+class SafePoints;
 }  // namespace memory
 
 // Persistent: lives across iterations (weights, optimizer state). Ephemeral: one iteration
@@ -281,8 +281,10 @@ class SALUS_API MemoryManager {
   void reset_peaks();
 
  private:
-  // The runtime's safe-point controls (internal: src/memory/safe_points.hpp) reach the Impl here.
-  friend struct memory::SafePointAccess;
+  // The runtime's safe-point controls (internal: src/memory/safe_points.hpp) are an interface the
+  // Impl implements; this accessor hands it out. Not exported, and declared for ordinary lookup
+  // only in that internal header.
+  friend memory::SafePoints& safe_points(MemoryManager& memory) noexcept;
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -61,22 +61,9 @@ Harvester::~Harvester() {
   prefetch_cv_.notify_all();
 }
 
-bool Harvester::make_room(DeviceHeap& device, std::size_t short_pages, JobId requester,
-                          std::vector<Page>& stash,
-                          std::chrono::steady_clock::time_point deadline) {
-  const std::uint64_t safe_points = tiers_.safe_points();
-  if (recall(device, short_pages) > 0) return true;
+std::size_t Harvester::demote_others(DeviceHeap& device, std::size_t pages, JobId requester) {
   ExceptGate others(jobs_, requester);
-  if (evict(device, short_pages, others) > 0) return true;
-  if (stash.size() < short_pages) {
-    if (tiers_.borrow(device.device(), short_pages - stash.size(), stash) > 0 &&
-        stash.size() >= short_pages) {
-      return true;
-    }
-  }
-  // The pages are out with running borrowers: they come back at their next safe point.
-  if (device.pool().lent_bytes() > 0) return tiers_.wait_safe_point(deadline, safe_points);
-  return false;
+  return evict(device, pages, others);
 }
 
 std::size_t Harvester::take_local(DeviceHeap& device, std::size_t pages, std::vector<Page>& out) {

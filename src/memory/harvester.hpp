@@ -1,12 +1,15 @@
 // Harvesting policy across devices: what gives way when a device runs out of its own pages, and
 // bringing a job's pages home before (prefetch) or when (fetch) it runs again.
 //
-// Order when an allocation on device D comes up short, after D's own cached pages:
+// Order when an allocation on device D comes up short, after D's own cached pages (the steps are
+// listed, in the order they run, in kSteps of memory/placement.cpp):
 //   1. recall: D's pages lent to quiescent borrowers come back (the borrowers' pages move to their
 //      own memory if it has room, else to the host);
 //   2. demote: pages of D's quiescent jobs go down a tier (peers, then host, by the spill policy);
-//   3. borrow: the allocation itself gets pages from the best lender with room, then the host;
-//   4. wait: when D has pages lent to running jobs, wait for a safe point (bounded), and retry.
+//   3. borrow: the allocation itself gets pages from the best lender with room, then the host
+//      (Tiers::borrow);
+//   4. wait: when D has pages lent to running jobs, wait for a safe point (bounded), and retry
+//      (Tiers::wait_safe_point).
 #pragma once
 
 #include <atomic>
@@ -30,10 +33,12 @@ class Harvester {
   Harvester(const Harvester&) = delete;
   Harvester& operator=(const Harvester&) = delete;
 
-  // An allocation of `requester` on `device` came up `short_pages` short. Makes room or gathers
-  // pages of other tiers into `stash`; false when nothing more can be done before `deadline`.
-  bool make_room(DeviceHeap& device, std::size_t short_pages, JobId requester,
-                 std::vector<Page>& stash, std::chrono::steady_clock::time_point deadline);
+  // Harvesting steps 1 and 2, which placement.cpp runs for an allocation that came up short.
+  // Recall: pages of `lender` mapped by quiescent borrowers come home; returns how many.
+  std::size_t recall(DeviceHeap& lender, std::size_t pages);
+  // Demote: pages of `device`'s quiescent jobs other than `requester` go a tier down; returns how
+  // many.
+  std::size_t demote_others(DeviceHeap& device, std::size_t pages, JobId requester);
 
   void set_quiescent(JobRecord& job);
   std::size_t activate(JobRecord& job);
@@ -53,8 +58,6 @@ class Harvester {
  private:
   // Up to `pages` of `device`'s own pages: its pool's, then its streams' cached free ones.
   std::size_t take_local(DeviceHeap& device, std::size_t pages, std::vector<Page>& out);
-  // Pages of `lender` mapped by quiescent borrowers come home; returns how many.
-  std::size_t recall(DeviceHeap& lender, std::size_t pages);
   // Pages of quiescent jobs (as `gate` says) in `device`'s ranges go a tier down.
   std::size_t evict(DeviceHeap& device, std::size_t pages, JobGate& gate);
   // Brings the job's pages on other tiers home as room allows; returns bytes moved. `own` lets

@@ -4,11 +4,7 @@
 #include <limits>
 #include <utility>
 
-#include "memory/device_heap.hpp"
-#include "memory/harvester.hpp"
-#include "memory/job_table.hpp"
-#include "memory/safe_points.hpp"
-#include "salus/memory.hpp"
+#include "memory/memory_manager_impl.hpp"
 
 namespace salus {
 
@@ -62,394 +58,190 @@ const char* to_string(MoveReason reason) noexcept {
   return "unknown";
 }
 
-class MemoryManager::Impl {
- public:
-  Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
-      : backend_(checked(std::move(backend))), tiers_(*backend_, options.harvest) {
-    if (options.va_factor == 0)
-      throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
-    const int count = backend_->device_count();
-    std::size_t largest = 0;
-    if (static_cast<std::size_t>(count) < options.device_limits.size()) {
-      throw InvalidArgument(
-          fmt::format("MemoryOptions::device_limits names {} devices; the {} "
-                      "backend has {}",
-                      options.device_limits.size(), backend_->name(), count));
-    }
-    for (int d = 0; d < count; ++d) {
-      const DeviceProperties props = backend_->properties(d);
-      std::size_t limit = d < static_cast<int>(options.device_limits.size())
-                              ? options.device_limits[static_cast<std::size_t>(d)]
-                              : 0;
-      if (limit == 0) {
-        limit = props.total_memory > options.device_headroom_bytes
-                    ? props.total_memory - options.device_headroom_bytes
-                    : 0;
-      }
-      if (limit > props.total_memory) {
-        throw InvalidArgument(fmt::format("device {} limit of {} bytes is beyond its {} bytes", d,
-                                          limit, props.total_memory));
-      }
-      // Only whole pages can be held.
-      limit -= limit % props.granularity;
-      if (limit == 0) {
-        throw InvalidArgument(
-            fmt::format("device {} would get no memory (limit below one page)", d));
-      }
-      largest = std::max(largest, limit);
-      heaps_.push_back(
-          std::make_unique<DeviceHeap>(backend_, tiers_, jobs_, d, limit, options.va_factor));
-    }
-    // One reserve for every device: above a small device's limit it only means that device never
-    // lends; above every device's, nothing could ever be lent, which is a mistake (a unit).
-    if (const auto& reserve = options.harvest.lend_reserve_bytes; reserve && *reserve > largest) {
-      throw InvalidArgument(fmt::format(
-          "HarvestOptions::lend_reserve_bytes ({} bytes) is more than any device may hold (at "
-          "most {} bytes): no device could ever lend",
-          *reserve, largest));
-    }
-    harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
-  }
-
-  ~Impl() {
-    harvester_.reset();
-    // Pages go home to their pools as each device's ranges close, so every pool must still be
-    // there when any device closes.
-    for (const auto& device : heaps_) device->close();
-  }
-
-  static std::shared_ptr<DeviceBackend> checked(std::shared_ptr<DeviceBackend> backend) {
-    if (!backend) throw InvalidArgument("MemoryManager needs a device backend, got none");
-    return backend;
-  }
-
-  DeviceHeap& heap(int device) const {
-    if (device < 0 || device >= static_cast<int>(heaps_.size())) {
-      throw InvalidArgument(fmt::format("device {} does not exist (the {} backend has {} devices)",
-                                        device, backend_->name(), heaps_.size()));
-    }
-    return *heaps_[static_cast<std::size_t>(device)];
-  }
-
-  // The device heap and stream heap that own `ptr`.
-  std::pair<DeviceHeap*, StreamHeap*> owner_of(DevicePtr ptr, const char* what) const {
-    for (const auto& device : heaps_) {
-      if (StreamHeap* heap = device->heap_of(ptr)) return {device.get(), heap};
-    }
+MemoryManager::Impl::Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
+    : backend_(checked(std::move(backend))), tiers_(*backend_, options.harvest) {
+  if (options.va_factor == 0) throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
+  const int count = backend_->device_count();
+  std::size_t largest = 0;
+  if (static_cast<std::size_t>(count) < options.device_limits.size()) {
     throw InvalidArgument(
-        fmt::format("{}: {:#x} is not memory Salus handed out (unknown pointer)", what, ptr));
+        fmt::format("MemoryOptions::device_limits names {} devices; the {} "
+                    "backend has {}",
+                    options.device_limits.size(), backend_->name(), count));
   }
-
-  DevicePtr allocate(const AllocationRequest& request) {
-    DeviceHeap& device = heap(request.device);
-    if (request.bytes == 0)
-      throw InvalidArgument("allocate: size 0 (a block needs at least a byte)");
-    if (request.lifetime != Lifetime::persistent && request.lifetime != Lifetime::ephemeral) {
-      throw InvalidArgument("allocate: lifetime is neither persistent nor ephemeral");
+  for (int d = 0; d < count; ++d) {
+    const DeviceProperties props = backend_->properties(d);
+    std::size_t limit = d < static_cast<int>(options.device_limits.size())
+                            ? options.device_limits[static_cast<std::size_t>(d)]
+                            : 0;
+    if (limit == 0) {
+      limit = props.total_memory > options.device_headroom_bytes
+                  ? props.total_memory - options.device_headroom_bytes
+                  : 0;
     }
-    JobRecord& job = jobs_.live(request.job);
-    // With spilling, a block may be larger than the device: its pages come from other tiers.
-    // Without, a request beyond the device is out of memory (as PyTorch's own allocator says),
-    // not a bad argument: a framework that catches out-of-memory to shrink its batch sees it.
-    if (request.bytes > device.limit() && !tiers_.spills()) {
-      throw OutOfMemory(oom_info(job, device, request,
-                                 fmt::format("{} bytes can never fit device {}, which may hold "
-                                             "{} bytes",
-                                             request.bytes, request.device, device.limit()),
-                                 false));
+    if (limit > props.total_memory) {
+      throw InvalidArgument(fmt::format("device {} limit of {} bytes is beyond its {} bytes", d,
+                                        limit, props.total_memory));
     }
-    const std::size_t bytes = round_up(request.bytes);
-    // The stream is checked (and its heap made) before anything is charged: a refused stream
-    // leaves every count as it was. Looked up once: place() works on this heap.
-    StreamHeap& heap = heap_for(device, job, request);
-    // A capture records work for later replays: memory handed out now would have to stay the
-    // graph's for as long as it lives, and the fences below would query the capturing stream,
-    // which invalidates the capture. Not supported: refused before anything is touched.
-    if (device.backend().stream_capturing(request.stream)) {
-      throw NotSupported(fmt::format(
-          "allocate: stream {:#x} is capturing a CUDA graph; Salus does not serve allocations "
-          "during graph capture (allocate the graph's memory before capturing)",
-          request.stream.value));
+    // Only whole pages can be held.
+    limit -= limit % props.granularity;
+    if (limit == 0) {
+      throw InvalidArgument(fmt::format("device {} would get no memory (limit below one page)", d));
     }
-    JobRecord::Charge charge;
-    if (auto refusal = job.try_charge(request.lifetime, bytes, charge)) {
-      device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-      throw OutOfMemory(oom_info(job, device, request, *refusal, true));
-    }
-    std::string why_not;
-    DevicePtr ptr = 0;
-    (void)memory::take_driver_refusal();  // only this request's refusals are its reason
-    try {
-      ptr = place(device, heap, request, bytes, why_not);
-    } catch (const DeviceError& e) {
-      job.uncharge(request.lifetime, bytes);
-      // The driver out of memory for a map or an address range (cuMemMap, cuMemAddressReserve)
-      // is the caller's out-of-memory as much as a refused chunk is: a framework that frees its
-      // cache and retries must see it as such. Anything else is a device error.
-      throw_if_driver_out_of_memory(e, device, job, request);
-      throw;
-    } catch (...) {
-      job.uncharge(request.lifetime, bytes);
-      throw;
-    }
-    if (ptr == 0) {
-      job.uncharge(request.lifetime, bytes);
-      // A release_job or orphan_job that raced with this allocation: no block was made.
-      if (why_not.empty()) throw UnknownJob(request.job);
-      if (std::string refusal = memory::take_driver_refusal(); !refusal.empty()) {
-        why_not += "; " + refusal;
-      }
-      throw OutOfMemory(oom_info(job, device, request, why_not, false));
-    }
-    if (request.host_access) {
-      try {
-        settle_for_host(device, request.stream);
-      } catch (...) {
-        deallocate(ptr, std::nullopt, std::nullopt);
-        throw;
-      }
-    }
-    job.raise_peaks(request.lifetime, charge);
-    return ptr;
+    largest = std::max(largest, limit);
+    heaps_.push_back(
+        std::make_unique<DeviceHeap>(backend_, tiers_, jobs_, d, limit, options.va_factor));
   }
-
-  // The block's stream was made to wait (on the GPU) for whatever its pages still had pending
-  // from other streams, and the block may be reused from this stream's own free space: once the
-  // stream's work so far has finished, nothing can touch the block but its new holder.
-  static void settle_for_host(DeviceHeap& device, StreamHandle stream) {
-    if (device.backend().query_stream(stream, device.device())) return;
-    memory::Fence::after(device.shared_backend(), device.device(), std::span(&stream, 1))->wait();
+  // One reserve for every device: above a small device's limit it only means that device never
+  // lends; above every device's, nothing could ever be lent, which is a mistake (a unit).
+  if (const auto& reserve = options.harvest.lend_reserve_bytes; reserve && *reserve > largest) {
+    throw InvalidArgument(fmt::format(
+        "HarvestOptions::lend_reserve_bytes ({} bytes) is more than any device may hold (at "
+        "most {} bytes): no device could ever lend",
+        *reserve, largest));
   }
+  harvester_ = std::make_unique<memory::Harvester>(heaps_, tiers_, jobs_);
+}
 
-  // Finds pages for a charged request: the device's own first, then (when harvesting) what
-  // recalling, demoting and borrowing give. Returns 0 with `why_not` set when nothing fits, and
-  // with `why_not` empty when the job went meanwhile.
-  DevicePtr place(DeviceHeap& device, StreamHeap& heap, const AllocationRequest& request,
-                  std::size_t bytes, std::string& why_not) {
-    std::vector<memory::Page> stash;
-    struct GiveBack {
-      memory::Tiers& tiers;
-      int device;
-      std::vector<memory::Page>& pages;
-      ~GiveBack() { tiers.give_back(device, pages); }
-    } give_back{tiers_, device.device(), stash};
-    std::optional<std::chrono::steady_clock::time_point> deadline;
-    // Pages held by other streams' free blocks are taken only when the pool has none; a second
-    // try covers pages that another thread took between our reclaim and our retry.
-    constexpr int kAttempts = 3;
-    // Each harvesting round makes progress (pages recalled, demoted or borrowed, or a safe point
-    // passed); the cap only guards against other threads taking that progress forever.
-    constexpr int kHarvestAttempts = 64;
-    std::size_t short_by = 0;
-    // Other streams' spare pages come before fresh chunks (see StreamHeap::allocate): with one
-    // stream there are none to ask for.
-    bool fresh_chunks = device.heap_count() < 2;
-    for (int attempt = 0; attempt < kHarvestAttempts; ++attempt) {
-      const memory::CarveResult r =
-          heap.allocate(bytes, request.bytes, request.job, request.lifetime, stash, fresh_chunks);
-      if (r.ptr != 0) return r.ptr;
-      if (r.job_gone) return 0;  // leaves `why_not` empty: the caller tells the job it is gone
-      if (r.out_of_address_space) {
-        why_not = fmt::format("no free range of {} bytes in the stream's address space", bytes);
-        device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-        return 0;
-      }
-      short_by = r.pages_short;
-      if (!std::exchange(fresh_chunks, true)) {
-        (void)device.spare_from_others(&heap, short_by);
-        --attempt;  // not a try of its own: the next one may make fresh chunks
-        continue;
-      }
-      if (device.reclaim_from_others(&heap, short_by) > 0 && attempt < kAttempts) continue;
-      if (!tiers_.spills()) {
-        if (attempt == 0) continue;
-        break;
-      }
-      if (!deadline) deadline = std::chrono::steady_clock::now() + tiers_.options().recall_wait;
-      if (!harvester_->make_room(device, short_by, request.job, stash, *deadline)) break;
-    }
-    why_not = fmt::format("device memory exhausted: {} more pages of {} bytes needed{}", short_by,
-                          device.granularity(),
-                          tiers_.spills() ? ", and no peer or host memory could take them" : "");
-    device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-    return 0;
+MemoryManager::Impl::~Impl() {
+  harvester_.reset();
+  // Pages go home to their pools as each device's ranges close, so every pool must still be
+  // there when any device closes.
+  for (const auto& device : heaps_) device->close();
+}
+
+std::shared_ptr<DeviceBackend> MemoryManager::Impl::checked(
+    std::shared_ptr<DeviceBackend> backend) {
+  if (!backend) throw InvalidArgument("MemoryManager needs a device backend, got none");
+  return backend;
+}
+
+DeviceHeap& MemoryManager::Impl::heap(int device) const {
+  if (device < 0 || device >= static_cast<int>(heaps_.size())) {
+    throw InvalidArgument(fmt::format("device {} does not exist (the {} backend has {} devices)",
+                                      device, backend_->name(), heaps_.size()));
   }
+  return *heaps_[static_cast<std::size_t>(device)];
+}
 
-  FreedBlockInfo deallocate(DevicePtr ptr, std::optional<std::size_t> bytes,
-                            std::optional<int> device, std::optional<JobId> job = std::nullopt) {
-    auto [owner, heap] = owner_of(ptr, "free");
-    if (device && *device != owner->device()) {
-      throw InvalidArgument(fmt::format("free: {:#x} lives on device {}, not device {}", ptr,
-                                        owner->device(), *device));
-    }
-    const FreedBlock freed = heap->deallocate(ptr, bytes, job);
-    freed.record->uncharge(freed.lifetime, freed.bytes);  // no lookup by id on the free path
-    harvester_->on_free();
-    return {freed.bytes, owner->device(), freed.job, freed.lifetime};
+std::pair<DeviceHeap*, StreamHeap*> MemoryManager::Impl::owner_of(DevicePtr ptr,
+                                                                  const char* what) const {
+  for (const auto& device : heaps_) {
+    if (StreamHeap* heap = device->heap_of(ptr)) return {device.get(), heap};
   }
+  throw InvalidArgument(
+      fmt::format("{}: {:#x} is not memory Salus handed out (unknown pointer)", what, ptr));
+}
 
-  // The stream's heap; the driver out of address space for its first ranges
-  // (cuMemAddressReserve) is an out-of-memory, not a device error.
-  StreamHeap& heap_for(DeviceHeap& device, const JobRecord& job, const AllocationRequest& request) {
-    try {
-      return device.heap_for(request.stream);
-    } catch (const DeviceError& e) {
-      throw_if_driver_out_of_memory(e, device, job, request);
-      throw;
-    }
-  }
-
-  // The driver out of memory for a chunk, a map or an address range is the caller's
-  // out-of-memory: a framework that frees its cache and retries must see it as such.
-  void throw_if_driver_out_of_memory(const DeviceError& e, DeviceHeap& device,
-                                     const JobRecord& job, const AllocationRequest& request) {
-    if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") return;
-    device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
-    throw OutOfMemory(oom_info(job, device, request,
-                               fmt::format("the driver refused {}: {}", e.call(), e.status()),
-                               false));
-  }
-
-  OutOfMemoryInfo oom_info(const JobRecord& job, const DeviceHeap& device,
-                           const AllocationRequest& request, std::string reason,
-                           bool job_budget) const {
-    return {.job = job.id,
-            .job_name = job.name,
-            .device = device.device(),
-            .requested_bytes = request.bytes,
-            .job_in_use_bytes = job.in_use_total.load(std::memory_order_relaxed),
-            .job_limit_bytes = job_budget ? job.limit_total.load(std::memory_order_relaxed) : 0,
-            .device_in_use_bytes = device.counters().allocated.load(std::memory_order_relaxed),
-            .device_limit_bytes = device.limit(),
-            .reason = std::move(reason)};
-  }
-
-  static std::size_t round_up(std::size_t bytes) {
-    constexpr std::size_t a = kBlockAlignment;
-    // Within an alignment of SIZE_MAX the sum wraps to a tiny block (found by fuzz_c_api).
-    if (bytes > std::numeric_limits<std::size_t>::max() - (a - 1)) {
-      throw InvalidArgument(fmt::format("allocate: {} bytes is more than any block can hold", bytes));
-    }
-    return (bytes + a - 1) / a * a;
-  }
-
-  void release_job(JobId id) {
-    if (id == kUnattributedJob)
-      throw InvalidArgument("release_job: the unattributed job is permanent");
-    JobRecord& job = jobs_.live(id);
-    job.alive.store(false, std::memory_order_release);
-    try {
-      for (const auto& device : heaps_) {
-        device->for_each_stream_heap([&](StreamHeap& heap) {
-          heap.release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
-        });
-      }
-    } catch (...) {
-      // A block whose free failed (its fence could not be recorded) is still the job's, and so
-      // is everything after it: the job stays registered with them, and a later call finishes.
-      job.alive.store(true, std::memory_order_release);
-      throw;
-    }
-  }
-
-  void orphan_job(JobId id) {
-    if (id == kUnattributedJob)
-      throw InvalidArgument("orphan_job: the unattributed job is permanent");
-    JobRecord& job = jobs_.live(id);
-    JobRecord& nobody = jobs_.live(kUnattributedJob);
-    job.alive.store(false, std::memory_order_release);
+void MemoryManager::Impl::release_job(JobId id) {
+  if (id == kUnattributedJob)
+    throw InvalidArgument("release_job: the unattributed job is permanent");
+  JobRecord& job = jobs_.live(id);
+  job.alive.store(false, std::memory_order_release);
+  try {
     for (const auto& device : heaps_) {
       device->for_each_stream_heap([&](StreamHeap& heap) {
-        heap.orphan_job(id, [&](Lifetime was, std::size_t bytes) {
-          job.uncharge(was, bytes);
-          JobRecord::Charge charge;
-          if (!nobody.try_charge(Lifetime::persistent, bytes, charge)) {  // unlimited: no refusal
-            nobody.raise_peaks(Lifetime::persistent, charge);
-          }
-        });
+        heap.release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
       });
     }
+  } catch (...) {
+    // A block whose free failed (its fence could not be recorded) is still the job's, and so
+    // is everything after it: the job stays registered with them, and a later call finishes.
+    job.alive.store(true, std::memory_order_release);
+    throw;
   }
+}
 
-  std::size_t promote(JobId id) {
-    JobRecord& job = jobs_.live(id);
-    std::size_t total = 0;
-    for (const auto& device : heaps_) {
-      device->for_each_stream_heap([&](StreamHeap& heap) {
-        const std::size_t bytes = heap.promote(id).first;
-        if (bytes == 0) return;
-        job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes);
-        total += bytes;
-      });
-    }
-    job.promoted.fetch_add(total, std::memory_order_relaxed);
-    return total;
-  }
-
-  std::size_t trim(DeviceHeap& device) {
-    // A prefetch round's pages are in no pool until it has moved them: trim would miss them.
-    const auto rounds = harvester_->hold_prefetches();
-    settle_all();  // blocks set aside while their addresses retired are free again
-    device.for_each_stream_heap(
-        [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
-    settle_all();
-    return device.pool().trim();
-  }
-
-  // Old addresses of handed-off pages go once their work has finished (waiting for it), so that
-  // a page released to the driver is mapped nowhere. A page of one device may be retiring in
-  // another device's range (it was lent), so every device settles.
-  void settle_all() {
-    for (const auto& device : heaps_) device->settle(true);
-  }
-
-  JobMemoryStats job_stats(const JobRecord& job) const {
-    JobMemoryStats s;
-    s.job = job.id;
-    s.name = job.name;
-    s.alive = job.alive.load(std::memory_order_relaxed);
-    std::size_t blocks[kLifetimeCount] = {};
-    for (const auto& device : heaps_) {
-      std::size_t bytes = 0;
-      device->for_each_stream_heap([&](StreamHeap& heap) {
-        const StreamHeap::JobUsage usage = heap.job_usage(job.id);
-        for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-          bytes += usage.bytes[c];
-          blocks[c] += usage.blocks[c];
+void MemoryManager::Impl::orphan_job(JobId id) {
+  if (id == kUnattributedJob)
+    throw InvalidArgument("orphan_job: the unattributed job is permanent");
+  JobRecord& job = jobs_.live(id);
+  JobRecord& nobody = jobs_.live(kUnattributedJob);
+  job.alive.store(false, std::memory_order_release);
+  for (const auto& device : heaps_) {
+    device->for_each_stream_heap([&](StreamHeap& heap) {
+      heap.orphan_job(id, [&](Lifetime was, std::size_t bytes) {
+        job.uncharge(was, bytes);
+        JobRecord::Charge charge;
+        if (!nobody.try_charge(Lifetime::persistent, bytes, charge)) {  // unlimited: no refusal
+          nobody.raise_peaks(Lifetime::persistent, charge);
         }
       });
-      s.in_use_by_device.push_back(bytes);
-    }
-    for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-      s.by_class[c] = {job.in_use_by_class[c].load(std::memory_order_relaxed),
-                       job.peak_by_class[c].load(std::memory_order_relaxed), blocks[c]};
-    }
-    s.in_use = job.in_use_total.load(std::memory_order_relaxed);
-    s.peak = job.peak_total.load(std::memory_order_relaxed);
-    s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
-    for (const auto& device : heaps_) {
-      device->for_each_stream_heap(
-          [&](StreamHeap& heap) { heap.add_tier_usage(job.id, s.in_use_by_tier); });
-    }
-    {
-      std::lock_guard lock(job.activity_mu);
-      s.quiescent = !job.active;
-    }
-    s.activations = job.activations.load(std::memory_order_relaxed);
-    s.activations_after_move = job.activations_after_move.load(std::memory_order_relaxed);
-    s.activations_waited = job.activations_waited.load(std::memory_order_relaxed);
-    s.fetched_bytes = job.fetched_bytes.load(std::memory_order_relaxed);
-    s.prefetched_bytes = job.prefetched_bytes.load(std::memory_order_relaxed);
-    return s;
+    });
   }
+}
 
-  // Declared in the order they must be built; torn down in reverse (see ~Impl).
-  std::shared_ptr<DeviceBackend> backend_;
-  memory::Tiers tiers_;
-  memory::JobTable jobs_;
-  std::vector<std::unique_ptr<DeviceHeap>> heaps_;
-  std::unique_ptr<memory::Harvester> harvester_;
-};
+std::size_t MemoryManager::Impl::promote(JobId id) {
+  JobRecord& job = jobs_.live(id);
+  std::size_t total = 0;
+  for (const auto& device : heaps_) {
+    device->for_each_stream_heap([&](StreamHeap& heap) {
+      const std::size_t bytes = heap.promote(id).first;
+      if (bytes == 0) return;
+      job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes);
+      total += bytes;
+    });
+  }
+  job.promoted.fetch_add(total, std::memory_order_relaxed);
+  return total;
+}
+
+std::size_t MemoryManager::Impl::trim(DeviceHeap& device) {
+  // A prefetch round's pages are in no pool until it has moved them: trim would miss them.
+  const auto rounds = harvester_->hold_prefetches();
+  settle_all();  // blocks set aside while their addresses retired are free again
+  device.for_each_stream_heap(
+      [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
+  settle_all();
+  return device.pool().trim();
+}
+
+// Old addresses of handed-off pages go once their work has finished (waiting for it), so that
+// a page released to the driver is mapped nowhere. A page of one device may be retiring in
+// another device's range (it was lent), so every device settles.
+void MemoryManager::Impl::settle_all() {
+  for (const auto& device : heaps_) device->settle(true);
+}
+
+JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
+  JobMemoryStats s;
+  s.job = job.id;
+  s.name = job.name;
+  s.alive = job.alive.load(std::memory_order_relaxed);
+  std::size_t blocks[kLifetimeCount] = {};
+  for (const auto& device : heaps_) {
+    std::size_t bytes = 0;
+    device->for_each_stream_heap([&](StreamHeap& heap) {
+      const StreamHeap::JobUsage usage = heap.job_usage(job.id);
+      for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+        bytes += usage.bytes[c];
+        blocks[c] += usage.blocks[c];
+      }
+    });
+    s.in_use_by_device.push_back(bytes);
+  }
+  for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+    s.by_class[c] = {job.in_use_by_class[c].load(std::memory_order_relaxed),
+                     job.peak_by_class[c].load(std::memory_order_relaxed), blocks[c]};
+  }
+  s.in_use = job.in_use_total.load(std::memory_order_relaxed);
+  s.peak = job.peak_total.load(std::memory_order_relaxed);
+  s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
+  for (const auto& device : heaps_) {
+    device->for_each_stream_heap(
+        [&](StreamHeap& heap) { heap.add_tier_usage(job.id, s.in_use_by_tier); });
+  }
+  {
+    std::lock_guard lock(job.activity_mu);
+    s.quiescent = !job.active;
+  }
+  s.activations = job.activations.load(std::memory_order_relaxed);
+  s.activations_after_move = job.activations_after_move.load(std::memory_order_relaxed);
+  s.activations_waited = job.activations_waited.load(std::memory_order_relaxed);
+  s.fetched_bytes = job.fetched_bytes.load(std::memory_order_relaxed);
+  s.prefetched_bytes = job.prefetched_bytes.load(std::memory_order_relaxed);
+  return s;
+}
 
 MemoryManager::MemoryManager(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
     : impl_(std::make_unique<Impl>(std::move(backend), std::move(options))) {}
@@ -530,7 +322,8 @@ void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
 void MemoryManager::retire_stream(int device, StreamHandle stream) {
   DeviceHeap& heap = impl_->heap(device);
   if (stream.value == 0) {
-    throw InvalidArgument("retire_stream: stream 0 is the default stream, which is never destroyed");
+    throw InvalidArgument(
+        "retire_stream: stream 0 is the default stream, which is never destroyed");
   }
   StreamHeap* own = heap.find_heap(stream);
   // A stream the device has a heap for was checked when first met. Any other handle must be a
@@ -629,40 +422,3 @@ void MemoryManager::reset_peaks() {
 }
 
 }  // namespace salus
-
-namespace salus::memory {
-
-// MemoryManager's one friend: the safe-point controls below reach its Impl through it.
-struct SafePointAccess {
-  static MemoryManager::Impl& impl(MemoryManager& memory) { return *memory.impl_; }
-};
-
-void set_job_quiescent(MemoryManager& memory, JobId job) {
-  if (job == kUnattributedJob) {
-    throw InvalidArgument("set_job_quiescent: the unattributed job is never quiescent");
-  }
-  auto& impl = SafePointAccess::impl(memory);
-  impl.harvester_->set_quiescent(impl.jobs_.live(job));
-}
-
-std::size_t activate_job(MemoryManager& memory, JobId job) {
-  auto& impl = SafePointAccess::impl(memory);
-  return impl.harvester_->activate(impl.jobs_.live(job));
-}
-
-void prefetch(MemoryManager& memory, JobId job) {
-  auto& impl = SafePointAccess::impl(memory);
-  (void)impl.jobs_.live(job);
-  impl.harvester_->prefetch(job);
-}
-
-std::size_t demote(MemoryManager& memory, JobId job, int device) {
-  auto& impl = SafePointAccess::impl(memory);
-  (void)impl.jobs_.live(job);
-  if (!impl.tiers_.spills()) {
-    throw NotSupported("demote: the spill policy is none, so there is no tier below the device");
-  }
-  return impl.harvester_->demote(job, impl.heap(device));
-}
-
-}  // namespace salus::memory
