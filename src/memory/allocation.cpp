@@ -141,9 +141,9 @@ OutOfMemoryInfo MemoryManager::Impl::oom_info(const JobRecord& job, const Device
           .job_name = job.name,
           .device = device.device(),
           .requested_bytes = request.bytes,
-          .job_in_use_bytes = job.in_use_total.load(std::memory_order_relaxed),
+          .job_in_use_bytes = job.in_use.value(),
           .job_limit_bytes = job_budget ? job.limit_total.load(std::memory_order_relaxed) : 0,
-          .device_in_use_bytes = device.counters().allocated.load(std::memory_order_relaxed),
+          .device_in_use_bytes = device.counters().allocated.value(),
           .device_limit_bytes = device.limit(),
           .reason = std::move(reason)};
 }

@@ -17,21 +17,20 @@ constexpr std::size_t idx(Lifetime lifetime) {
 }  // namespace
 
 void DeviceCounters::on_allocate(Lifetime lifetime, std::size_t bytes) {
-  raise_peak(peak_allocated, allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  const std::size_t c = idx(lifetime);
-  raise_peak(peak_by_class[c], by_class[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  allocated.add(bytes);
+  by_class[idx(lifetime)].add(bytes);
 }
 
 void DeviceCounters::on_free(Lifetime lifetime, std::size_t bytes) {
-  allocated.fetch_sub(bytes, std::memory_order_relaxed);
-  by_class[idx(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
+  allocated.sub(bytes);
+  by_class[idx(lifetime)].sub(bytes);
 }
 
 void DeviceCounters::on_promote(std::size_t bytes) {
   constexpr std::size_t per = idx(Lifetime::persistent);
   constexpr std::size_t eph = idx(Lifetime::ephemeral);
-  raise_peak(peak_by_class[per], by_class[per].fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  by_class[eph].fetch_sub(bytes, std::memory_order_relaxed);
+  by_class[per].add(bytes);
+  by_class[eph].sub(bytes);
 }
 
 DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, JobTable& jobs,
@@ -188,8 +187,8 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.device = device_;
   s.limit = limit();
   s.granularity = granularity();
-  s.allocated = counters_.allocated.load(std::memory_order_relaxed);
-  s.peak_allocated = counters_.peak_allocated.load(std::memory_order_relaxed);
+  s.allocated = counters_.allocated.value();
+  s.peak_allocated = counters_.allocated.peak();
   s.reserved = pool_.held_bytes();
   s.peak_reserved = pool_.peak_held_bytes();
   s.mapped = counters_.mapped.load(std::memory_order_relaxed);
@@ -197,8 +196,7 @@ DeviceMemoryStats DeviceHeap::stats() const {
   StreamHeap::Tally tally;
   for_each_stream_heap([&](StreamHeap& heap) { tally += heap.tally(); });
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-    s.by_class[c] = {counters_.by_class[c].load(std::memory_order_relaxed),
-                     counters_.peak_by_class[c].load(std::memory_order_relaxed), tally.blocks[c]};
+    s.by_class[c] = {counters_.by_class[c].value(), counters_.by_class[c].peak(), tally.blocks[c]};
   }
   s.allocations = tally.allocations;
   s.frees = tally.frees;
@@ -226,12 +224,8 @@ DeviceMemoryStats DeviceHeap::stats() const {
 }
 
 void DeviceHeap::reset_peaks() {
-  counters_.peak_allocated.store(counters_.allocated.load(std::memory_order_relaxed),
-                                 std::memory_order_relaxed);
-  for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-    counters_.peak_by_class[c].store(counters_.by_class[c].load(std::memory_order_relaxed),
-                                     std::memory_order_relaxed);
-  }
+  counters_.allocated.reset_peak();
+  for (Counter& c : counters_.by_class) c.reset_peak();
   pool_.reset_peak();
 }
 

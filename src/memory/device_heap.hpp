@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/counter.hpp"
 #include "memory/job_table.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
@@ -21,11 +22,9 @@ namespace salus::memory {
 // Device-wide counters that need one view across streams (peaks). Counts that do not are kept by
 // each stream heap under the lock it holds anyway, to keep shared cache lines off the hot path.
 struct DeviceCounters {
-  std::atomic<std::size_t> allocated{0};
-  std::atomic<std::size_t> peak_allocated{0};
+  Counter allocated;  // live block bytes
   std::atomic<std::size_t> mapped{0};
-  std::atomic<std::size_t> by_class[kLifetimeCount] = {};
-  std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
+  Counter by_class[kLifetimeCount];
   std::atomic<std::uint64_t> page_maps{0};
   std::atomic<std::uint64_t> page_unmaps{0};
   std::atomic<std::uint64_t> cross_stream_reuses{0};

@@ -10,24 +10,6 @@ namespace {
 constexpr std::size_t index(Lifetime lifetime) {
   return static_cast<std::size_t>(lifetime);
 }
-
-// Adds `bytes` to `counter` unless that would pass `limit`; returns the new value, or nullopt
-// when refused (nothing added).
-std::optional<std::size_t> try_add(std::atomic<std::size_t>& counter, std::size_t bytes,
-                                   std::size_t limit) {
-  if (limit == kUnlimited) {
-    // Nothing to refuse: one fetch_add instead of a load and a compare-and-swap loop. The count
-    // cannot wrap: it is the bytes of live blocks, far below 2^64.
-    return counter.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  }
-  // A budget: compare-and-swap, so that a refused request never shows in the count (a fetch_add
-  // rolled back on refusal could make a concurrent request that fits fail).
-  std::size_t seen = counter.load(std::memory_order_relaxed);
-  do {
-    if (bytes > limit || seen > limit - bytes) return std::nullopt;
-  } while (!counter.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed));
-  return seen + bytes;
-}
 }  // namespace
 
 JobRecord::JobRecord(JobId job, std::string job_name, JobMemoryLimits limits)
@@ -44,13 +26,13 @@ void JobRecord::set_limits(const JobMemoryLimits& limits) {
 std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t bytes,
                                                 Charge& produced) {
   const std::size_t total_limit = limit_total.load(std::memory_order_relaxed);
-  const std::optional<std::size_t> total = try_add(in_use_total, bytes, total_limit);
+  const std::optional<std::size_t> total = in_use.try_add_unpeaked(bytes, total_limit);
   if (!total) return fmt::format("job budget of {} bytes would be exceeded", total_limit);
-  auto& by_class = in_use_by_class[index(lifetime)];
   const std::size_t class_limit = limit_by_class[index(lifetime)].load(std::memory_order_relaxed);
-  const std::optional<std::size_t> in_class = try_add(by_class, bytes, class_limit);
+  const std::optional<std::size_t> in_class =
+      by_class[index(lifetime)].try_add_unpeaked(bytes, class_limit);
   if (!in_class) {
-    in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
+    in_use.sub(bytes);
     return fmt::format("job {} budget of {} bytes would be exceeded", to_string(lifetime),
                        class_limit);
   }
@@ -61,19 +43,18 @@ std::optional<std::string> JobRecord::try_charge(Lifetime lifetime, std::size_t 
 void JobRecord::raise_peaks(Lifetime lifetime, const Charge& produced) {
   // Each placed charge raises the peaks to the counts it produced: the peak of the counts'
   // history, without the charges that were refused or could not be placed.
-  raise_peak(peak_total, produced.total);
-  raise_peak(peak_by_class[index(lifetime)], produced.in_class);
+  in_use.raise_peak(produced.total);
+  by_class[index(lifetime)].raise_peak(produced.in_class);
 }
 
 void JobRecord::uncharge(Lifetime lifetime, std::size_t bytes) {
-  in_use_by_class[index(lifetime)].fetch_sub(bytes, std::memory_order_relaxed);
-  in_use_total.fetch_sub(bytes, std::memory_order_relaxed);
+  by_class[index(lifetime)].sub(bytes);
+  in_use.sub(bytes);
 }
 
 void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes) {
-  in_use_by_class[index(to)].fetch_add(bytes, std::memory_order_relaxed);
-  in_use_by_class[index(from)].fetch_sub(bytes, std::memory_order_relaxed);
-  raise_peak(peak_by_class[index(to)], in_use_by_class[index(to)].load(std::memory_order_relaxed));
+  by_class[index(to)].add(bytes);
+  by_class[index(from)].sub(bytes);
 }
 
 JobTable::JobTable() {

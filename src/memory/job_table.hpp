@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "memory/counter.hpp"
 #include "memory/tiers.hpp"
 #include "salus/memory.hpp"
 
@@ -24,10 +25,8 @@ struct JobRecord {
   std::atomic<bool> alive{true};
   std::atomic<std::size_t> limit_total;
   std::atomic<std::size_t> limit_by_class[kLifetimeCount];
-  std::atomic<std::size_t> in_use_total{0};
-  std::atomic<std::size_t> in_use_by_class[kLifetimeCount] = {};
-  std::atomic<std::size_t> peak_total{0};
-  std::atomic<std::size_t> peak_by_class[kLifetimeCount] = {};
+  Counter in_use;                     // live bytes, both classes
+  Counter by_class[kLifetimeCount];   // live bytes by class
   std::atomic<std::uint64_t> promoted{0};
 
   // Safe points: whether its pages may move, and who is moving them. Guarded by activity_mu.
@@ -111,12 +110,5 @@ class JobTable final : public JobGate {
   std::mutex add_mu_;
   std::atomic<std::size_t> registered_{0};
 };
-
-// Raises `peak` to at least `value`.
-inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) {
-  std::size_t seen = peak.load(std::memory_order_relaxed);
-  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
 
 }  // namespace salus::memory

@@ -221,11 +221,10 @@ JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
     s.in_use_by_device.push_back(bytes);
   }
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-    s.by_class[c] = {job.in_use_by_class[c].load(std::memory_order_relaxed),
-                     job.peak_by_class[c].load(std::memory_order_relaxed), blocks[c]};
+    s.by_class[c] = {job.by_class[c].value(), job.by_class[c].peak(), blocks[c]};
   }
-  s.in_use = job.in_use_total.load(std::memory_order_relaxed);
-  s.peak = job.peak_total.load(std::memory_order_relaxed);
+  s.in_use = job.in_use.value();
+  s.peak = job.in_use.peak();
   s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
   for (const auto& device : heaps_) {
     device->for_each_stream_heap(

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "log/log.hpp"
-#include "memory/job_table.hpp"
 
 namespace salus::memory {
 
@@ -45,14 +44,14 @@ std::size_t PagePool::lend(std::size_t count, std::size_t reserve_bytes, std::ve
 
 std::size_t PagePool::free_bytes() const {
   std::lock_guard lock(mu_);
-  const std::size_t held = held_.load(std::memory_order_relaxed);
+  const std::size_t held = held_.value();
   return (limit_bytes_ > held ? limit_bytes_ - held : 0) + kept_.size() * page_bytes_;
 }
 
 std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages,
                                   std::vector<Page>& out, bool create) {
   auto free_pages = [&] {
-    const std::size_t held = held_.load(std::memory_order_relaxed);
+    const std::size_t held = held_.value();
     return (limit_bytes_ > held ? (limit_bytes_ - held) / page_bytes_ : 0) + kept_.size();
   };
   std::size_t added = 0;
@@ -63,7 +62,7 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
     ++added;
   }
   while (create && added < count &&
-         held_.load(std::memory_order_relaxed) + page_bytes_ <= limit_bytes_ &&
+         held_.value() + page_bytes_ <= limit_bytes_ &&
          free_pages() > keep_free_pages) {
     ChunkHandle chunk;
     try {
@@ -80,9 +79,8 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
     }
     out.push_back({chunk, nullptr, where_});
     ++added;
-    held_.fetch_add(page_bytes_, std::memory_order_relaxed);
+    held_.add(page_bytes_);
     creates_.fetch_add(1, std::memory_order_relaxed);
-    raise_peak(peak_held_, held_.load(std::memory_order_relaxed));
   }
   return added;
 }
@@ -122,7 +120,7 @@ std::size_t PagePool::trim() {
       log::error("releasing a page at {} failed: {}", to_string(where_), e.what());
     }
   }
-  held_.fetch_sub(released, std::memory_order_relaxed);
+  held_.sub(released);
   releases_.fetch_add(released / page_bytes_, std::memory_order_relaxed);
   return released;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/counter.hpp"
 #include "memory/fence.hpp"
 #include "salus/device.hpp"
 
@@ -55,9 +56,9 @@ class PagePool {
   [[nodiscard]] Location where() const { return where_; }
   [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
   [[nodiscard]] std::size_t limit_bytes() const { return limit_bytes_; }
-  [[nodiscard]] std::size_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t held_bytes() const { return held_.value(); }
   [[nodiscard]] std::size_t peak_held_bytes() const {
-    return peak_held_.load(std::memory_order_relaxed);
+    return held_.peak();
   }
   [[nodiscard]] std::uint64_t creates() const { return creates_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
@@ -66,7 +67,7 @@ class PagePool {
   }
   // Pages nobody uses: kept ones plus what may still be created.
   [[nodiscard]] std::size_t free_bytes() const;
-  void reset_peak() { peak_held_.store(held_bytes(), std::memory_order_relaxed); }
+  void reset_peak() { held_.reset_peak(); }
 
  private:
   std::size_t take_locked(std::size_t count, std::size_t keep_free_pages, std::vector<Page>& out,
@@ -79,8 +80,7 @@ class PagePool {
   mutable std::mutex mu_;
   std::vector<Page> kept_;                  // guarded by mu_
   std::atomic<std::size_t> kept_count_{0};  // kept_.size(), written under mu_
-  std::atomic<std::size_t> held_{0};
-  std::atomic<std::size_t> peak_held_{0};
+  Counter held_;  // bytes of the chunks it created and has not released
   std::atomic<std::uint64_t> creates_{0};
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::size_t> lent_{0};  // pages
