@@ -18,7 +18,7 @@
 
 namespace salus::memory {
 
-struct JobBlocks;  // a stream heap's per-job lists (stream_heap.hpp)
+struct JobBlocks;  // a stream heap's per-job lists (job_ledger.hpp)
 
 struct Block {
   DevicePtr addr = 0;

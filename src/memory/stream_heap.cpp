@@ -12,7 +12,10 @@ namespace salus::memory {
 
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
-    : device_(device), stream_(stream.value), first_bytes_{small_bytes, large_bytes} {
+    : device_(device),
+      stream_(stream.value),
+      first_bytes_{small_bytes, large_bytes},
+      ledger_(device.jobs()) {
   try {
     grow(kSmall, small_bytes);  // the first range of a class throws when refused
     grow(kLarge, large_bytes);
@@ -136,12 +139,10 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   // Checked under this heap's lock, which release_job and orphan_job take after marking the job
   // gone: either they walk this heap after the block is linked (and free or orphan it), or the
   // block is never linked. Linking after their walk would leave a block nobody frees.
-  if (JobBlocks& owner = owner_for(job); !owner.record->alive.load(std::memory_order_acquire)) {
+  if (JobBlocks& owner = ledger_.owner_for(job);
+      !owner.record->alive.load(std::memory_order_acquire)) {
     // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
-    if (std::all_of(std::begin(owner.head), std::end(owner.head),
-                    [](const Block* head) { return head == nullptr; })) {
-      forget_jobs(job);
-    }
+    if (owner.empty()) ledger_.forget_jobs(job);
     release_block(block);
     return {.job_gone = true};
   }
@@ -154,7 +155,7 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   block->requested = requested;
   block->job = job;
   block->lifetime = lifetime;
-  link(block);
+  ledger_.link(block);
   live_.insert(block->addr, block);
   ++tally_.allocations;
   ++tally_.blocks[static_cast<std::size_t>(lifetime)];
@@ -254,51 +255,6 @@ Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
   return block;
 }
 
-JobBlocks& StreamHeap::owner_for(JobId job) {
-  if (last_owner_ != nullptr && last_owner_job_ == job.value) return *last_owner_;
-  JobBlocks& owner = jobs_[job.value];
-  if (owner.record == nullptr) owner.record = device_.jobs().find(job);
-  last_owner_ = &owner;
-  last_owner_job_ = job.value;
-  return owner;
-}
-
-void StreamHeap::forget_jobs(std::optional<JobId> job) {
-  if (job) {
-    jobs_.erase(job->value);
-  } else {
-    jobs_.clear();
-  }
-  last_owner_ = nullptr;
-}
-
-void StreamHeap::link(Block* block) {
-  JobBlocks& owner = owner_for(block->job);
-  block->owner = &owner;
-  const auto c = static_cast<std::size_t>(block->lifetime);
-  block->job_prev = nullptr;
-  block->job_next = owner.head[c];
-  if (owner.head[c]) owner.head[c]->job_prev = block;
-  owner.head[c] = block;
-  owner.usage.bytes[c] += block->size;
-  ++owner.usage.blocks[c];
-}
-
-void StreamHeap::unlink(Block* block) {
-  JobBlocks& owner = *block->owner;  // set by link: no lookup by job on the free path
-  const auto c = static_cast<std::size_t>(block->lifetime);
-  if (block->job_prev) {
-    block->job_prev->job_next = block->job_next;
-  } else {
-    owner.head[c] = block->job_next;
-  }
-  if (block->job_next) block->job_next->job_prev = block->job_prev;
-  block->job_prev = block->job_next = nullptr;
-  block->owner = nullptr;
-  owner.usage.bytes[c] -= block->size;
-  --owner.usage.blocks[c];
-}
-
 Lifetime StreamHeap::disown(Block* block) {
   const Lifetime was = block->lifetime;
   // Its job's other streams (lanes, bound framework streams) may still have work queued on it;
@@ -312,7 +268,7 @@ Lifetime StreamHeap::disown(Block* block) {
         std::unique(block->other_streams.begin(), block->other_streams.end()),
         block->other_streams.end());
   }
-  unlink(block);
+  ledger_.unlink(block);
   if (was == Lifetime::ephemeral) {
     --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
     ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
@@ -320,7 +276,7 @@ Lifetime StreamHeap::disown(Block* block) {
   }
   block->job = kUnattributedJob;
   block->lifetime = Lifetime::persistent;
-  link(block);
+  ledger_.link(block);
   return was;
 }
 
@@ -336,7 +292,7 @@ FreedBlock StreamHeap::free_block(Block* block) {
     fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
   }
   const FreedBlock freed{block->job, block->lifetime, block->size, block->owner->record};
-  unlink(block);
+  ledger_.unlink(block);
   live_.erase(block->addr);
   ++tally_.frees;
   --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
@@ -416,33 +372,14 @@ void StreamHeap::release_block(Block* block) {
 
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return {0, 0};
+  JobBlocks* owner = ledger_.find(job);
+  if (owner == nullptr) return {0, 0};
   ++iterations_ended_;
   end_epoch();
-  JobBlocks& owner = it->second;
-  constexpr auto eph = static_cast<std::size_t>(Lifetime::ephemeral);
-  constexpr auto per = static_cast<std::size_t>(Lifetime::persistent);
-  std::size_t blocks = 0;
-  Block* tail = nullptr;
-  for (Block* b = owner.head[eph]; b != nullptr; b = b->job_next) {
-    b->lifetime = Lifetime::persistent;
-    tail = b;
-    ++blocks;
-  }
-  if (tail == nullptr) return {0, 0};
-  // Splice the whole ephemeral list in front of the persistent one.
-  tail->job_next = owner.head[per];
-  if (owner.head[per]) owner.head[per]->job_prev = tail;
-  owner.head[per] = owner.head[eph];
-  owner.head[eph] = nullptr;
-  const std::size_t bytes = owner.usage.bytes[eph];
-  owner.usage.bytes[per] += bytes;
-  owner.usage.bytes[eph] = 0;
-  owner.usage.blocks[per] += blocks;
-  owner.usage.blocks[eph] = 0;
-  tally_.blocks[per] += blocks;
-  tally_.blocks[eph] -= blocks;
+  const auto [bytes, blocks] = JobLedger::promote(*owner);
+  if (blocks == 0) return {0, 0};
+  tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)] += blocks;
+  tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)] -= blocks;
   device_.counters().on_promote(bytes);
   return {bytes, blocks};
 }
@@ -469,8 +406,7 @@ StreamHeap::Tally StreamHeap::tally() {
 
 StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  return it == jobs_.end() ? JobUsage{} : it->second.usage;
+  return ledger_.job_usage(job);
 }
 
 }  // namespace salus::memory

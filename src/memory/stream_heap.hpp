@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/job_ledger.hpp"
 #include "memory/live_index.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
@@ -37,20 +38,6 @@ struct FreedBlock {
   Lifetime lifetime;
   std::size_t bytes;
   JobRecord* record;  // the job's record in the JobTable (never null)
-};
-
-// Live bytes and blocks of one job in one stream heap, by class.
-struct JobUsage {
-  std::size_t bytes[kLifetimeCount] = {};
-  std::size_t blocks[kLifetimeCount] = {};
-};
-
-// One job's live blocks in one stream heap: an intrusive list per class, and their usage. Each
-// block points at its owner's entry (Block::owner), so a free needs no lookup by job.
-struct JobBlocks {
-  Block* head[kLifetimeCount] = {};
-  JobUsage usage;
-  JobRecord* record = nullptr;  // the job's record in the JobTable, looked up once
 };
 
 struct CarveResult {
@@ -212,15 +199,6 @@ class StreamHeap {
   // Makes a live block the unattributed job's, persistent; returns its old class. The streams
   // its job worked on stay on the block: its free fences them as the job's own free would.
   Lifetime disown(Block* block);
-  // Hands each live block of `job` to `visit` (under the lock), then forgets the job.
-  template <class F>
-  void drain_job(JobId job, F&& visit);
-  void link(Block* block);
-  void unlink(Block* block);
-  // The lists of `job` here, made on first use. The last one found is remembered: a stream's
-  // allocations mostly come from one job. Whatever erases from jobs_ calls forget_jobs.
-  JobBlocks& owner_for(JobId job);
-  void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
   // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless it is
   // small, its page would come from a fresh chunk and the large class has free space on mapped
@@ -337,11 +315,7 @@ class StreamHeap {
   std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
   LiveIndex live_;  // entries inline: no trip to malloc on the hot path
-  // Blocks point at their entry here (Block::owner): a node-based map, whose elements never
-  // move, and an entry is erased only once no block points at it.
-  std::unordered_map<std::uint32_t, JobBlocks> jobs_;
-  JobBlocks* last_owner_ = nullptr;  // owner_for's last answer (an entry of jobs_), or null
-  std::uint32_t last_owner_job_ = 0;
+  JobLedger ledger_;  // each job's live blocks here
   // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
   std::vector<std::pair<Arena*, std::size_t>> retiring_;
   std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
@@ -357,30 +331,18 @@ class StreamHeap {
 };
 
 template <class F>
-void StreamHeap::drain_job(JobId job, F&& visit) {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return;
-  for (Block* head : it->second.head) {
-    for (Block* b = head; b != nullptr;) {
-      Block* next = b->job_next;
-      visit(b);
-      b = next;
-    }
-  }
-  forget_jobs(job);
-}
-
-template <class F>
 void StreamHeap::release_job(JobId job, F&& on_free) {
-  drain_job(job, [&](Block* b) { on_free(free_block(b)); });  // remote pages under it go home
+  std::lock_guard lock(mu_);
+  // Remote pages under each block go home.
+  ledger_.drain_job(job, [&](Block* b) { on_free(free_block(b)); });
 }
 
 template <class F>
 void StreamHeap::orphan_job(JobId job, F&& on_move) {
   // link() may add the unattributed job's node while drain_job walks this job's lists: a rehash
   // moves no node, so the lists it walks stay put.
-  drain_job(job, [&](Block* b) {
+  std::lock_guard lock(mu_);
+  ledger_.drain_job(job, [&](Block* b) {
     const std::size_t bytes = b->size;
     on_move(disown(b), bytes);
   });

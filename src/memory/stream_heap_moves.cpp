@@ -95,8 +95,7 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::marks_now(
 
 bool StreamHeap::has_job(JobId job) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  return it != jobs_.end() && (it->second.head[0] != nullptr || it->second.head[1] != nullptr);
+  return ledger_.has_job(job);
 }
 
 void StreamHeap::run_moves(MoveReason reason, std::vector<PageMove>& moves,
@@ -150,24 +149,15 @@ template <class F>
 void StreamHeap::for_each_live_page(std::optional<JobId> job, F&& visit) {
   // Adjacent blocks can share a page; visit each page once.
   std::pair<const Arena*, std::size_t> last_seen{nullptr, 0};
-  auto walk = [&](const JobBlocks& blocks) {
-    for (Block* head : blocks.head) {
-      for (Block* b = head; b != nullptr; b = b->job_next) {
-        Arena& arena = arena_of(*b);
-        auto [first, last] = arena.pages_touched(*b);
-        for (std::size_t i = first; i < last; ++i) {
-          if (last_seen == std::pair<const Arena*, std::size_t>{&arena, i}) continue;
-          last_seen = {&arena, i};
-          visit(arena, i, *b);
-        }
-      }
+  ledger_.for_each_block(job, [&](const Block& b) {
+    Arena& arena = arena_of(b);
+    auto [first, last] = arena.pages_touched(b);
+    for (std::size_t i = first; i < last; ++i) {
+      if (last_seen == std::pair<const Arena*, std::size_t>{&arena, i}) continue;
+      last_seen = {&arena, i};
+      visit(arena, i, b);
     }
-  };
-  if (job) {
-    if (auto it = jobs_.find(job->value); it != jobs_.end()) walk(it->second);
-  } else {
-    for (const auto& [id, blocks] : jobs_) walk(blocks);
-  }
+  });
 }
 
 bool StreamHeap::owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate,
@@ -270,14 +260,10 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vect
   for (JobId job : held) {
     streams.assign(1, stream());
     device_.jobs().streams_of(job, device, streams);
-    if (auto it = jobs_.find(job.value); it != jobs_.end()) {
-      for (Block* head : it->second.head) {
-        for (Block* b = head; b != nullptr; b = b->job_next) {
-          streams.insert(streams.end(), b->other_streams.begin(), b->other_streams.end());
-          add_fence(b->fence, marks);
-        }
-      }
-    }
+    ledger_.for_each_block(job, [&](const Block& b) {
+      streams.insert(streams.end(), b.other_streams.begin(), b.other_streams.end());
+      add_fence(b.fence, marks);
+    });
     std::sort(streams.begin(), streams.end());
     streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
     for (StreamHandle stream : streams) cover(job, stream);
@@ -293,19 +279,15 @@ std::vector<std::shared_ptr<const Event>> StreamHeap::move_marks(const std::vect
 
 void StreamHeap::add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return;
-  for (Block* head : it->second.head) {
-    for (Block* b = head; b != nullptr; b = b->job_next) {
-      Arena& arena = arena_of(*b);
-      auto [first, last] = arena.pages_touched(*b);
-      for (std::size_t i = first; i < last; ++i) {
-        const DevicePtr lo = std::max(b->addr, arena.page_addr(i));
-        const DevicePtr hi = std::min(b->end(), arena.page_addr(i) + arena.page_bytes());
-        bytes[static_cast<std::size_t>(tier_of(arena.page(i).where, device_.device()))] += hi - lo;
-      }
+  ledger_.for_each_block(job, [&](const Block& b) {
+    Arena& arena = arena_of(b);
+    auto [first, last] = arena.pages_touched(b);
+    for (std::size_t i = first; i < last; ++i) {
+      const DevicePtr lo = std::max(b.addr, arena.page_addr(i));
+      const DevicePtr hi = std::min(b.end(), arena.page_addr(i) + arena.page_bytes());
+      bytes[static_cast<std::size_t>(tier_of(arena.page(i).where, device_.device()))] += hi - lo;
     }
-  }
+  });
 }
 
 void StreamHeap::return_stray_remote_pages(OwnFence& own) {

@@ -49,7 +49,7 @@ bool StreamHeap::rebind(StreamHandle stream) {
   if (!retiring_.empty()) return false;
   retired_ = false;
   retire_fence_.reset();
-  forget_jobs();
+  ledger_.forget_jobs();
   stream_.store(stream.value, std::memory_order_release);
   return true;
 }
