@@ -55,15 +55,6 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
   return arena;
 }
 
-Arena& StreamHeap::arena_of(const Block& block) {
-  for (auto& list : arenas_) {
-    for (const auto& arena : list) {
-      if (arena->contains(block.addr)) return *arena;
-    }
-  }
-  throw InvalidArgument(fmt::format("{:#x} lies in no address range of its heap", block.addr));
-}
-
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
   if (!live_.empty()) {

@@ -20,6 +20,7 @@
 #include "memory/arena.hpp"
 #include "memory/job_ledger.hpp"
 #include "memory/live_index.hpp"
+#include "memory/page_migrator.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
 #include "memory/tiers.hpp"
@@ -146,23 +147,12 @@ class StreamHeap {
   void settle(bool wait);
   void remap(DevicePtr ptr, Location where);
 
-  // Which pages a move takes: those living where `from` says, under live blocks (of `job` only,
-  // when set) whose every owner `gate` lets move.
-  struct MoveSpec {
-    MoveReason reason = MoveReason::demote;
-    std::function<bool(Location)> from;
-    std::optional<JobId> job;
-  };
-  // Moves up to destinations.size() pages onto `destinations`, used in the order given (callers
-  // put the best first; what is left over stays theirs); the old pages go home through the tiers.
-  // Returns how many moved; `owners`, when given, gets the jobs whose pages moved.
+  // Page moves: see PageMigrator, which does them under this heap's lock.
+  using MoveSpec = memory::MoveSpec;
   std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate,
                          std::vector<JobId>* owners = nullptr);
-  // Pages `move_pages(spec)` would consider: whatever the gate says when `gate` is null, else only
-  // those whose owners the gate lets move now.
   std::size_t count_pages(const MoveSpec& spec, JobGate* gate = nullptr);
   [[nodiscard]] bool has_job(JobId job);
-  // Live bytes of `job` here by the tier of the pages under them.
   void add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]);
   // Operation and block counts, kept under this heap's lock.
   struct Tally {
@@ -184,7 +174,9 @@ class StreamHeap {
   // benchmarks/traces with a GPU one iteration behind: 1 page made small CNN traces worse.
   static constexpr std::size_t kFencedMovePages = 8;
   static SizeClass class_of(std::size_t bytes) { return bytes <= kSmallRequest ? kSmall : kLarge; }
-  Arena& arena_of(const Block& block);
+  Arena& arena_of(const Block& block) { return memory::arena_of(arenas_, block); }
+  // This heap's state for its PageMigrator; mu_ must be held while it is used.
+  HeapView view();
   // Every arena, large ones first (the order reclaiming takes pages in).
   template <class F>
   void for_each_arena(F&& visit) {
@@ -274,25 +266,6 @@ class StreamHeap {
   void release_block(Block* block);
   // A retired heap keeps no free pages: they go to the pool behind the retire fence.
   void drain_retired();
-  // Runs `moves` on the device's mover after `after`, then settles counters, reports the round
-  // and sends the old pages home. Moves that failed give their new pages back; rethrows.
-  void run_moves(MoveReason reason, std::vector<PageMove>& moves,
-                 std::span<const std::shared_ptr<const Event>> after);
-  // Events after the work so far on `streams`.
-  std::vector<std::shared_ptr<const Event>> marks_now(std::span<const StreamHandle> streams);
-  // Visits the pages under live blocks (of one job, or all): visit(arena, index, block). A page
-  // shared by two blocks may be visited twice.
-  template <class F>
-  void for_each_live_page(std::optional<JobId> job, F&& visit);
-  // True when `gate` lets the owner of every live block touching page `index` of `arena` move.
-  // With `hold`, holds each owner it lets through (listed in `held`); without, only asks.
-  // `touches_free`, when given, is set when free space shares the page.
-  bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate, bool hold,
-                    std::vector<JobId>& held, bool* touches_free = nullptr);
-  // What a move of `moves` (pages of the `held` jobs) must wait for: see move_pages.
-  std::vector<std::shared_ptr<const Event>> move_marks(const std::vector<PageMove>& moves,
-                                                       const std::vector<JobId>& held,
-                                                       JobGate& gate, bool touches_free);
 
   DeviceHeap& device_;
   std::atomic<std::uint64_t> stream_;  // written under mu_ (retire, rebind)
@@ -302,7 +275,7 @@ class StreamHeap {
   // The arenas of each class, oldest first; each is one reserved address range, kept until the
   // heap goes. Ranges are published in ranges_ for contains(), which takes no lock: a slot is
   // written once, before range_count_ covers it.
-  std::vector<std::unique_ptr<Arena>> arenas_[2];
+  ArenaSet arenas_;
   std::size_t first_bytes_[2];
   struct Range {
     std::atomic<DevicePtr> base{0};
