@@ -15,7 +15,7 @@ namespace salus::memory {
 // A physical page handed from one user to the next. `fence`, when set, marks GPU work that may
 // still touch the page (work of the streams it was taken from): a new user orders its work after
 // it, and the page is released to the driver only once it has completed. The old user may still
-// map the page at its old address until then (see StreamHeap::hand_off).
+// map the page at its old address until then (see PageTable::hand_off).
 struct Page {
   ChunkHandle chunk{};
   FencePtr fence;

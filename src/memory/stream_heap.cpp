@@ -15,6 +15,7 @@ StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t smal
     : device_(device),
       stream_(stream.value),
       first_bytes_{small_bytes, large_bytes},
+      table_(device),
       ledger_(device.jobs()) {
   try {
     grow(kSmall, small_bytes);  // the first range of a class throws when refused
@@ -43,8 +44,8 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
     base = device_.backend().reserve_address(size, page);
   } catch (const Error& e) {
     if (arenas_[c].empty()) throw;  // the heap cannot exist without its first ranges
-    log::warn("device {}: reserving another {} bytes of address space failed: {}",
-            device_.device(), size, e.what());
+    log::warn("device {}: reserving another {} bytes of address space failed: {}", device_.device(),
+              size, e.what());
     return nullptr;
   }
   Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
@@ -78,7 +79,7 @@ StreamHeap::~StreamHeap() {
       if (!arena.page(i).owned()) continue;
       try {
         if (arena.page(i).fence) arena.page(i).fence->wait();
-        pages.push_back(unmap_page(arena, i));
+        pages.push_back(table_.unmap_page(arena, i));
       } catch (const Error& e) {
         log::error("unmapping at shutdown failed: {}", e.what());
       }
@@ -98,27 +99,21 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
                                  Lifetime lifetime, std::vector<Page>& stash, bool fresh_chunks) {
   std::lock_guard lock(mu_);
   if (retired_) {
-    throw InvalidArgument(fmt::format("allocate: the stream was retired on device {}",
-                                      device_.device()));
+    throw InvalidArgument(
+        fmt::format("allocate: the stream was retired on device {}", device_.device()));
   }
-  if (!retiring_.empty()) settle_retiring(false);
+  if (table_.retiring()) settle_retiring(false);
   Arena* where = nullptr;
   Block* block = place(bytes, where);
   if (block == nullptr) return {.out_of_address_space = true};
   Arena& arena = *where;
-
   auto [first, last] = arena.pages_touched(*block);
   std::vector<Page> pages;
   try {
-    if (const std::size_t missing = prepare_pages(arena, first, last); missing > 0) {
-      if (const std::size_t short_by =
-              gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
-        // Pages taken keep their fences: whoever takes them next waits for the same work.
-        device_.tiers().give_back(device_.device(), pages);
-        arena.release(block, false);
-        return {.pages_short = short_by};
-      }
-      map_pages(arena, first, last, pages);
+    if (const std::size_t missing = table_.prepare_pages(arena, first, last); missing > 0) {
+      const std::size_t short_by =
+          map_missing(arena, block, first, last, missing, pages, stash, fresh_chunks);
+      if (short_by > 0) return {.pages_short = short_by};
     }
   } catch (...) {
     // A driver failure: whatever pages were gathered go back, the block returns to the free set.
@@ -132,13 +127,10 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   // block is never linked. Linking after their walk would leave a block nobody frees.
   if (JobBlocks& owner = ledger_.owner_for(job);
       !owner.record->alive.load(std::memory_order_acquire)) {
-    // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
-    if (owner.empty()) ledger_.forget_jobs(job);
-    release_block(block);
-    return {.job_gone = true};
+    return drop_for_gone_job(owner, job, block);
   }
   try {
-    adopt_page_fences(arena, first, last);
+    table_.adopt_page_fences(arena, first, last, stream());
   } catch (...) {
     release_block(block);  // fences not yet adopted stay on their pages
     throw;
@@ -152,6 +144,27 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   ++tally_.blocks[static_cast<std::size_t>(lifetime)];
   device_.counters().on_allocate(lifetime, block->size);
   return {.ptr = block->addr};
+}
+
+std::size_t StreamHeap::map_missing(Arena& arena, Block* block, std::size_t first, std::size_t last,
+                                    std::size_t missing, std::vector<Page>& pages,
+                                    std::vector<Page>& stash, bool fresh_chunks) {
+  if (const std::size_t short_by =
+          gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
+    // Pages taken keep their fences: whoever takes them next waits for the same work.
+    device_.tiers().give_back(device_.device(), pages);
+    arena.release(block, false);
+    return short_by;
+  }
+  table_.map_pages(arena, first, last, pages, stream());
+  return 0;
+}
+
+CarveResult StreamHeap::drop_for_gone_job(JobBlocks& owner, JobId job, Block* block) {
+  // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
+  if (owner.empty()) ledger_.forget_jobs(job);
+  release_block(block);
+  return {.job_gone = true};
 }
 
 Block* StreamHeap::place(std::size_t bytes, Arena*& where) {
@@ -219,20 +232,11 @@ Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes, std::size_t& cost) 
       });
       return arena.carve(bytes, &cost);
     }
-    if (retiring_.empty() || detour == kMaxDetours || !awaits_retiring(arena, *block)) {
+    if (!table_.retiring() || detour == kMaxDetours || !PageTable::awaits_retiring(arena, *block)) {
       return block;
     }
     detours_.emplace_back(&arena, block);
   }
-}
-
-bool StreamHeap::awaits_retiring(Arena& arena, const Block& block) const {
-  auto [first, last] = arena.pages_touched(block);
-  for (std::size_t i = first; i < last; ++i) {
-    const PageSlot& slot = arena.page(i);
-    if (slot.retiring && !slot.fence->done()) return true;
-  }
-  return false;
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -352,7 +356,7 @@ void StreamHeap::record_stream_use(DevicePtr ptr, StreamHandle other) {
 
 void StreamHeap::release_block(Block* block) {
   Arena& arena = arena_of(*block);
-  if (remote_pages_ == 0) {
+  if (table_.remote_pages() == 0) {
     arena.release(block);
     return;
   }

@@ -2,7 +2,10 @@
 // makes that safe; blocks that other streams used wait for those on the GPU). Other streams get
 // this heap's memory page by page (DeviceHeap::reclaim_from_others), fenced by the work enqueued
 // here: they wait for it on the GPU, and the page stays mapped at its old address until that
-// work has finished, so nothing queued here ever touches an unmapped page (hand_off).
+// work has finished, so nothing queued here ever touches an unmapped page (PageTable::hand_off).
+// Lock story: one mutex (mu_) guards the heap and the parts it is made of, which have no lock of
+// their own: the arenas, the PageTable under them, the JobLedger, and the PageMigrator's HeapView
+// made per call. stream(), contains() and range_count() take no lock.
 #pragma once
 
 #include <array>
@@ -22,7 +25,8 @@
 #include "memory/live_index.hpp"
 #include "memory/page_migrator.hpp"
 #include "memory/page_mover.hpp"
-#include "memory/page_pool.hpp"
+#include "memory/page_source.hpp"
+#include "memory/page_table.hpp"
 #include "memory/tiers.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
@@ -135,7 +139,8 @@ class StreamHeap {
     // before (Arena::gave_spare).
     spare,
     // As spare, also pages that queued work may still touch: handed off behind a fence, their
-    // old address kept mapped until it completes (hand_off). For this heap's own new blocks only.
+    // old address kept mapped until it completes (PageTable::hand_off). For this heap's own new
+    // blocks only.
     spare_fenced,
   };
   // Takes up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
@@ -167,7 +172,6 @@ class StreamHeap {
   [[nodiscard]] JobUsage job_usage(JobId job);
 
  private:
-
   enum SizeClass : std::size_t { kSmall = 0, kLarge = 1 };
   // The fewest pages a new block must lack before it takes spare pages that queued work may
   // still touch (Take::spare_fenced; see gather_pages). Measured on the traces of
@@ -192,6 +196,13 @@ class StreamHeap {
   // its job worked on stay on the block: its free fences them as the job's own free would.
   Lifetime disown(Block* block);
   FreedBlock free_block(Block* block);
+  // Gathers and maps the `missing` pages of a block just carved, [first, last) of `arena`.
+  // Returns how many it could not get; then the block and the pages gathered (`pages`) go back.
+  std::size_t map_missing(Arena& arena, Block* block, std::size_t first, std::size_t last,
+                          std::size_t missing, std::vector<Page>& pages, std::vector<Page>& stash,
+                          bool fresh_chunks);
+  // allocate found `job` gone (released or orphaned meanwhile): the block goes back unlinked.
+  CarveResult drop_for_gone_job(JobBlocks& owner, JobId job, Block* block);
   // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless it is
   // small, its page would come from a fresh chunk and the large class has free space on mapped
   // pages that holds it. nullptr when no address range can be had at all.
@@ -205,14 +216,6 @@ class StreamHeap {
   // A free block of `bytes` in `arena`, preferring addresses that need not wait for retiring
   // pages; nullptr when the arena has no room.
   Block* carve_in(Arena& arena, std::size_t bytes, std::size_t& cost);
-  [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
-  // Makes the pages [first, last) of a block just carved ready for mapping: waits out old
-  // addresses still retiring there. Returns how many pages need mapping. Page fences stay: an
-  // allocation that fails after this gives the block back with its pages' fences intact.
-  std::size_t prepare_pages(Arena& arena, std::size_t first, std::size_t last);
-  // Once the block is the caller's: orders this stream after the work that other streams may
-  // still do on its pages kept mapped (their fences), and drops those fences.
-  void adopt_page_fences(Arena& arena, std::size_t first, std::size_t last);
   // A fence after this stream's work so far (null when it has none), made once per call site
   // that needs one.
   class OwnFence {
@@ -243,17 +246,8 @@ class StreamHeap {
   // Up to `wanted` of this heap's spare pages into `pages`, for a block that lacks `missing`.
   std::size_t take_spare(std::size_t wanted, std::size_t missing, std::vector<Page>& pages,
                          OwnFence& own);
+  // table_.settle_retiring, then set-aside blocks whose addresses have settled go back.
   void settle_retiring(bool wait);
-  void unmap_retired(Arena& arena, std::size_t index);
-  void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
-  // Hands page `index` over to a new user: unmapped at once when no work may still touch it,
-  // else fenced and left mapped at its old address (retiring) until that work has finished.
-  // Only pages wholly inside free space are handed off.
-  Page hand_off(Arena& arena, std::size_t index, OwnFence& own);
-  // Unmaps one owned page and returns it; work that may still touch it must have finished.
-  Page unmap_page(Arena& arena, std::size_t index);
-  // The page is no longer this arena's: counters follow.
-  void forget_page(Arena& arena, std::size_t index);
   // Pages [first, last) of a block just released into `merged` that live on other tiers and that
   // no live block touches go home, fenced by this stream's work so far.
   void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
@@ -285,12 +279,10 @@ class StreamHeap {
   static constexpr std::size_t kMaxRanges = 64;
   std::array<Range, kMaxRanges> ranges_;
   std::atomic<std::size_t> range_count_{0};
-  std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
-  LiveIndex live_;  // entries inline: no trip to malloc on the hot path
-  JobLedger ledger_;  // each job's live blocks here
-  // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
-  std::vector<std::pair<Arena*, std::size_t>> retiring_;
+  LiveIndex live_;                      // entries inline: no trip to malloc on the hot path
+  PageTable table_;                     // the pages under arenas_
+  JobLedger ledger_;                    // each job's live blocks here
   std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
   std::uint64_t quiet_through_ = 0;     // free space of epochs up to this one is quiet
   std::uint64_t iterations_ended_ = 0;  // promote calls that found the job here

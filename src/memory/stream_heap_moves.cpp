@@ -8,7 +8,7 @@
 namespace salus::memory {
 
 HeapView StreamHeap::view() {
-  return {device_, stream(), retire_fence_, arenas_, live_, ledger_, remote_pages_};
+  return {device_, stream(), retire_fence_, arenas_, live_, ledger_, table_.remote_pages()};
 }
 
 void StreamHeap::remap(DevicePtr ptr, Location where) {
@@ -43,7 +43,7 @@ bool StreamHeap::has_job(JobId job) {
 }
 
 void StreamHeap::return_stray_remote_pages(OwnFence& own) {
-  if (remote_pages_ == 0) return;
+  if (table_.remote_pages() == 0) return;
   std::vector<Page> pages;
   try {
     for_each_arena([&](Arena& arena) {
@@ -52,7 +52,7 @@ void StreamHeap::return_stray_remote_pages(OwnFence& own) {
         for (std::size_t i = first; i < last; ++i) {
           const PageSlot& slot = arena.page(i);
           if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
-            pages.push_back(hand_off(arena, i, own));
+            pages.push_back(table_.hand_off(arena, i, own.get()));
           }
         }
       });
@@ -72,7 +72,7 @@ void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_
       const PageSlot& slot = arena.page(i);
       if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
           !live_touches(arena, i, merged)) {
-        pages.push_back(hand_off(arena, i, own));
+        pages.push_back(table_.hand_off(arena, i, own.get()));
       }
     }
   } catch (const Error& e) {
