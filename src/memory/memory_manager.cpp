@@ -15,7 +15,6 @@ namespace salus {
 using memory::DeviceHeap;
 using memory::FreedBlock;
 using memory::JobRecord;
-using memory::PagePool;
 using memory::StreamHeap;
 
 const char* to_string(Lifetime lifetime) noexcept {
