@@ -1,8 +1,12 @@
 #include "memory/arena.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cassert>
+
+#include "salus/error.hpp"
 
 namespace salus::memory {
 
@@ -215,6 +219,10 @@ std::pair<std::size_t, std::size_t> Arena::pages_inside(const Block& block) cons
   const std::size_t first = pages_in(block.addr - base_ + page_bytes_ - 1);
   const std::size_t last = pages_in(block.end() - base_);
   return {first, last > first ? last : first};
+}
+
+void throw_no_arena(const Block& block) {
+  throw InvalidArgument(fmt::format("{:#x} lies in no address range of its heap", block.addr));
 }
 
 }  // namespace salus::memory

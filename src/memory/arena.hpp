@@ -3,10 +3,12 @@
 // the owning StreamHeap does both.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <memory_resource>
 #include <set>
 #include <utility>
@@ -18,7 +20,7 @@
 
 namespace salus::memory {
 
-struct JobBlocks;  // a stream heap's per-job lists (stream_heap.hpp)
+struct JobBlocks;  // a stream heap's per-job lists (job_ledger.hpp)
 
 struct Block {
   DevicePtr addr = 0;
@@ -165,5 +167,21 @@ class Arena {
   std::vector<bool> gave_spare_;  // by page, see gave_spare()
   std::uint64_t epoch_ = 1;       // see set_epoch
 };
+
+// A stream heap's arenas by size class (small, large), each class oldest first.
+using ArenaSet = std::array<std::vector<std::unique_ptr<Arena>>, 2>;
+
+[[noreturn]] void throw_no_arena(const Block& block);
+
+// The arena of `arenas` that holds `block`; throws InvalidArgument when none does. Inline: the
+// free path asks it.
+inline Arena& arena_of(const ArenaSet& arenas, const Block& block) {
+  for (const auto& list : arenas) {
+    for (const auto& arena : list) {
+      if (arena->contains(block.addr)) return *arena;
+    }
+  }
+  throw_no_arena(block);
+}
 
 }  // namespace salus::memory

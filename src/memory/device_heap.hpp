@@ -60,6 +60,9 @@ class DeviceHeap {
   [[nodiscard]] std::size_t limit() const { return pool_.limit_bytes(); }
   [[nodiscard]] DeviceBackend& backend() const { return *backend_; }
   [[nodiscard]] const std::shared_ptr<DeviceBackend>& shared_backend() const { return backend_; }
+  // The device's own pages. PagePool, not PageSource: stream heaps ask it on the allocation path
+  // (StreamHeap::place, gather_pages), where no virtual call goes; pages of other sources come
+  // through tiers(), whose pools are PageSources.
   [[nodiscard]] PagePool& pool() { return pool_; }
   [[nodiscard]] const PagePool& pool() const { return pool_; }
   [[nodiscard]] DeviceCounters& counters() { return counters_; }

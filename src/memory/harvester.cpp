@@ -97,7 +97,7 @@ std::size_t Harvester::recall(DeviceHeap& lender, std::size_t pages) {
       // Back to the borrower's own memory when it has room, else to the host.
       std::vector<Page> destinations;
       const std::size_t own = take_local(*borrower, candidates, destinations);
-      PagePool* host = tiers_.host();
+      PageSource* host = tiers_.host();
       if (own < candidates && host != nullptr && tiers_.fits(borrower->device(), *host)) {
         host->lend(candidates - own, 0, destinations);
       }

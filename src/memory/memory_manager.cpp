@@ -11,7 +11,6 @@ namespace salus {
 using memory::DeviceHeap;
 using memory::FreedBlock;
 using memory::JobRecord;
-using memory::PagePool;
 using memory::StreamHeap;
 
 const char* to_string(Lifetime lifetime) noexcept {
@@ -355,7 +354,7 @@ std::optional<BlockInfo> MemoryManager::find(DevicePtr ptr) const {
 std::size_t MemoryManager::trim() {
   std::size_t released = 0;
   for (const auto& device : impl_->heaps_) released += impl_->trim(*device);
-  PagePool* host = impl_->tiers_.host();
+  memory::PageSource* host = impl_->tiers_.host();
   return released + (host != nullptr ? host->trim() : 0);
 }
 

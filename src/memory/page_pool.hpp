@@ -1,5 +1,7 @@
 // Physical pages of one location. Pages are chunks of exactly one granule, created on demand up
-// to a byte limit and kept for reuse once unmapped; trim() gives the kept ones back.
+// to a byte limit and kept for reuse once unmapped; trim() gives the kept ones back. Lock story:
+// guarded by its own mutex (the kept pages); counters are atomics. Final: a stream heap asks its
+// device's pool on the allocation path through this type, with no virtual call.
 #pragma once
 
 #include <atomic>
@@ -11,21 +13,12 @@
 
 #include "memory/counter.hpp"
 #include "memory/fence.hpp"
+#include "memory/page_source.hpp"
 #include "salus/device.hpp"
 
 namespace salus::memory {
 
-// A physical page handed from one user to the next. `fence`, when set, marks GPU work that may
-// still touch the page (work of the streams it was taken from): a new user orders its work after
-// it, and the page is released to the driver only once it has completed. The old user may still
-// map the page at its old address until then (see StreamHeap::hand_off).
-struct Page {
-  ChunkHandle chunk{};
-  FencePtr fence;
-  Location where{};  // the pool it comes from and goes back to
-};
-
-class PagePool {
+class PagePool final : public PageSource {
  public:
   PagePool(DeviceBackend& backend, Location where, std::size_t page_bytes, std::size_t limit_bytes);
   ~PagePool();
@@ -35,34 +28,34 @@ class PagePool {
   // Appends up to `count` pages to `out`, reusing kept pages first, then creating chunks while
   // under the limit. Returns how many were added. Throws DeviceError only for driver failures
   // other than running out of memory.
-  std::size_t acquire(std::size_t count, std::vector<Page>& out);
+  std::size_t acquire(std::size_t count, std::vector<Page>& out) override;
   // As acquire, from the kept pages only: no chunk is created.
-  std::size_t acquire_kept(std::size_t count, std::vector<Page>& out);
+  std::size_t acquire_kept(std::size_t count, std::vector<Page>& out) override;
   // Pages kept for reuse right now (acquire_kept's most); lock-free, so a moment old.
-  [[nodiscard]] std::size_t kept_pages() const {
+  [[nodiscard]] std::size_t kept_pages() const override {
     return kept_count_.load(std::memory_order_relaxed);
   }
   // As acquire, for another device or the host tier: stops while fewer than `reserve_bytes`
   // would stay free here. The pages count as lent until take_back.
-  std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out);
+  std::size_t lend(std::size_t count, std::size_t reserve_bytes, std::vector<Page>& out) override;
   // Keeps unmapped pages for reuse.
-  void put(Page page);
-  void put(std::vector<Page>& pages);  // empties `pages`
+  void put(Page page) override;
+  void put(std::vector<Page>& pages) override;  // empties `pages`
   // A lent page comes home.
-  void take_back(Page page);
+  void take_back(Page page) override;
   // Releases every kept page to the device (after its fence); returns the bytes released.
-  std::size_t trim();
+  std::size_t trim() override;
 
-  [[nodiscard]] Location where() const { return where_; }
-  [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
-  [[nodiscard]] std::size_t limit_bytes() const { return limit_bytes_; }
+  [[nodiscard]] Location where() const override { return where_; }
+  [[nodiscard]] std::size_t page_bytes() const override { return page_bytes_; }
+  [[nodiscard]] std::size_t limit_bytes() const override { return limit_bytes_; }
   [[nodiscard]] std::size_t held_bytes() const { return held_.value(); }
   [[nodiscard]] std::size_t peak_held_bytes() const {
     return held_.peak();
   }
   [[nodiscard]] std::uint64_t creates() const { return creates_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
-  [[nodiscard]] std::size_t lent_bytes() const {
+  [[nodiscard]] std::size_t lent_bytes() const override {
     return lent_.load(std::memory_order_relaxed) * page_bytes_;
   }
   // Pages nobody uses: kept ones plus what may still be created.

@@ -12,7 +12,11 @@ namespace salus::memory {
 
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
-    : device_(device), stream_(stream.value), first_bytes_{small_bytes, large_bytes} {
+    : device_(device),
+      stream_(stream.value),
+      first_bytes_{small_bytes, large_bytes},
+      table_(device),
+      ledger_(device.jobs()) {
   try {
     grow(kSmall, small_bytes);  // the first range of a class throws when refused
     grow(kLarge, large_bytes);
@@ -40,8 +44,8 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
     base = device_.backend().reserve_address(size, page);
   } catch (const Error& e) {
     if (arenas_[c].empty()) throw;  // the heap cannot exist without its first ranges
-    log::warn("device {}: reserving another {} bytes of address space failed: {}",
-            device_.device(), size, e.what());
+    log::warn("device {}: reserving another {} bytes of address space failed: {}", device_.device(),
+              size, e.what());
     return nullptr;
   }
   Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
@@ -50,15 +54,6 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
   ranges_[index].end.store(base + size, std::memory_order_relaxed);
   range_count_.store(index + 1, std::memory_order_release);
   return arena;
-}
-
-Arena& StreamHeap::arena_of(const Block& block) {
-  for (auto& list : arenas_) {
-    for (const auto& arena : list) {
-      if (arena->contains(block.addr)) return *arena;
-    }
-  }
-  throw InvalidArgument(fmt::format("{:#x} lies in no address range of its heap", block.addr));
 }
 
 StreamHeap::~StreamHeap() {
@@ -84,7 +79,7 @@ StreamHeap::~StreamHeap() {
       if (!arena.page(i).owned()) continue;
       try {
         if (arena.page(i).fence) arena.page(i).fence->wait();
-        pages.push_back(unmap_page(arena, i));
+        pages.push_back(table_.unmap_page(arena, i));
       } catch (const Error& e) {
         log::error("unmapping at shutdown failed: {}", e.what());
       }
@@ -104,27 +99,21 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
                                  Lifetime lifetime, std::vector<Page>& stash, bool fresh_chunks) {
   std::lock_guard lock(mu_);
   if (retired_) {
-    throw InvalidArgument(fmt::format("allocate: the stream was retired on device {}",
-                                      device_.device()));
+    throw InvalidArgument(
+        fmt::format("allocate: the stream was retired on device {}", device_.device()));
   }
-  if (!retiring_.empty()) settle_retiring(false);
+  if (table_.retiring()) settle_retiring(false);
   Arena* where = nullptr;
   Block* block = place(bytes, where);
   if (block == nullptr) return {.out_of_address_space = true};
   Arena& arena = *where;
-
   auto [first, last] = arena.pages_touched(*block);
   std::vector<Page> pages;
   try {
-    if (const std::size_t missing = prepare_pages(arena, first, last); missing > 0) {
-      if (const std::size_t short_by =
-              gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
-        // Pages taken keep their fences: whoever takes them next waits for the same work.
-        device_.tiers().give_back(device_.device(), pages);
-        arena.release(block, false);
-        return {.pages_short = short_by};
-      }
-      map_pages(arena, first, last, pages);
+    if (const std::size_t missing = table_.prepare_pages(arena, first, last); missing > 0) {
+      const std::size_t short_by =
+          map_missing(arena, block, first, last, missing, pages, stash, fresh_chunks);
+      if (short_by > 0) return {.pages_short = short_by};
     }
   } catch (...) {
     // A driver failure: whatever pages were gathered go back, the block returns to the free set.
@@ -136,17 +125,12 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   // Checked under this heap's lock, which release_job and orphan_job take after marking the job
   // gone: either they walk this heap after the block is linked (and free or orphan it), or the
   // block is never linked. Linking after their walk would leave a block nobody frees.
-  if (JobBlocks& owner = owner_for(job); !owner.record->alive.load(std::memory_order_acquire)) {
-    // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
-    if (std::all_of(std::begin(owner.head), std::end(owner.head),
-                    [](const Block* head) { return head == nullptr; })) {
-      forget_jobs(job);
-    }
-    release_block(block);
-    return {.job_gone = true};
+  if (JobBlocks& owner = ledger_.owner_for(job);
+      !owner.record->alive.load(std::memory_order_acquire)) {
+    return drop_for_gone_job(owner, job, block);
   }
   try {
-    adopt_page_fences(arena, first, last);
+    table_.adopt_page_fences(arena, first, last, stream());
   } catch (...) {
     release_block(block);  // fences not yet adopted stay on their pages
     throw;
@@ -154,12 +138,33 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   block->requested = requested;
   block->job = job;
   block->lifetime = lifetime;
-  link(block);
+  ledger_.link(block);
   live_.insert(block->addr, block);
   ++tally_.allocations;
   ++tally_.blocks[static_cast<std::size_t>(lifetime)];
   device_.counters().on_allocate(lifetime, block->size);
   return {.ptr = block->addr};
+}
+
+std::size_t StreamHeap::map_missing(Arena& arena, Block* block, std::size_t first, std::size_t last,
+                                    std::size_t missing, std::vector<Page>& pages,
+                                    std::vector<Page>& stash, bool fresh_chunks) {
+  if (const std::size_t short_by =
+          gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
+    // Pages taken keep their fences: whoever takes them next waits for the same work.
+    device_.tiers().give_back(device_.device(), pages);
+    arena.release(block, false);
+    return short_by;
+  }
+  table_.map_pages(arena, first, last, pages, stream());
+  return 0;
+}
+
+CarveResult StreamHeap::drop_for_gone_job(JobBlocks& owner, JobId job, Block* block) {
+  // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
+  if (owner.empty()) ledger_.forget_jobs(job);
+  release_block(block);
+  return {.job_gone = true};
 }
 
 Block* StreamHeap::place(std::size_t bytes, Arena*& where) {
@@ -227,20 +232,11 @@ Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes, std::size_t& cost) 
       });
       return arena.carve(bytes, &cost);
     }
-    if (retiring_.empty() || detour == kMaxDetours || !awaits_retiring(arena, *block)) {
+    if (!table_.retiring() || detour == kMaxDetours || !PageTable::awaits_retiring(arena, *block)) {
       return block;
     }
     detours_.emplace_back(&arena, block);
   }
-}
-
-bool StreamHeap::awaits_retiring(Arena& arena, const Block& block) const {
-  auto [first, last] = arena.pages_touched(block);
-  for (std::size_t i = first; i < last; ++i) {
-    const PageSlot& slot = arena.page(i);
-    if (slot.retiring && !slot.fence->done()) return true;
-  }
-  return false;
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -252,51 +248,6 @@ Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
         what, ptr, device_.device()));
   }
   return block;
-}
-
-JobBlocks& StreamHeap::owner_for(JobId job) {
-  if (last_owner_ != nullptr && last_owner_job_ == job.value) return *last_owner_;
-  JobBlocks& owner = jobs_[job.value];
-  if (owner.record == nullptr) owner.record = device_.jobs().find(job);
-  last_owner_ = &owner;
-  last_owner_job_ = job.value;
-  return owner;
-}
-
-void StreamHeap::forget_jobs(std::optional<JobId> job) {
-  if (job) {
-    jobs_.erase(job->value);
-  } else {
-    jobs_.clear();
-  }
-  last_owner_ = nullptr;
-}
-
-void StreamHeap::link(Block* block) {
-  JobBlocks& owner = owner_for(block->job);
-  block->owner = &owner;
-  const auto c = static_cast<std::size_t>(block->lifetime);
-  block->job_prev = nullptr;
-  block->job_next = owner.head[c];
-  if (owner.head[c]) owner.head[c]->job_prev = block;
-  owner.head[c] = block;
-  owner.usage.bytes[c] += block->size;
-  ++owner.usage.blocks[c];
-}
-
-void StreamHeap::unlink(Block* block) {
-  JobBlocks& owner = *block->owner;  // set by link: no lookup by job on the free path
-  const auto c = static_cast<std::size_t>(block->lifetime);
-  if (block->job_prev) {
-    block->job_prev->job_next = block->job_next;
-  } else {
-    owner.head[c] = block->job_next;
-  }
-  if (block->job_next) block->job_next->job_prev = block->job_prev;
-  block->job_prev = block->job_next = nullptr;
-  block->owner = nullptr;
-  owner.usage.bytes[c] -= block->size;
-  --owner.usage.blocks[c];
 }
 
 Lifetime StreamHeap::disown(Block* block) {
@@ -312,7 +263,7 @@ Lifetime StreamHeap::disown(Block* block) {
         std::unique(block->other_streams.begin(), block->other_streams.end()),
         block->other_streams.end());
   }
-  unlink(block);
+  ledger_.unlink(block);
   if (was == Lifetime::ephemeral) {
     --tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)];
     ++tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)];
@@ -320,7 +271,7 @@ Lifetime StreamHeap::disown(Block* block) {
   }
   block->job = kUnattributedJob;
   block->lifetime = Lifetime::persistent;
-  link(block);
+  ledger_.link(block);
   return was;
 }
 
@@ -336,7 +287,7 @@ FreedBlock StreamHeap::free_block(Block* block) {
     fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
   }
   const FreedBlock freed{block->job, block->lifetime, block->size, block->owner->record};
-  unlink(block);
+  ledger_.unlink(block);
   live_.erase(block->addr);
   ++tally_.frees;
   --tally_.blocks[static_cast<std::size_t>(block->lifetime)];
@@ -405,7 +356,7 @@ void StreamHeap::record_stream_use(DevicePtr ptr, StreamHandle other) {
 
 void StreamHeap::release_block(Block* block) {
   Arena& arena = arena_of(*block);
-  if (remote_pages_ == 0) {
+  if (table_.remote_pages() == 0) {
     arena.release(block);
     return;
   }
@@ -416,33 +367,14 @@ void StreamHeap::release_block(Block* block) {
 
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return {0, 0};
+  JobBlocks* owner = ledger_.find(job);
+  if (owner == nullptr) return {0, 0};
   ++iterations_ended_;
   end_epoch();
-  JobBlocks& owner = it->second;
-  constexpr auto eph = static_cast<std::size_t>(Lifetime::ephemeral);
-  constexpr auto per = static_cast<std::size_t>(Lifetime::persistent);
-  std::size_t blocks = 0;
-  Block* tail = nullptr;
-  for (Block* b = owner.head[eph]; b != nullptr; b = b->job_next) {
-    b->lifetime = Lifetime::persistent;
-    tail = b;
-    ++blocks;
-  }
-  if (tail == nullptr) return {0, 0};
-  // Splice the whole ephemeral list in front of the persistent one.
-  tail->job_next = owner.head[per];
-  if (owner.head[per]) owner.head[per]->job_prev = tail;
-  owner.head[per] = owner.head[eph];
-  owner.head[eph] = nullptr;
-  const std::size_t bytes = owner.usage.bytes[eph];
-  owner.usage.bytes[per] += bytes;
-  owner.usage.bytes[eph] = 0;
-  owner.usage.blocks[per] += blocks;
-  owner.usage.blocks[eph] = 0;
-  tally_.blocks[per] += blocks;
-  tally_.blocks[eph] -= blocks;
+  const auto [bytes, blocks] = JobLedger::promote(*owner);
+  if (blocks == 0) return {0, 0};
+  tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)] += blocks;
+  tally_.blocks[static_cast<std::size_t>(Lifetime::ephemeral)] -= blocks;
   device_.counters().on_promote(bytes);
   return {bytes, blocks};
 }
@@ -469,8 +401,7 @@ StreamHeap::Tally StreamHeap::tally() {
 
 StreamHeap::JobUsage StreamHeap::job_usage(JobId job) {
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  return it == jobs_.end() ? JobUsage{} : it->second.usage;
+  return ledger_.job_usage(job);
 }
 
 }  // namespace salus::memory

@@ -2,7 +2,10 @@
 // makes that safe; blocks that other streams used wait for those on the GPU). Other streams get
 // this heap's memory page by page (DeviceHeap::reclaim_from_others), fenced by the work enqueued
 // here: they wait for it on the GPU, and the page stays mapped at its old address until that
-// work has finished, so nothing queued here ever touches an unmapped page (hand_off).
+// work has finished, so nothing queued here ever touches an unmapped page (PageTable::hand_off).
+// Lock story: one mutex (mu_) guards the heap and the parts it is made of, which have no lock of
+// their own: the arenas, the PageTable under them, the JobLedger, and the PageMigrator's HeapView
+// made per call. stream(), contains() and range_count() take no lock.
 #pragma once
 
 #include <array>
@@ -14,13 +17,15 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/job_ledger.hpp"
 #include "memory/live_index.hpp"
+#include "memory/page_migrator.hpp"
 #include "memory/page_mover.hpp"
-#include "memory/page_pool.hpp"
+#include "memory/page_source.hpp"
+#include "memory/page_table.hpp"
 #include "memory/tiers.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
@@ -37,20 +42,6 @@ struct FreedBlock {
   Lifetime lifetime;
   std::size_t bytes;
   JobRecord* record;  // the job's record in the JobTable (never null)
-};
-
-// Live bytes and blocks of one job in one stream heap, by class.
-struct JobUsage {
-  std::size_t bytes[kLifetimeCount] = {};
-  std::size_t blocks[kLifetimeCount] = {};
-};
-
-// One job's live blocks in one stream heap: an intrusive list per class, and their usage. Each
-// block points at its owner's entry (Block::owner), so a free needs no lookup by job.
-struct JobBlocks {
-  Block* head[kLifetimeCount] = {};
-  JobUsage usage;
-  JobRecord* record = nullptr;  // the job's record in the JobTable, looked up once
 };
 
 struct CarveResult {
@@ -147,7 +138,8 @@ class StreamHeap {
     // before (Arena::gave_spare).
     spare,
     // As spare, also pages that queued work may still touch: handed off behind a fence, their
-    // old address kept mapped until it completes (hand_off). For this heap's own new blocks only.
+    // old address kept mapped until it completes (PageTable::hand_off). For this heap's own new
+    // blocks only.
     spare_fenced,
   };
   // Takes up to `wanted` pages lying wholly inside free blocks and gives them to the pool, fenced
@@ -159,23 +151,12 @@ class StreamHeap {
   void settle(bool wait);
   void remap(DevicePtr ptr, Location where);
 
-  // Which pages a move takes: those living where `from` says, under live blocks (of `job` only,
-  // when set) whose every owner `gate` lets move.
-  struct MoveSpec {
-    MoveReason reason = MoveReason::demote;
-    std::function<bool(Location)> from;
-    std::optional<JobId> job;
-  };
-  // Moves up to destinations.size() pages onto `destinations`, used in the order given (callers
-  // put the best first; what is left over stays theirs); the old pages go home through the tiers.
-  // Returns how many moved; `owners`, when given, gets the jobs whose pages moved.
+  // Page moves: see PageMigrator, which does them under this heap's lock.
+  using MoveSpec = memory::MoveSpec;
   std::size_t move_pages(const MoveSpec& spec, std::vector<Page>& destinations, JobGate& gate,
                          std::vector<JobId>* owners = nullptr);
-  // Pages `move_pages(spec)` would consider: whatever the gate says when `gate` is null, else only
-  // those whose owners the gate lets move now.
   std::size_t count_pages(const MoveSpec& spec, JobGate* gate = nullptr);
   [[nodiscard]] bool has_job(JobId job);
-  // Live bytes of `job` here by the tier of the pages under them.
   void add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]);
   // Operation and block counts, kept under this heap's lock.
   struct Tally {
@@ -190,14 +171,15 @@ class StreamHeap {
   [[nodiscard]] JobUsage job_usage(JobId job);
 
  private:
-
   enum SizeClass : std::size_t { kSmall = 0, kLarge = 1 };
   // The fewest pages a new block must lack before it takes spare pages that queued work may
   // still touch (Take::spare_fenced; see gather_pages). Measured on the traces of
   // benchmarks/traces with a GPU one iteration behind: 1 page made small CNN traces worse.
   static constexpr std::size_t kFencedMovePages = 8;
   static SizeClass class_of(std::size_t bytes) { return bytes <= kSmallRequest ? kSmall : kLarge; }
-  Arena& arena_of(const Block& block);
+  Arena& arena_of(const Block& block) { return memory::arena_of(arenas_, block); }
+  // This heap's state for its PageMigrator; mu_ must be held while it is used.
+  HeapView view();
   // Every arena, large ones first (the order reclaiming takes pages in).
   template <class F>
   void for_each_arena(F&& visit) {
@@ -212,16 +194,14 @@ class StreamHeap {
   // Makes a live block the unattributed job's, persistent; returns its old class. The streams
   // its job worked on stay on the block: its free fences them as the job's own free would.
   Lifetime disown(Block* block);
-  // Hands each live block of `job` to `visit` (under the lock), then forgets the job.
-  template <class F>
-  void drain_job(JobId job, F&& visit);
-  void link(Block* block);
-  void unlink(Block* block);
-  // The lists of `job` here, made on first use. The last one found is remembered: a stream's
-  // allocations mostly come from one job. Whatever erases from jobs_ calls forget_jobs.
-  JobBlocks& owner_for(JobId job);
-  void forget_jobs(std::optional<JobId> job = std::nullopt);  // one job's entry, or all
   FreedBlock free_block(Block* block);
+  // Gathers and maps the `missing` pages of a block just carved, [first, last) of `arena`.
+  // Returns how many it could not get; then the block and the pages gathered (`pages`) go back.
+  std::size_t map_missing(Arena& arena, Block* block, std::size_t first, std::size_t last,
+                          std::size_t missing, std::vector<Page>& pages, std::vector<Page>& stash,
+                          bool fresh_chunks);
+  // allocate found `job` gone (released or orphaned meanwhile): the block goes back unlinked.
+  CarveResult drop_for_gone_job(JobBlocks& owner, JobId job, Block* block);
   // Where a new block of `bytes` goes (`where` says which arena): carve's choice, unless it is
   // small, its page would come from a fresh chunk and the large class has free space on mapped
   // pages that holds it. nullptr when no address range can be had at all.
@@ -235,14 +215,6 @@ class StreamHeap {
   // A free block of `bytes` in `arena`, preferring addresses that need not wait for retiring
   // pages; nullptr when the arena has no room.
   Block* carve_in(Arena& arena, std::size_t bytes, std::size_t& cost);
-  [[nodiscard]] bool awaits_retiring(Arena& arena, const Block& block) const;
-  // Makes the pages [first, last) of a block just carved ready for mapping: waits out old
-  // addresses still retiring there. Returns how many pages need mapping. Page fences stay: an
-  // allocation that fails after this gives the block back with its pages' fences intact.
-  std::size_t prepare_pages(Arena& arena, std::size_t first, std::size_t last);
-  // Once the block is the caller's: orders this stream after the work that other streams may
-  // still do on its pages kept mapped (their fences), and drops those fences.
-  void adopt_page_fences(Arena& arena, std::size_t first, std::size_t last);
   // A fence after this stream's work so far (null when it has none), made once per call site
   // that needs one.
   class OwnFence {
@@ -273,17 +245,8 @@ class StreamHeap {
   // Up to `wanted` of this heap's spare pages into `pages`, for a block that lacks `missing`.
   std::size_t take_spare(std::size_t wanted, std::size_t missing, std::vector<Page>& pages,
                          OwnFence& own);
+  // table_.settle_retiring, then set-aside blocks whose addresses have settled go back.
   void settle_retiring(bool wait);
-  void unmap_retired(Arena& arena, std::size_t index);
-  void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages);
-  // Hands page `index` over to a new user: unmapped at once when no work may still touch it,
-  // else fenced and left mapped at its old address (retiring) until that work has finished.
-  // Only pages wholly inside free space are handed off.
-  Page hand_off(Arena& arena, std::size_t index, OwnFence& own);
-  // Unmaps one owned page and returns it; work that may still touch it must have finished.
-  Page unmap_page(Arena& arena, std::size_t index);
-  // The page is no longer this arena's: counters follow.
-  void forget_page(Arena& arena, std::size_t index);
   // Pages [first, last) of a block just released into `merged` that live on other tiers and that
   // no live block touches go home, fenced by this stream's work so far.
   void return_remote_pages(Arena& arena, std::size_t first, std::size_t last, const Block& merged);
@@ -296,25 +259,6 @@ class StreamHeap {
   void release_block(Block* block);
   // A retired heap keeps no free pages: they go to the pool behind the retire fence.
   void drain_retired();
-  // Runs `moves` on the device's mover after `after`, then settles counters, reports the round
-  // and sends the old pages home. Moves that failed give their new pages back; rethrows.
-  void run_moves(MoveReason reason, std::vector<PageMove>& moves,
-                 std::span<const std::shared_ptr<const Event>> after);
-  // Events after the work so far on `streams`.
-  std::vector<std::shared_ptr<const Event>> marks_now(std::span<const StreamHandle> streams);
-  // Visits the pages under live blocks (of one job, or all): visit(arena, index, block). A page
-  // shared by two blocks may be visited twice.
-  template <class F>
-  void for_each_live_page(std::optional<JobId> job, F&& visit);
-  // True when `gate` lets the owner of every live block touching page `index` of `arena` move.
-  // With `hold`, holds each owner it lets through (listed in `held`); without, only asks.
-  // `touches_free`, when given, is set when free space shares the page.
-  bool owners_allow(Arena& arena, std::size_t index, const Block& start, JobGate& gate, bool hold,
-                    std::vector<JobId>& held, bool* touches_free = nullptr);
-  // What a move of `moves` (pages of the `held` jobs) must wait for: see move_pages.
-  std::vector<std::shared_ptr<const Event>> move_marks(const std::vector<PageMove>& moves,
-                                                       const std::vector<JobId>& held,
-                                                       JobGate& gate, bool touches_free);
 
   DeviceHeap& device_;
   std::atomic<std::uint64_t> stream_;  // written under mu_ (retire, rebind)
@@ -324,7 +268,7 @@ class StreamHeap {
   // The arenas of each class, oldest first; each is one reserved address range, kept until the
   // heap goes. Ranges are published in ranges_ for contains(), which takes no lock: a slot is
   // written once, before range_count_ covers it.
-  std::vector<std::unique_ptr<Arena>> arenas_[2];
+  ArenaSet arenas_;
   std::size_t first_bytes_[2];
   struct Range {
     std::atomic<DevicePtr> base{0};
@@ -334,16 +278,10 @@ class StreamHeap {
   static constexpr std::size_t kMaxRanges = 64;
   std::array<Range, kMaxRanges> ranges_;
   std::atomic<std::size_t> range_count_{0};
-  std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   Tally tally_;
-  LiveIndex live_;  // entries inline: no trip to malloc on the hot path
-  // Blocks point at their entry here (Block::owner): a node-based map, whose elements never
-  // move, and an entry is erased only once no block points at it.
-  std::unordered_map<std::uint32_t, JobBlocks> jobs_;
-  JobBlocks* last_owner_ = nullptr;  // owner_for's last answer (an entry of jobs_), or null
-  std::uint32_t last_owner_job_ = 0;
-  // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
-  std::vector<std::pair<Arena*, std::size_t>> retiring_;
+  LiveIndex live_;                      // entries inline: no trip to malloc on the hot path
+  PageTable table_;                     // the pages under arenas_
+  JobLedger ledger_;                    // each job's live blocks here
   std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
   std::uint64_t quiet_through_ = 0;     // free space of epochs up to this one is quiet
   std::uint64_t iterations_ended_ = 0;  // promote calls that found the job here
@@ -357,30 +295,18 @@ class StreamHeap {
 };
 
 template <class F>
-void StreamHeap::drain_job(JobId job, F&& visit) {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(job.value);
-  if (it == jobs_.end()) return;
-  for (Block* head : it->second.head) {
-    for (Block* b = head; b != nullptr;) {
-      Block* next = b->job_next;
-      visit(b);
-      b = next;
-    }
-  }
-  forget_jobs(job);
-}
-
-template <class F>
 void StreamHeap::release_job(JobId job, F&& on_free) {
-  drain_job(job, [&](Block* b) { on_free(free_block(b)); });  // remote pages under it go home
+  std::lock_guard lock(mu_);
+  // Remote pages under each block go home.
+  ledger_.drain_job(job, [&](Block* b) { on_free(free_block(b)); });
 }
 
 template <class F>
 void StreamHeap::orphan_job(JobId job, F&& on_move) {
   // link() may add the unattributed job's node while drain_job walks this job's lists: a rehash
   // moves no node, so the lists it walks stay put.
-  drain_job(job, [&](Block* b) {
+  std::lock_guard lock(mu_);
+  ledger_.drain_job(job, [&](Block* b) {
     const std::size_t bytes = b->size;
     on_move(disown(b), bytes);
   });

@@ -31,7 +31,7 @@ FencePtr StreamHeap::retire() {
 
 void StreamHeap::drain_retired() {
   // Pages go to the pool fenced: the taker waits for the retired stream's work on the GPU, and
-  // the old addresses stay mapped here until that work has finished (hand_off).
+  // the old addresses stay mapped here until that work has finished (PageTable::hand_off).
   std::vector<Page> pages;
   OwnFence own(*this);
   return_stray_remote_pages(own);
@@ -43,13 +43,13 @@ bool StreamHeap::rebind(StreamHandle stream) {
   std::lock_guard lock(mu_);
   if (!retired_) return false;
   settle_retiring(false);
-  if (!live_.empty() || !retiring_.empty() || !detours_.empty()) return false;
+  if (!live_.empty() || table_.retiring() || !detours_.empty()) return false;
   // Free space may still hold pages when an earlier drain failed: they go now.
   drain_retired();
-  if (!retiring_.empty()) return false;
+  if (table_.retiring()) return false;
   retired_ = false;
   retire_fence_.reset();
-  forget_jobs();
+  ledger_.forget_jobs();
   stream_.store(stream.value, std::memory_order_release);
   return true;
 }

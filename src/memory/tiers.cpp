@@ -56,11 +56,11 @@ Tiers::Tiers(DeviceBackend& backend, HarvestOptions options)
   }
 }
 
-void Tiers::add_device(PagePool& pool) {
+void Tiers::add_device(PageSource& pool) {
   device_pools_.push_back(&pool);
 }
 
-bool Tiers::fits(int device, const PagePool& pool) const {
+bool Tiers::fits(int device, const PageSource& pool) const {
   // Pages are mapped into the device's ranges one granule at a time.
   return pool.page_bytes() == device_pools_.at(static_cast<std::size_t>(device))->page_bytes();
 }
@@ -69,7 +69,7 @@ const std::vector<Lender>& Tiers::lenders(int device) const {
   return lenders_.at(static_cast<std::size_t>(device));
 }
 
-PagePool& Tiers::pool(Location where) {
+PageSource& Tiers::pool(Location where) {
   if (where.is_host()) {
     if (!host_) throw NotSupported("host memory chunks: the backend does not offer them here");
     return *host_;
@@ -91,7 +91,7 @@ std::size_t Tiers::borrow(int device, std::size_t count, std::vector<Page>& out)
   if (options_.spill == SpillPolicy::peer_then_host) {
     for (const Lender& lender : lenders(device)) {
       if (got == count) break;
-      PagePool& peer = pool(Location::gpu(lender.device));
+      PageSource& peer = pool(Location::gpu(lender.device));
       if (fits(device, peer)) got += peer.lend(count - got, reserve_bytes(lender.device), out);
     }
   }

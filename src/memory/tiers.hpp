@@ -1,5 +1,6 @@
 // The tiers below a device's own memory: idle pages of peers (lent) and host memory. Tiers knows
-// every location's page pool, ranks each device's lenders by link, and routes pages home.
+// every location's page source (PageSource), ranks each device's lenders by link, and routes pages
+// home.
 #pragma once
 
 #include <condition_variable>
@@ -50,20 +51,20 @@ class Tiers {
   Tiers(const Tiers&) = delete;
   Tiers& operator=(const Tiers&) = delete;
 
-  // Called once per device, in device order, with the device's own pool.
-  void add_device(PagePool& pool);
+  // Called once per device, in device order, with the device's own pages.
+  void add_device(PageSource& pool);
 
   [[nodiscard]] const HarvestOptions& options() const { return options_; }
   [[nodiscard]] bool spills() const { return options_.spill != SpillPolicy::none; }
   [[nodiscard]] const std::vector<Lender>& lenders(int device) const;
-  [[nodiscard]] PagePool& pool(Location where);
+  [[nodiscard]] PageSource& pool(Location where);
   // The host tier; null when the backend offers no host chunks.
-  [[nodiscard]] PagePool* host() { return host_ ? &*host_ : nullptr; }
+  [[nodiscard]] PageSource* host() { return host_ ? &*host_ : nullptr; }
   [[nodiscard]] std::size_t host_held_bytes() const { return host_ ? host_->held_bytes() : 0; }
   [[nodiscard]] bool has_host() const { return host_.has_value(); }
   [[nodiscard]] std::size_t reserve_bytes(int device) const;
   // Whether pages of `pool` can be mapped into `device`'s ranges (same page size).
-  [[nodiscard]] bool fits(int device, const PagePool& pool) const;
+  [[nodiscard]] bool fits(int device, const PageSource& pool) const;
 
   // Appends up to `count` pages a level below `device`'s own memory, by the spill policy: lenders
   // with room beyond their reserve, best first, then the host. Returns how many.
@@ -88,7 +89,7 @@ class Tiers {
   DeviceBackend& backend_;
   const HarvestOptions options_;
   std::vector<std::vector<Lender>> lenders_;
-  std::vector<PagePool*> device_pools_;
+  std::vector<PageSource*> device_pools_;
   std::optional<PagePool> host_;
 
   std::mutex observer_mu_;
