@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The counts of issue 21 ("one home for each idea"), for any checkout: every count is a grep or
+# wc over src/, include/, python_bindings/ and tests/, so that it can be rerun at an old commit and
+# compared. Prints one "name: value" line each.
+#
+#   scripts/architecture_counts.sh [DIR]   # DIR: a checkout (default: this one)
+set -euo pipefail
+cd "${1:-$(dirname "${BASH_SOURCE[0]}")/..}"
+
+heap_files=$(ls src/memory/stream_heap*.hpp src/memory/stream_heap*.cpp)
+echo "StreamHeap files: $(wc -w <<<"$heap_files")"
+echo "StreamHeap lines: $(cat $heap_files | wc -l)"
+# Declarations in the class header: a line ending in ';' with a parameter list.
+echo "StreamHeap declared functions: $(grep -cE '^\s+[^/].*\(.*\).*;\s*$' src/memory/stream_heap.hpp)"
+echo "StreamHeap mutexes: $(grep -cE 'std::mutex \w+;' src/memory/stream_heap.hpp)"
+for f in job_ledger page_migrator page_table page_source; do
+  [[ -f src/memory/$f.hpp ]] && echo "  split out: $f $(cat src/memory/$f.* | wc -l) lines"
+done
+echo "for_each_stream_heap loops: $(grep -rn 'for_each_stream_heap(' src | grep -vc 'void for_each_stream_heap')"
+# Homes of "the thread's current job": thread_local job state in src/ or the bindings (C++), and
+# Python's thread-local binding.
+echo "thread-local current-job homes: $(grep -rlE 'thread_local.*([Jj]ob|ThreadJob)' src python_bindings/src | wc -l) C++ + $(grep -rlE 'threading.local' python_bindings/salus | wc -l) Python"
+# Statistics written by hand: files that name a device statistic (allocation_waits) outside
+# tests, docs and the statistics' own field list.
+echo "files naming a device statistic: $(grep -rl 'allocation_waits' include src python_bindings/src python_bindings/salus | wc -l)"
+# Fields of a device's statistics in C++, C and Python (by class counts once in C++, as
+# persistent + ephemeral in C and Python).
+python3 - <<'PY'
+import re
+def body(path, start, end="\n}"):
+    text = open(path).read()
+    i = text.find(start)
+    return "" if i < 0 else text[i:text.index(end, i)]
+listed = body("include/salus/stats_fields.h", "#define SALUS_DEVICE_STATS_FIELDS", "\n\n") \
+    if __import__("os").path.exists("include/salus/stats_fields.h") else None
+if listed is not None:
+    n = len(re.findall(r"X\(", listed))
+    cpp, c = n + 1, n + 2
+else:
+    strip = lambda t: re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", t, flags=re.S))
+    cpp = len(re.findall(r"[\w\]]+\s*(?:=[^;]*)?;", strip(body("include/salus/memory.hpp", "struct DeviceMemoryStats {"))))
+    c = len(re.findall(r"\w+\s*[,;]", strip(body("include/salus/c_api.h", "typedef struct salus_device_stats {")))) - 1
+py = len(re.findall(r"^    \w+: ", body("python_bindings/salus/_runtime.py", "class DeviceStats:", "\n\n\n"), re.M))
+print(f"device statistics fields: C++ {cpp}, C {c}, Python {py}")
+PY
+echo "twinned fake-CUDA test files: $(ls tests/test_*_cuda_fake.cpp | wc -l)"
+echo "contract test files: $(ls tests/contract/*.cpp 2>/dev/null | wc -l)"
+echo "src files over 600 lines: $(find src -name '*.cpp' -o -name '*.hpp' | xargs wc -l | awk '$2 != "total" && $1 > 600 {printf "%s(%d) ", $2, $1}')"
+# Layering: libraries the build makes of src/ (one globbed object library before issue 21).
+layers=$(grep -oE '^set\(SALUS_LAYERS [a-z ]+' src/CMakeLists.txt | cut -d' ' -f2- || true)
+echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
