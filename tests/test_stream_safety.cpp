@@ -7,7 +7,8 @@
 // the host has freed it or let it move, then does the operation that would reuse or move the
 // memory, then waits for every stream and checks: the work found its own bytes, and every byte
 // is accounted for. On the simulated backend an unmapped page is a SIGSEGV, so a violation kills
-// the test process.
+// the test process. The reuse by another stream's allocation and by trim is the contract every
+// backend keeps, in contract/test_stream_safety_contract.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -68,36 +69,6 @@ class StreamSafety : public SimMemoryTest {
   StreamWork work;
   std::deque<Stream> streams_;  // a deque: Stream does not move while handed out
 };
-
-// The reported case: 48 MiB freed on s1 while s1's work on it is queued; s2 then needs 48 MiB,
-// which only s1's cached pages can give.
-TEST_F(StreamSafety, AnotherStreamsAllocationDoesNotTakePagesUnderQueuedWork) {
-  one_gpu();
-  const StreamHandle s1 = new_stream(), s2 = new_stream();
-  const JobId a = memory->register_job("a"), b = memory->register_job("b");
-  const DevicePtr p = alloc(48 * MiB, 0, a, Lifetime::ephemeral, s1);
-  work.touch(*backend, s1, {{p, 48 * MiB}}, stamp_once(1, kSlowKernel));
-  memory->deallocate(p);
-  const DevicePtr q = alloc(48 * MiB, 0, b, Lifetime::ephemeral, s2);
-  work.touch(*backend, s2, {{q, 48 * MiB}}, stamp_once(2));
-  sync_all();
-  expect_work_clean(work);
-  EXPECT_EQ(count_bad_stamps({q, 48 * MiB}, 2), 0u) << "a's work wrote b's block";
-  memory->deallocate(q);
-  expect_balanced(*memory);
-}
-
-TEST_F(StreamSafety, TrimDoesNotUnmapPagesUnderQueuedWork) {
-  one_gpu();
-  const StreamHandle s1 = new_stream();
-  const DevicePtr p = alloc(16 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, s1);
-  work.touch(*backend, s1, {{p, 16 * MiB}}, stamp_once(3, kSlowKernel));
-  memory->deallocate(p);
-  (void)memory->trim();
-  sync_all();
-  expect_work_clean(work);
-  expect_balanced(*memory);
-}
 
 // A job's blocks freed by release_job while its work is queued, on the stream the blocks were
 // allocated on or on another stream the job declared; then another stream needs those pages.

@@ -16,10 +16,13 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "salus/memory.hpp"
 #include "support/fake_driver.hpp"
 #include "support/memory_fixture.hpp"
+#include "support/stream_work.hpp"
 
 namespace salus::testing::contract {
 
@@ -48,11 +52,44 @@ class BackendHarness {
   // Physical bytes the backend holds at `where` (chunks created and not released).
   [[nodiscard]] virtual std::size_t chunk_bytes(Location where) const = 0;
 
+  // --- work queued on the GPU (stream-safety contracts) ---
+  // A kernel queued on `stream` over [ptr, ptr + bytes) that stamps `key`; `slow`: the GPU gets to
+  // it late. On the sim a host function that first sleeps (slow) and stamps the memory: an
+  // unmapped page kills the process, a page handed on shows as wrong stamps. On the fake an
+  // unfinished kernel: releasing memory under it is a violation. Returns its id.
+  virtual std::uint64_t enqueue_work(StreamHandle stream, DevicePtr ptr, std::size_t bytes,
+                                     std::uint64_t key, bool slow) = 0;
+  // Starts counting host waits (the fake: clears its call log).
+  virtual void mark() {}
+  // Host waits since mark(); nullopt where the backend cannot tell (the sim).
+  [[nodiscard]] virtual std::optional<std::size_t> host_waits() const { return std::nullopt; }
+  // The work `earlier` is still queued (the fake; the sim's slow kernel cannot be asked).
+  virtual void expect_still_queued(std::uint64_t earlier) { (void)earlier; }
+  // The work `later` runs after `earlier` on the GPU. The fake finishes `later` and expects
+  // `earlier` done with it; the sim shows it after drain(): `later`'s stamps survive.
+  virtual void expect_runs_after(std::uint64_t later, std::uint64_t earlier) {
+    (void)later;
+    (void)earlier;
+  }
+  // The GPU gets through all queued work on `streams` and the default stream, and every item found
+  // its own bytes.
+  virtual void drain(std::span<const StreamHandle> streams) = 0;
+  // After drain(): stamped words of [ptr, ptr + bytes) not holding `key` (the fake keeps no
+  // bytes for its kernels: 0).
+  [[nodiscard]] virtual std::size_t bad_stamps(DevicePtr ptr, std::size_t bytes,
+                                               std::uint64_t key) const {
+    (void)ptr, (void)bytes, (void)key;
+    return 0;
+  }
+  // Nothing mapped or held by the backend any more (the fake: no mapping, no live chunk).
+  virtual void expect_nothing_held() {}
+
   // The test just made `uses` calls that name a destroyed stream (the application's mistake):
   // the fake driver records each as a violation, expected here and then forgotten.
   virtual void expect_destroyed_stream_uses(std::size_t uses) { (void)uses; }
-  // Nothing went wrong under the library (the fake driver: no violations).
-  virtual void expect_no_violations() {}
+  // Nothing went wrong under the library (the fake driver: no violations, which are then
+  // forgotten so that a later check reports only new ones). `when` says what was going on.
+  virtual void expect_no_violations(const std::string& when = "") { (void)when; }
   // The GPU drains its queued work (before tearing down).
   virtual void finish_all_work() {}
 };
@@ -73,8 +110,31 @@ class SimHarness final : public BackendHarness {
     return sim_->chunk_bytes(where);
   }
 
+  // Long enough that the host is done with the reusing operation well before the work runs.
+  static constexpr std::chrono::milliseconds kSlowKernel{200};
+  std::uint64_t enqueue_work(StreamHandle stream, DevicePtr ptr, std::size_t bytes,
+                             std::uint64_t key, bool slow) override {
+    work_.touch(*sim_, stream, {{ptr, bytes}},
+                stamp_once(key, slow ? std::chrono::microseconds(kSlowKernel)
+                                     : std::chrono::microseconds(0)));
+    return work_.enqueued();
+  }
+  void drain(std::span<const StreamHandle> streams) override {
+    for (const StreamHandle s : streams) sim_->synchronize_stream(s);
+    sim_->synchronize_stream({});
+    EXPECT_TRUE(work_.all_finished())
+        << work_.finished() << " of " << work_.enqueued() << " items finished";
+    EXPECT_EQ(work_.mismatches(), 0u) << "queued work found foreign or stale bytes, first in block "
+                                      << std::hex << work_.first_bad();
+  }
+  [[nodiscard]] std::size_t bad_stamps(DevicePtr ptr, std::size_t bytes,
+                                       std::uint64_t key) const override {
+    return count_bad_stamps({ptr, bytes}, key);
+  }
+
  private:
   std::shared_ptr<sim::SimBackend> sim_;
+  StreamWork work_;
 };
 
 class FakeCudaHarness final : public BackendHarness {
@@ -127,10 +187,43 @@ class FakeCudaHarness final : public BackendHarness {
     }
     fake_.clear_violations();
   }
-  void expect_no_violations() override {
-    const auto violations = fake_.violations();
-    EXPECT_TRUE(violations.empty()) << violations.size() << " violations, first: "
-                                    << (violations.empty() ? "" : violations.front());
+  void expect_no_violations(const std::string& when = "") override {
+    const std::vector<std::string> violations = fake_.violations();
+    // One per page: the first few tell the story.
+    constexpr std::size_t kShown = 4;
+    std::string listed;
+    for (std::size_t i = 0; i < violations.size() && i < kShown; ++i) listed += "\n  " + violations[i];
+    if (violations.size() > kShown) {
+      listed += "\n  ... and " + std::to_string(violations.size() - kShown) + " more";
+    }
+    EXPECT_TRUE(violations.empty()) << violations.size() << " violations " << when << ":" << listed;
+    fake_.clear_violations();
+  }
+
+  std::uint64_t enqueue_work(StreamHandle stream, DevicePtr ptr, std::size_t bytes,
+                             std::uint64_t key, bool slow) override {
+    (void)key, (void)slow;  // every fake kernel waits for the test
+    return fake_.enqueue_work(stream, ptr, bytes);
+  }
+  void mark() override { fake_.clear_calls(); }
+  [[nodiscard]] std::optional<std::size_t> host_waits() const override {
+    return fake_.count("cuEventSynchronize") + fake_.count("cuStreamSynchronize");
+  }
+  void expect_still_queued(std::uint64_t earlier) override {
+    EXPECT_FALSE(fake_.work_finished(earlier)) << "the host waited for the earlier kernel";
+  }
+  void expect_runs_after(std::uint64_t later, std::uint64_t earlier) override {
+    fake_.finish_work(later);
+    EXPECT_TRUE(fake_.work_finished(earlier)) << "the later work must run after the earlier";
+  }
+  void drain(std::span<const StreamHandle> streams) override {
+    (void)streams;
+    fake_.finish_all_work();
+    EXPECT_EQ(fake_.pending_work(), 0u);
+  }
+  void expect_nothing_held() override {
+    EXPECT_EQ(fake_.mapped_bytes(), 0u);
+    EXPECT_EQ(fake_.live_chunks(), 0u);
   }
   void finish_all_work() override { fake_.finish_all_work(); }
 
@@ -154,6 +247,9 @@ struct BackendFixture {
   std::string name;
   std::function<std::unique_ptr<BackendHarness>(int devices, std::size_t bytes)> make;
 };
+
+// Its name in test listings (gtest finds PrintTo by ADL), rather than a dump of its bytes.
+inline void PrintTo(const BackendFixture& fixture, std::ostream* os) { *os << fixture.name; }
 
 inline const std::vector<BackendFixture>& contract_backends() {
   static const std::vector<BackendFixture> backends = {
