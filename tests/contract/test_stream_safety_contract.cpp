@@ -6,8 +6,8 @@
 // block, runs the operation that would reuse the memory, drains the GPU and checks that the work
 // found its own bytes (sim), that nothing was released under it (fake: no violations), that the
 // reuse waited on the GPU rather than the host (fake), and that every byte is accounted for.
-// Backend-specific: test_stream_safety.cpp (sim: jobs released, failing allocations, harvesting
-// and the runtime, under real timing) and test_stream_safety_cuda_fake.cpp (the same paths on the
+// Backend-specific: test_stream_safety.cpp (sim: failing allocations, harvesting and the runtime,
+// under real timing) and test_stream_safety_cuda_fake.cpp (the same paths on the
 // fake driver's model of queued work).
 #include <gtest/gtest.h>
 
@@ -92,6 +92,40 @@ TEST_P(StreamSafetyContract, TrimDoesNotUnmapPagesUnderQueuedWork) {
     RecordProperty("trim_host_waits", static_cast<int>(*waits));
   }
   harness->drain(handles_);
+  expect_clean_end();
+}
+
+// Releasing a job frees its blocks on every stream; its kernels on the allocation stream and on a
+// lane stream it declared still run when another job's stream takes the memory (the pool has 7
+// pages left; the other 21 only the released job's pages can give).
+TEST_P(StreamSafetyContract, ReleasedJobsPagesWaitForItsWorkOnEveryStream) {
+  build(1, 64 * MiB);
+  const JobId job = memory->register_job("leaving"), next = memory->register_job("next");
+  const StreamHandle s1 = new_stream(), lane = new_stream(), s2 = new_stream();
+  const DevicePtr on_s1 = alloc(24 * MiB, 0, job, Lifetime::persistent, s1);
+  const DevicePtr on_lane = alloc(24 * MiB, 0, job, Lifetime::persistent, s1);
+  const DevicePtr small = alloc(100 * KiB, 0, job, Lifetime::ephemeral, s1);
+  memory->add_job_stream(job, 0, lane);
+  const std::uint64_t w1 = harness->enqueue_work(s1, on_s1, 24 * MiB, 4, true);
+  const std::uint64_t w_small = harness->enqueue_work(s1, small, 100 * KiB, 5, false);
+  const std::uint64_t w2 = harness->enqueue_work(lane, on_lane, 24 * MiB, 6, true);
+  memory->release_job(job);
+
+  harness->mark();
+  const DevicePtr q = alloc(56 * MiB, 0, next, Lifetime::ephemeral, s2);
+  harness->expect_no_violations("while another stream took a released job's pages");
+  if (const auto waits = harness->host_waits()) {
+    EXPECT_EQ(*waits, 0u) << "the reuse should wait on the GPU, not the host";
+  }
+  const std::uint64_t new_work = harness->enqueue_work(s2, q, 56 * MiB, 7, false);
+  harness->expect_runs_after(new_work, w1);  // the job's work on its allocation stream
+  harness->expect_runs_after(new_work, w_small);
+  harness->expect_runs_after(new_work, w2);  // the job's work on its lane stream
+
+  harness->drain(handles_);
+  EXPECT_EQ(harness->bad_stamps(q, 56 * MiB, 7), 0u) << "the leaving job's work wrote next's block";
+  EXPECT_FALSE(memory->job_stats(job).alive);
+  memory->deallocate(q);
   expect_clean_end();
 }
 
