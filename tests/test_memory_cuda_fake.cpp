@@ -1,6 +1,7 @@
 // The memory manager on the CUDA backend, over the fake driver table: every page it maps gets
 // access descriptors right after the map, granularity comes from the driver, and driver failures
-// surface as errors naming the call while leaving the manager usable.
+// surface as errors naming the call while leaving the manager usable. What the memory manager does
+// on every backend is the contract in contract/test_memory_basic_contract.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>

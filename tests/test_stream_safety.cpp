@@ -7,7 +7,8 @@
 // the host has freed it or let it move, then does the operation that would reuse or move the
 // memory, then waits for every stream and checks: the work found its own bytes, and every byte
 // is accounted for. On the simulated backend an unmapped page is a SIGSEGV, so a violation kills
-// the test process.
+// the test process. The reuse by another stream's allocation, by trim and after a job's release is
+// the contract every backend keeps, in contract/test_stream_safety_contract.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -68,68 +69,6 @@ class StreamSafety : public SimMemoryTest {
   StreamWork work;
   std::deque<Stream> streams_;  // a deque: Stream does not move while handed out
 };
-
-// The reported case: 48 MiB freed on s1 while s1's work on it is queued; s2 then needs 48 MiB,
-// which only s1's cached pages can give.
-TEST_F(StreamSafety, AnotherStreamsAllocationDoesNotTakePagesUnderQueuedWork) {
-  one_gpu();
-  const StreamHandle s1 = new_stream(), s2 = new_stream();
-  const JobId a = memory->register_job("a"), b = memory->register_job("b");
-  const DevicePtr p = alloc(48 * MiB, 0, a, Lifetime::ephemeral, s1);
-  work.touch(*backend, s1, {{p, 48 * MiB}}, stamp_once(1, kSlowKernel));
-  memory->deallocate(p);
-  const DevicePtr q = alloc(48 * MiB, 0, b, Lifetime::ephemeral, s2);
-  work.touch(*backend, s2, {{q, 48 * MiB}}, stamp_once(2));
-  sync_all();
-  expect_work_clean(work);
-  EXPECT_EQ(count_bad_stamps({q, 48 * MiB}, 2), 0u) << "a's work wrote b's block";
-  memory->deallocate(q);
-  expect_balanced(*memory);
-}
-
-TEST_F(StreamSafety, TrimDoesNotUnmapPagesUnderQueuedWork) {
-  one_gpu();
-  const StreamHandle s1 = new_stream();
-  const DevicePtr p = alloc(16 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, s1);
-  work.touch(*backend, s1, {{p, 16 * MiB}}, stamp_once(3, kSlowKernel));
-  memory->deallocate(p);
-  (void)memory->trim();
-  sync_all();
-  expect_work_clean(work);
-  expect_balanced(*memory);
-}
-
-// A job's blocks freed by release_job while its work is queued, on the stream the blocks were
-// allocated on or on another stream the job declared; then another stream needs those pages.
-class StreamSafetyRelease : public StreamSafety, public ::testing::WithParamInterface<bool> {};
-
-TEST_P(StreamSafetyRelease, ReleasedJobsPagesWaitForItsQueuedWork) {
-  const bool on_job_stream = GetParam();
-  MemoryOptions options;
-  options.device_limits = {32 * MiB};
-  build(SimConfig::uniform(1, 64 * MiB), options);
-  const StreamHandle alloc_stream = new_stream(), job_stream = new_stream(), other = new_stream();
-  const JobId x = memory->register_job("x"), y = memory->register_job("y");
-  memory->add_job_stream(x, 0, job_stream);
-  const DevicePtr p = alloc(12 * MiB, 0, x, Lifetime::persistent, alloc_stream);
-  const DevicePtr small = alloc(100 * KiB, 0, x, Lifetime::ephemeral, alloc_stream);
-  work.touch(*backend, on_job_stream ? job_stream : alloc_stream,
-             {{p, 12 * MiB}, {small, 100 * KiB}}, stamp_once(4, kSlowKernel));
-  memory->release_job(x);
-  // 24 MiB of 32: the pool has 9 pages left, the other 3 only x's cached pages can give.
-  const DevicePtr q = alloc(24 * MiB, 0, y, Lifetime::ephemeral, other);
-  work.touch(*backend, other, {{q, 24 * MiB}}, stamp_once(5));
-  sync_all();
-  expect_work_clean(work);
-  EXPECT_EQ(count_bad_stamps({q, 24 * MiB}, 5), 0u) << "x's work wrote y's block";
-  memory->deallocate(q);
-  EXPECT_FALSE(memory->job_stats(x).alive);
-  expect_balanced(*memory);
-}
-
-INSTANTIATE_TEST_SUITE_P(Streams, StreamSafetyRelease, ::testing::Bool(), [](const auto& info) {
-  return info.param ? "WorkOnAJobStream" : "WorkOnTheAllocationStream";
-});
 
 // An allocation on the work's own stream that needs more pages than the pool has takes the
 // stream's own cached pages (unmapping them from the freed block's range) and then fails: the

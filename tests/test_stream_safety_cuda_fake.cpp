@@ -13,6 +13,9 @@
 //
 // A job's work on streams besides the ones it allocates on (a lane's stream) is declared with
 // MemoryManager::add_job_stream.
+//
+// The reuse by another stream's allocation, by trim and after a job's release is the contract
+// every backend keeps, in contract/test_stream_safety_contract.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -121,76 +124,6 @@ class StreamSafetyCudaFake : public ::testing::Test {
 };
 
 // --- reuse by another stream's allocation ----------------------------------------------------
-
-// The minimal case: s2 needs the pages of a block freed on s1 while s1's kernel still runs.
-TEST_F(StreamSafetyCudaFake, AnotherStreamReusesPagesOfABlockFreedUnderWork) {
-  build(1, tight(1));
-  const JobId a = memory_->register_job("a");
-  const JobId b = memory_->register_job("b");
-  const StreamHandle s1 = new_stream();
-  const StreamHandle s2 = new_stream();
-  const DevicePtr p = memory_->allocate({48 * MiB, 0, s1, a});
-  const std::uint64_t old_work = work(s1, p, 48 * MiB);
-  memory_->deallocate(p);
-
-  fake_->clear_calls();
-  const DevicePtr q = memory_->allocate({48 * MiB, 0, s2, b});
-  expect_no_violations("while s2 took the pages s1's kernel still uses");
-  EXPECT_EQ(host_waits(), 0u) << "the reuse should wait on the GPU, not the host";
-  EXPECT_FALSE(fake_->work_finished(old_work)) << "the allocation waited for s1's kernel";
-  const std::uint64_t new_work = work(s2, q, 48 * MiB);
-  fake_->finish_work(new_work);
-  EXPECT_TRUE(fake_->work_finished(old_work)) << "s2's work must run after s1's on the GPU";
-
-  fake_->finish_all_work();
-  memory_->deallocate(q);
-  expect_clean_end();
-}
-
-// trim() returns cached pages to the driver: those under queued work only once it is done.
-TEST_F(StreamSafetyCudaFake, TrimDoesNotUnmapPagesUnderQueuedWork) {
-  build(1, tight(1));
-  const StreamHandle s1 = new_stream();
-  const DevicePtr p = memory_->allocate({48 * MiB, 0, s1});
-  const std::uint64_t old_work = work(s1, p, 48 * MiB);
-  memory_->deallocate(p);
-  fake_->clear_calls();
-  memory_->trim();
-  expect_no_violations("while trimming pages a queued kernel still uses");
-  RecordProperty("trim_host_waits", static_cast<int>(host_waits()));
-  fake_->finish_work(old_work);
-  expect_clean_end();
-}
-
-// Releasing a job frees its blocks on every stream; its kernels on the allocation stream and
-// on a lane stream it declared still run when another job's stream takes the memory.
-TEST_F(StreamSafetyCudaFake, ReleasedJobsPagesWaitForItsWorkOnEveryStream) {
-  build(1, tight(1));
-  const JobId job = memory_->register_job("leaving");
-  const JobId next = memory_->register_job("next");
-  const StreamHandle s1 = new_stream();
-  const StreamHandle lane = new_stream();
-  const StreamHandle s2 = new_stream();
-  const DevicePtr on_s1 = memory_->allocate({24 * MiB, 0, s1, job});
-  const DevicePtr on_lane = memory_->allocate({24 * MiB, 0, s1, job});
-  memory_->add_job_stream(job, 0, lane);
-  const std::uint64_t w1 = work(s1, on_s1, 24 * MiB);
-  const std::uint64_t w2 = work(lane, on_lane, 24 * MiB);
-  memory_->release_job(job);
-
-  fake_->clear_calls();
-  const DevicePtr q = memory_->allocate({56 * MiB, 0, s2, next});
-  expect_no_violations("while another stream took a released job's pages");
-  EXPECT_EQ(host_waits(), 0u) << "the reuse should wait on the GPU, not the host";
-  const std::uint64_t new_work = work(s2, q, 56 * MiB);
-  fake_->finish_work(new_work);
-  EXPECT_TRUE(fake_->work_finished(w1)) << "after the job's work on its allocation stream";
-  EXPECT_TRUE(fake_->work_finished(w2)) << "after the job's work on its lane stream";
-
-  fake_->finish_all_work();
-  memory_->deallocate(q);
-  expect_clean_end();
-}
 
 // An allocation that reclaims pages from other streams and still fails must not have unmapped
 // pages that queued work uses (and the memory is usable once the work is done).

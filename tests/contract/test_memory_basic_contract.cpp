@@ -1,25 +1,35 @@
-// Allocation, accounting, promotion, job release, budgets and bad input on simulated GPUs.
+// Memory basics, the contract every backend keeps (see contract/backend_fixture.hpp for what a
+// contract suite is and how to add a backend): allocation, accounting, promotion, job release,
+// budgets, bad input and inconsistent options. Backend-specific: test_memory_cuda_fake.cpp (access
+// descriptors, the driver's granularity and failing driver calls).
 #include <gtest/gtest.h>
 
-#include "support/memory_fixture.hpp"
+#include <cstdint>
+#include <string>
+#include <vector>
 
-namespace salus::testing {
+#include "contract/backend_fixture.hpp"
+
+namespace salus::testing::contract {
 namespace {
 
 constexpr auto kPersistent = static_cast<std::size_t>(Lifetime::persistent);
 constexpr auto kEphemeral = static_cast<std::size_t>(Lifetime::ephemeral);
 
-using MemoryBasic = SimMemoryTest;
+class MemoryBasicContract : public ContractTest {
+ protected:
+  void SetUp() override { build(2, 256 * MiB); }
+};
 
-TEST_F(MemoryBasic, AllocatedBytesAreUsableAndAligned) {
+TEST_P(MemoryBasicContract, AllocatedBytesAreUsableAndAligned) {
   const DevicePtr small = alloc(100);
   const DevicePtr big = alloc(5 * MiB + 3);
   EXPECT_EQ(small % MemoryManager::kBlockAlignment, 0u);
   EXPECT_EQ(big % MemoryManager::kBlockAlignment, 0u);
-  fill_pattern(small, 100, 1);
-  fill_pattern(big, 5 * MiB + 3, 2);
-  EXPECT_TRUE(check_pattern(small, 100, 1));
-  EXPECT_TRUE(check_pattern(big, 5 * MiB + 3, 2));
+  harness->fill(small, 100, 1);
+  harness->fill(big, 5 * MiB + 3, 2);
+  EXPECT_TRUE(harness->check(small, 100, 1));
+  EXPECT_TRUE(harness->check(big, 5 * MiB + 3, 2));
 
   const auto info = memory->find(big);
   ASSERT_TRUE(info.has_value());
@@ -33,7 +43,7 @@ TEST_F(MemoryBasic, AllocatedBytesAreUsableAndAligned) {
   EXPECT_EQ(memory->device_stats(0).allocated, 0u);
 }
 
-TEST_F(MemoryBasic, SameStreamReusesAFreedBlockAtOnce) {
+TEST_P(MemoryBasicContract, SameStreamReusesAFreedBlockAtOnce) {
   const DevicePtr a = alloc(3 * MiB);
   memory->deallocate(a);
   const DevicePtr b = alloc(3 * MiB);
@@ -43,21 +53,21 @@ TEST_F(MemoryBasic, SameStreamReusesAFreedBlockAtOnce) {
   memory->deallocate(b);
 }
 
-TEST_F(MemoryBasic, MultiPageBlocksNeedNotBeContiguousAndFreedPagesComeBack) {
+TEST_P(MemoryBasicContract, MultiPageBlocksNeedNotBeContiguousAndFreedPagesComeBack) {
   // Interleave blocks so that freed pages are scattered, then ask for one block that needs them.
-  build(SimConfig::uniform(1, 64 * MiB));
+  build(1, 64 * MiB);
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 16; ++i) blocks.push_back(alloc(4 * MiB));  // 64 MiB: the whole device
   EXPECT_THROW(alloc(2 * MiB), OutOfMemory);
   for (std::size_t i = 0; i < blocks.size(); i += 2) memory->deallocate(blocks[i]);
   // 32 MiB free in eight separate holes; one 32 MiB block still fits because pages are stitched.
   const DevicePtr big = alloc(32 * MiB);
-  fill_pattern(big, 32 * MiB, 7);
-  EXPECT_TRUE(check_pattern(big, 32 * MiB, 7));
+  harness->fill(big, 32 * MiB, 7);
+  EXPECT_TRUE(harness->check(big, 32 * MiB, 7));
   EXPECT_EQ(memory->device_stats(0).reserved, 64 * MiB);
 }
 
-TEST_F(MemoryBasic, AccountingPerJobClassAndDevice) {
+TEST_P(MemoryBasicContract, AccountingPerJobClassAndDevice) {
   const JobId a = memory->register_job("a");
   const JobId b = memory->register_job("b");
   const DevicePtr w = alloc(10 * MiB, 0, a, Lifetime::persistent);
@@ -89,7 +99,7 @@ TEST_F(MemoryBasic, AccountingPerJobClassAndDevice) {
   for (const auto& j : all.jobs) EXPECT_EQ(j.in_use, 0u);
 }
 
-TEST_F(MemoryBasic, PromotionMovesSurvivingEphemeralBlocks) {
+TEST_P(MemoryBasicContract, PromotionMovesSurvivingEphemeralBlocks) {
   const JobId job = memory->register_job("trainer");
   const DevicePtr activation = alloc(8 * MiB, 0, job, Lifetime::ephemeral);
   const DevicePtr optimizer_state = alloc(3 * MiB, 0, job, Lifetime::ephemeral);
@@ -108,11 +118,11 @@ TEST_F(MemoryBasic, PromotionMovesSurvivingEphemeralBlocks) {
   EXPECT_EQ(memory->device_stats(0).by_class[kPersistent].in_use, 0u);
 }
 
-TEST_F(MemoryBasic, ReleasingAJobFreesEverythingItHeldOnEveryDevice) {
+TEST_P(MemoryBasicContract, ReleasingAJobFreesEverythingItHeldOnEveryDevice) {
   const JobId leaver = memory->register_job("leaver");
   const JobId stayer = memory->register_job("stayer");
   const DevicePtr kept = alloc(2 * MiB, 1, stayer);
-  fill_pattern(kept, 2 * MiB, 3);
+  harness->fill(kept, 2 * MiB, 3);
   for (int i = 0; i < 10; ++i) {
     (void)alloc(MiB * (i + 1), i % 2, leaver, i % 3 ? Lifetime::ephemeral : Lifetime::persistent);
   }
@@ -122,7 +132,7 @@ TEST_F(MemoryBasic, ReleasingAJobFreesEverythingItHeldOnEveryDevice) {
   EXPECT_FALSE(memory->job_stats(leaver).alive);
   EXPECT_EQ(memory->device_stats(0).allocated, 0u);
   EXPECT_EQ(memory->device_stats(1).allocated, 2 * MiB);
-  EXPECT_TRUE(check_pattern(kept, 2 * MiB, 3));
+  EXPECT_TRUE(harness->check(kept, 2 * MiB, 3));
   EXPECT_THROW(memory->deallocate(last), InvalidArgument) << "its blocks are gone";
   EXPECT_THROW(alloc(1, 0, leaver), UnknownJob);
   EXPECT_THROW(memory->release_job(leaver), UnknownJob);
@@ -132,7 +142,7 @@ TEST_F(MemoryBasic, ReleasingAJobFreesEverythingItHeldOnEveryDevice) {
   memory->deallocate(kept);
 }
 
-TEST_F(MemoryBasic, TrimReturnsCachedPages) {
+TEST_P(MemoryBasicContract, TrimReturnsCachedPages) {
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 8; ++i) blocks.push_back(alloc(4 * MiB));
   const DevicePtr keep = alloc(1000);
@@ -142,15 +152,15 @@ TEST_F(MemoryBasic, TrimReturnsCachedPages) {
   EXPECT_GE(released, 32 * MiB);
   const auto s = memory->device_stats(0);
   EXPECT_EQ(s.reserved, 2 * MiB) << "only the page under the live small block stays";
-  EXPECT_EQ(backend->chunk_bytes(Location::gpu(0)), 2 * MiB);
-  fill_pattern(keep, 1000, 5);
-  EXPECT_TRUE(check_pattern(keep, 1000, 5));
+  EXPECT_EQ(harness->chunk_bytes(Location::gpu(0)), 2 * MiB);
+  harness->fill(keep, 1000, 5);
+  EXPECT_TRUE(harness->check(keep, 1000, 5));
   memory->deallocate(keep);
   memory->trim();
-  EXPECT_EQ(backend->chunk_bytes(Location::gpu(0)), 0u);
+  EXPECT_EQ(harness->chunk_bytes(Location::gpu(0)), 0u);
 }
 
-TEST_F(MemoryBasic, JobBudgetRefusalIsTypedAndChangesNothing) {
+TEST_P(MemoryBasicContract, JobBudgetRefusalIsTypedAndChangesNothing) {
   const JobId job = memory->register_job("capped", {.total = 8 * MiB});
   const DevicePtr held = alloc(6 * MiB, 0, job);
   const auto before = memory->device_stats(0);
@@ -178,13 +188,13 @@ TEST_F(MemoryBasic, JobBudgetRefusalIsTypedAndChangesNothing) {
   memory->deallocate(held);
 }
 
-TEST_F(MemoryBasic, DeviceExhaustionIsTypedAndLeavesStateIntact) {
-  build(SimConfig::uniform(1, 32 * MiB));
+TEST_P(MemoryBasicContract, DeviceExhaustionIsTypedAndLeavesStateIntact) {
+  build(1, 32 * MiB);
   const JobId job = memory->register_job("greedy");
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 4; ++i) {
     blocks.push_back(alloc(8 * MiB, 0, job));
-    fill_pattern(blocks.back(), 8 * MiB, static_cast<std::uint64_t>(i));
+    harness->fill(blocks.back(), 8 * MiB, static_cast<std::uint64_t>(i));
   }
   const auto before = memory->device_stats(0);
   try {
@@ -210,9 +220,9 @@ TEST_F(MemoryBasic, DeviceExhaustionIsTypedAndLeavesStateIntact) {
                 memory->job_stats(job).by_class[kPersistent].peak,
             32 * MiB);
   blocks[3] = alloc(8 * MiB, 0, job);
-  fill_pattern(blocks[3], 8 * MiB, 3);
+  harness->fill(blocks[3], 8 * MiB, 3);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(check_pattern(blocks[static_cast<std::size_t>(i)], 8 * MiB,
+    EXPECT_TRUE(harness->check(blocks[static_cast<std::size_t>(i)], 8 * MiB,
                               static_cast<std::uint64_t>(i)));
   }
   memory->deallocate(blocks[1]);
@@ -220,9 +230,9 @@ TEST_F(MemoryBasic, DeviceExhaustionIsTypedAndLeavesStateIntact) {
   EXPECT_EQ(again, blocks[1]);
 }
 
-TEST_F(MemoryBasic, BadInputGetsAClearErrorAndLosesNothing) {
+TEST_P(MemoryBasicContract, BadInputGetsAClearErrorAndLosesNothing) {
   const DevicePtr live = alloc(4096);
-  fill_pattern(live, 4096, 9);
+  harness->fill(live, 4096, 9);
   auto expect_invalid = [](auto&& call, const char* needle) {
     try {
       call();
@@ -254,15 +264,15 @@ TEST_F(MemoryBasic, BadInputGetsAClearErrorAndLosesNothing) {
   EXPECT_THROW(memory->release_job(kUnattributedJob), InvalidArgument);
 
   // None of that disturbed the live block or the accounting.
-  EXPECT_TRUE(check_pattern(live, 4096, 9));
+  EXPECT_TRUE(harness->check(live, 4096, 9));
   EXPECT_EQ(memory->device_stats(0).allocated, 4096u);
   memory->deallocate(live, 4096, 0);
   expect_invalid([&] { memory->deallocate(live); }, "already freed");
   EXPECT_EQ(memory->device_stats(0).allocated, 0u);
 }
 
-TEST(MemoryOptionsTest, RejectsInconsistentOptions) {
-  auto backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+TEST_P(MemoryBasicContract, RejectsInconsistentOptions) {
+  build(1, 64 * MiB);
   EXPECT_THROW(MemoryManager(backend, {.device_limits = {128 * MiB}}), InvalidArgument);
   EXPECT_THROW(MemoryManager(backend, {.device_limits = {MiB, MiB}}), InvalidArgument);
   EXPECT_THROW(MemoryManager(backend, {.device_limits = {}, .device_headroom_bytes = 0, .va_factor = 0}),
@@ -275,5 +285,8 @@ TEST(MemoryOptionsTest, RejectsInconsistentOptions) {
   EXPECT_EQ(limited.device_stats(0).limit, 16 * MiB);
 }
 
+INSTANTIATE_TEST_SUITE_P(Backends, MemoryBasicContract, ::testing::ValuesIn(contract_backends()),
+                         ContractBackendName);
+
 }  // namespace
-}  // namespace salus::testing
+}  // namespace salus::testing::contract
