@@ -43,8 +43,9 @@ else:
 py = len(re.findall(r"^    \w+: ", body("python_bindings/salus/_runtime.py", "class DeviceStats:", "\n\n\n"), re.M))
 print(f"device statistics fields: C++ {cpp}, C {c}, Python {py}")
 PY
-echo "twinned fake-CUDA test files: $(ls tests/test_*_cuda_fake.cpp | wc -l)"
-echo "contract test files: $(ls tests/contract/*.cpp 2>/dev/null | wc -l)"
+# Invariants written once per backend by hand (a file per backend) or once for all (tests/contract).
+echo "fake-CUDA test files: $(ls tests/test_*_cuda_fake.cpp | wc -l) ($(cat tests/test_*_cuda_fake.cpp | wc -l) lines); their simulated twins: $(for f in tests/test_*_cuda_fake.cpp; do t=${f/_cuda_fake/}; [[ -f $t ]] && echo "$t"; done | wc -l)"
+echo "contract test files: $(ls tests/contract/*.cpp 2>/dev/null | wc -l) ($(cat tests/contract/*.cpp 2>/dev/null | wc -l) lines, each test run on every backend)"
 echo "src files over 600 lines: $(find src -name '*.cpp' -o -name '*.hpp' | xargs wc -l | awk '$2 != "total" && $1 > 600 {printf "%s(%d) ", $2, $1}')"
 # Layering: libraries the build makes of src/ (one globbed object library before issue 21).
 layers=$(grep -oE '^set\(SALUS_LAYERS [a-z ]+' src/CMakeLists.txt | cut -d' ' -f2- || true)

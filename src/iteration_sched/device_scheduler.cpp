@@ -464,45 +464,6 @@ void DeviceScheduler::throw_if_cancelled(JobId id) const {
   }
 }
 
-std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
-  std::lock_guard lock(mu_);
-  auto it = running_on_stream_.find(stream.value);
-  if (it == running_on_stream_.end()) {
-    it = bound_streams_.find(stream.value);
-    if (it == bound_streams_.end()) return nullptr;
-  }
-  auto job = jobs_.find(it->second);
-  return job == jobs_.end() ? nullptr : job->second;
-}
-
-void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job) {
-  // The memory manager first: it refuses a handle that is no stream of this device, and from now
-  // on the job's memory is ordered against the work enqueued on the stream.
-  try {
-    memory_->add_job_stream(job->id, device_, stream);
-  } catch (const UnknownJob&) {
-    rethrow_if_finished(*job);  // cancelled meanwhile: JobCancelled says more
-    throw;
-  }
-  std::lock_guard lock(mu_);
-  check_usable(*job, "bind_stream");
-  bound_streams_[stream.value] = job->id;
-}
-
-void DeviceScheduler::unbind_stream(StreamHandle stream) {
-  std::lock_guard lock(mu_);
-  if (bound_streams_.erase(stream.value) == 0) {
-    throw InvalidArgument(
-        fmt::format("unbind_stream: stream {:#x} of device {} is bound to no job", stream.value,
-                    device_));
-  }
-}
-
-void DeviceScheduler::forget_stream(StreamHandle stream) {
-  std::lock_guard lock(mu_);
-  bound_streams_.erase(stream.value);
-}
-
 void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
   // A job whose blocks outlive it leaves them to nobody: the decisions made as it goes must
