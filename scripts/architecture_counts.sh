@@ -47,6 +47,31 @@ PY
 echo "fake-CUDA test files: $(ls tests/test_*_cuda_fake.cpp | wc -l) ($(cat tests/test_*_cuda_fake.cpp | wc -l) lines); their simulated twins: $(for f in tests/test_*_cuda_fake.cpp; do t=${f/_cuda_fake/}; [[ -f $t ]] && echo "$t"; done | wc -l)"
 echo "contract test files: $(ls tests/contract/*.cpp 2>/dev/null | wc -l) ($(cat tests/contract/*.cpp 2>/dev/null | wc -l) lines, each test run on every backend)"
 echo "src files over 600 lines: $(find src -name '*.cpp' -o -name '*.hpp' | xargs wc -l | awk '$2 != "total" && $1 > 600 {printf "%s(%d) ", $2, $1}')"
+# Functions over 50 lines: a brace scan (a block opened on a line ending ") {" at namespace or class
+# level), not a parser, so read it as approximate.
+python3 - <<'PY'
+import re, sys, pathlib
+def scan(root):
+    out = []
+    for f in sorted(pathlib.Path(root, "src").rglob("*.[ch]pp")):
+        depth = 0; stack = []
+        for n, line in enumerate(open(f), 1):
+            code = re.sub(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'', '""', line.split("//")[0])
+            for ch in code:
+                if ch == "{":
+                    kind = "ns" if re.match(r"\s*(namespace|extern \"C\")", code) else "blk"
+                    stack.append((kind, n))
+                elif ch == "}" and stack:
+                    kind, start = stack.pop()
+                    # a function body: a block whose enclosing blocks are namespaces or a class
+                    if kind == "blk" and re.search(r"\)\s*(const\s*)?(noexcept\s*)?(override\s*)?(->.*)?\{\s*$", open(f).readlines()[start-1].split("//")[0]) and n - start + 1 > 50:
+                        enclosing = [k for k, _ in stack]
+                        if all(k == "ns" for k in enclosing) or len([k for k in enclosing if k == "blk"]) == 1:
+                            out.append((n - start + 1, f"{f.relative_to(root)}:{start}"))
+    return out
+res = scan(".")
+print(f"functions over 50 lines (approximate): {len(res)}" + "".join(f" {w}({l})" for l, w in sorted(res, reverse=True)))
+PY
 # Layering: libraries the build makes of src/ (one globbed object library before issue 21).
 layers=$(grep -oE '^set\(SALUS_LAYERS [a-z ]+' src/CMakeLists.txt | cut -d' ' -f2- || true)
 echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
