@@ -12,6 +12,7 @@
 #include "memory/safe_points.hpp"
 #include "salus/memory.hpp"
 #include "salus/scheduler.hpp"
+#include "support/framework_streams.hpp"
 #include "support/harvest_fixture.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -36,12 +37,7 @@ class FrameworkStreams : public SimMemoryTest {
   // Device stats agree with the blocks the test holds, and so does the job's view.
   void expect_balanced(int device, const std::vector<DevicePtr>& live, std::size_t each,
                        JobId job = kUnattributedJob) {
-    const DeviceMemoryStats d = memory->device_stats(device);
-    EXPECT_EQ(d.allocated, live.size() * each);
-    EXPECT_EQ(d.by_class[0].blocks + d.by_class[1].blocks, live.size());
-    EXPECT_EQ(d.allocations - d.frees, live.size());
-    const JobMemoryStats j = memory->job_stats(job);
-    EXPECT_EQ(j.in_use_by_device[static_cast<std::size_t>(device)], live.size() * each);
+    testing::expect_balanced(*memory, device, live, each, job);
   }
 };
 

@@ -15,6 +15,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "salus/memory.hpp"
 #include "support/fake_driver.hpp"
+#include "support/framework_streams.hpp"
 
 namespace salus::testing {
 namespace {
@@ -43,20 +44,7 @@ class FrameworkStreamsCudaFake : public ::testing::Test {
   }
 
   // A stream the way a framework makes it: through the driver, in the device's primary context.
-  StreamHandle framework_stream(int device) {
-    CUdevice dev = 0;
-    CUcontext ctx = nullptr;
-    CUcontext previous = nullptr;
-    EXPECT_EQ(api_.cuDeviceGet(&dev, device), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxGetCurrent(&previous), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-    CUstream stream = nullptr;
-    EXPECT_EQ(api_.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(previous), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
-    return StreamHandle{std::bit_cast<std::uint64_t>(stream)};
-  }
+  StreamHandle framework_stream(int device) { return driver_framework_stream(api_, device); }
   void destroy(StreamHandle stream) {
     EXPECT_EQ(api_.cuStreamDestroy(std::bit_cast<CUstream>(stream.value)), CUDA_SUCCESS);
   }
@@ -81,8 +69,9 @@ class FrameworkStreamsCudaFake : public ::testing::Test {
 
   void expect_no_violations() {
     const auto violations = fake_->violations();
-    EXPECT_TRUE(violations.empty()) << violations.size() << " violations, first: "
-                                    << (violations.empty() ? "" : violations.front());
+    EXPECT_TRUE(violations.empty())
+        << violations.size()
+        << " violations, first: " << (violations.empty() ? "" : violations.front());
   }
 
   std::optional<FakeDriver> fake_;
@@ -100,7 +89,8 @@ TEST_F(FrameworkStreamsCudaFake, TheDriverSaysWhichDeviceAStreamBelongsTo) {
   EXPECT_NO_THROW(backend_->validate_stream(on1, 1));
   EXPECT_NO_THROW(backend_->validate_stream(StreamHandle{0}, 1));
   EXPECT_NO_THROW(backend_->validate_stream(StreamHandle{0x1}, 1)) << "CU_STREAM_LEGACY";
-  // The per-thread default stream is another stream on each thread: refused (test_cuda_stream_rules).
+  // The per-thread default stream is another stream on each thread: refused
+  // (test_cuda_stream_rules).
   EXPECT_THROW(backend_->validate_stream(StreamHandle{0x2}, 0), InvalidArgument);
   EXPECT_THROW(backend_->validate_stream(on1, 0), InvalidArgument);
   try {

@@ -29,6 +29,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "salus/memory.hpp"
 #include "support/fake_driver.hpp"
+#include "support/framework_streams.hpp"
 #include "support/memory_fixture.hpp"
 #include "support/stream_work.hpp"
 
@@ -140,27 +141,16 @@ class SimHarness final : public BackendHarness {
 class FakeCudaHarness final : public BackendHarness {
  public:
   explicit FakeCudaHarness(test::FakeDriverConfig config)
-      : fake_(std::move(config)), api_(fake_.api()), cuda_(std::make_shared<cuda::CudaBackend>(api_)) {}
+      : fake_(std::move(config)),
+        api_(fake_.api()),
+        cuda_(std::make_shared<cuda::CudaBackend>(api_)) {}
   ~FakeCudaHarness() override { fake_.finish_all_work(); }
 
   [[nodiscard]] std::shared_ptr<DeviceBackend> backend() const override { return cuda_; }
   [[nodiscard]] test::FakeDriver& fake() { return fake_; }
 
   // Through the driver, in the device's primary context, as a framework does.
-  StreamHandle outside_stream(int device) override {
-    CUdevice dev = 0;
-    CUcontext ctx = nullptr;
-    CUcontext previous = nullptr;
-    EXPECT_EQ(api_.cuDeviceGet(&dev, device), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxGetCurrent(&previous), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-    CUstream stream = nullptr;
-    EXPECT_EQ(api_.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(previous), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
-    return StreamHandle{std::bit_cast<std::uint64_t>(stream)};
-  }
+  StreamHandle outside_stream(int device) override { return driver_framework_stream(api_, device); }
   void destroy_stream(StreamHandle stream) override {
     EXPECT_EQ(api_.cuStreamDestroy(std::bit_cast<CUstream>(stream.value)), CUDA_SUCCESS);
   }
@@ -192,7 +182,8 @@ class FakeCudaHarness final : public BackendHarness {
     // One per page: the first few tell the story.
     constexpr std::size_t kShown = 4;
     std::string listed;
-    for (std::size_t i = 0; i < violations.size() && i < kShown; ++i) listed += "\n  " + violations[i];
+    for (std::size_t i = 0; i < violations.size() && i < kShown; ++i)
+      listed += "\n  " + violations[i];
     if (violations.size() > kShown) {
       listed += "\n  ... and " + std::to_string(violations.size() - kShown) + " more";
     }
@@ -249,7 +240,9 @@ struct BackendFixture {
 };
 
 // Its name in test listings (gtest finds PrintTo by ADL), rather than a dump of its bytes.
-inline void PrintTo(const BackendFixture& fixture, std::ostream* os) { *os << fixture.name; }
+inline void PrintTo(const BackendFixture& fixture, std::ostream* os) {
+  *os << fixture.name;
+}
 
 inline const std::vector<BackendFixture>& contract_backends() {
   static const std::vector<BackendFixture> backends = {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "contract/backend_fixture.hpp"
+#include "support/framework_streams.hpp"
 
 namespace salus::testing::contract {
 namespace {
@@ -33,12 +34,7 @@ class FrameworkStreamContract : public ContractTest {
   // Device stats agree with the blocks the test holds, and so does the job's view.
   void expect_balanced(int device, const std::vector<DevicePtr>& live, std::size_t each,
                        JobId job = kUnattributedJob) {
-    const DeviceMemoryStats d = memory->device_stats(device);
-    EXPECT_EQ(d.allocated, live.size() * each);
-    EXPECT_EQ(d.by_class[0].blocks + d.by_class[1].blocks, live.size());
-    EXPECT_EQ(d.allocations - d.frees, live.size());
-    const JobMemoryStats j = memory->job_stats(job);
-    EXPECT_EQ(j.in_use_by_device[static_cast<std::size_t>(device)], live.size() * each);
+    testing::expect_balanced(*memory, device, live, each, job);
   }
 
   // Allocates `each` bytes on `stream` until the device says no; every block gets its pattern.
@@ -278,8 +274,8 @@ TEST_P(FrameworkStreamContract, RetiredJobAndRecordedStreamsAreNotUsedAfterRetir
   harness->expect_no_violations();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FrameworkStreamContract, ::testing::ValuesIn(contract_backends()),
-                         ContractBackendName);
+INSTANTIATE_TEST_SUITE_P(Backends, FrameworkStreamContract,
+                         ::testing::ValuesIn(contract_backends()), ContractBackendName);
 
 }  // namespace
 }  // namespace salus::testing::contract
