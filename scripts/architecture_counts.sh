@@ -17,9 +17,10 @@ for f in job_ledger page_migrator page_table page_source; do
   [[ -f src/memory/$f.hpp ]] && echo "  split out: $f $(cat src/memory/$f.* | wc -l) lines"
 done
 echo "for_each_stream_heap loops: $(grep -rn 'for_each_stream_heap(' src | grep -vc 'void for_each_stream_heap')"
-# Homes of "the thread's current job": thread_local job state in src/ or the bindings (C++), and
-# Python's thread-local binding.
-echo "thread-local current-job homes: $(grep -rlE 'thread_local.*([Jj]ob|ThreadJob)' src python_bindings/src | wc -l) C++ + $(grep -rlE 'threading.local' python_bindings/salus | wc -l) Python"
+# Homes of "the thread's current job": files with thread_local job or attribution state in src/
+# or the bindings (C++), and Python's thread-local state that names a job (a binding stack of job
+# ids; after issue 21 Python keeps only the open C++ scopes, which hold no job id).
+echo "thread-local current-job homes: $(grep -rlE 'thread_local.*([Jj]ob|ThreadJob|[Aa]ttribution)' src python_bindings/src | wc -l) C++ + $(grep -lE 'stack.append\(\(job_id' python_bindings/salus/*.py | wc -l) Python"
 # Statistics written by hand: files that name a device statistic (allocation_waits) outside
 # tests, docs and the statistics' own field list.
 echo "files naming a device statistic: $(grep -rl 'allocation_waits' include src python_bindings/src python_bindings/salus | wc -l)"

@@ -161,6 +161,14 @@ class SALUS_API JobCancelled : public Error {
   explicit JobCancelled(const std::string& job_name);
 };
 
+// Who a thread works for, as Runtime::JobScope saves and restores it: a runtime (an opaque
+// serial, 0 for none), a job of it, and the device the job runs on.
+struct ThreadJob {
+  std::uint64_t runtime = 0;
+  JobId job = kUnattributedJob;
+  int device = 0;
+};
+
 // fork(): a runtime belongs to the process that made it. In a forked child (which has only the
 // thread that forked: no stream threads, no CUDA context) every call on a runtime made before
 // fork(), and on its jobs, throws NotSupported saying so; destroying it there leaks it, as
@@ -220,6 +228,23 @@ class SALUS_API Runtime {
   // UnknownJob for a job that is not present.
   void set_current_job(JobId job);
   [[nodiscard]] JobId current_job() const;
+  // The device the calling thread's current job runs on; -1 when it has none in this runtime.
+  [[nodiscard]] int current_job_device() const;
+
+  // RAII: while it lives, the calling thread's current job is `job` (of this runtime, on
+  // `device`); after, the thread's previous current job (of whichever runtime) comes back. It
+  // does not look the job up: an allocation charged to a job that has left or was cancelled
+  // throws then (salus::torch's JobScope and Python's `with job:` are made of it).
+  class SALUS_API JobScope {
+   public:
+    JobScope(const Runtime& runtime, JobId job, int device);
+    ~JobScope();
+    JobScope(const JobScope&) = delete;
+    JobScope& operator=(const JobScope&) = delete;
+
+   private:
+    ThreadJob previous_;
+  };
 
   // RuntimeOptions::host_compute, changed while the runtime runs (salus::torch's CPU mode turns
   // it on and off); iterations running now are timed by the clock they started with.

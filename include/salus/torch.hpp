@@ -9,9 +9,10 @@
 // and empty_cache answered by Salus. CUDA graphs are not supported: starting a capture (or a
 // torch.cuda.MemPool) through it throws a c10::Error naming Salus, before the capture begins.
 //
-// Attribution: the calling thread's job (set_thread_job or JobScope) owns what it allocates, as
-// ephemeral memory inside its iteration and persistent outside; with no job, memory is
-// unattributed. Jobs whose tensors go through here should set JobSpec::blocks_outlive_job: a
+// Attribution: as Runtime::allocate charges an allocation that names no job: the job of the
+// stream (CUDA: a lane while its iteration runs, or a bound stream), else the calling thread's
+// current job (set_thread_job, JobScope, Python's `with job:`), else nobody. A job's memory is
+// ephemeral inside its iteration and persistent outside. Jobs whose tensors go through here should set JobSpec::blocks_outlive_job: a
 // tensor freed after its job left or was cancelled is then freed normally (its block stayed
 // valid, charged to nobody), and no address is reused under a live tensor.
 //
@@ -48,11 +49,17 @@ SALUS_TORCH_API void enable_cuda(std::shared_ptr<Runtime> runtime);
 SALUS_TORCH_API void disable();
 [[nodiscard]] SALUS_TORCH_API bool enabled();
 
-// The calling thread works for `job` on `device` (kUnattributedJob: for nobody).
+// The calling thread works for `job` (which runs on `device`; kUnattributedJob: for nobody) in
+// the enabled glue's runtime: Runtime::set_current_job, where Salus keeps the thread's job. Throws
+// InvalidArgument when the glue is off or the job runs on another device (the thread then works
+// for nobody), UnknownJob / JobCancelled for a job that is not present.
 SALUS_TORCH_API void set_thread_job(JobId job, int device);
+// The calling thread's current job in the enabled glue's runtime; kUnattributedJob when none.
 [[nodiscard]] SALUS_TORCH_API JobId thread_job();
 
-// RAII: the thread works for `job` while the scope lives.
+// RAII: the thread works for `job` in the enabled glue's runtime while the scope lives
+// (Runtime::JobScope; its previous job comes back after). Throws InvalidArgument when the glue
+// is off.
 class SALUS_TORCH_API JobScope {
  public:
   JobScope(JobId job, int device);
@@ -61,8 +68,8 @@ class SALUS_TORCH_API JobScope {
   JobScope& operator=(const JobScope&) = delete;
 
  private:
-  JobId previous_job_;
-  int previous_device_;
+  std::shared_ptr<Runtime> runtime_;  // kept alive while the scope names it
+  Runtime::JobScope scope_;
 };
 
 // PyTorch reports an allocator failure as its own error; the Salus error behind the last one on

@@ -352,31 +352,23 @@ def _coerce(value: Any, cls: type, what: str) -> Any:
     raise TypeError(f"{what} must be a {cls.__name__} or a dict, not {type(value).__name__}")
 
 
-class _ThreadBinding(threading.local):
+class _ThreadScopes(threading.local):
+    """The calling thread's open ``with job:`` scopes, innermost last. Salus keeps the thread's
+    current job (Runtime::JobScope in C++); this only holds the scopes until their ``__exit__``."""
+
     def __init__(self) -> None:
-        self.stack: list[tuple[int, int]] = []
+        self.stack: list[Any] = []
 
 
-_binding = _ThreadBinding()
+_scopes = _ThreadScopes()
 
 
-def _bind(job_id: int, device: int) -> None:
-    _binding.stack.append((job_id, device))
-    _set_thread_job(job_id, device)
-
-
-def _current_binding() -> tuple[int, int]:
-    """(job id, device) the calling thread works for; (0, 0) for nobody."""
-    return _binding.stack[-1] if _binding.stack else (0, 0)
+def _bind(job: "Job") -> None:
+    _scopes.stack.append(_salus.JobScope(job._runtime._impl, job.id, job.device))
 
 
 def _unbind() -> None:
-    _binding.stack.pop()
-    _set_thread_job(*_current_binding())
-
-
-def _set_thread_job(job_id: int, device: int) -> None:
-    salus_torch._set_thread_job(job_id, device)
+    _scopes.stack.pop().close()
 
 
 class Iteration:
@@ -393,7 +385,7 @@ class Iteration:
     def __enter__(self) -> "Iteration":
         self.stream = self._job.begin_iteration()
         try:
-            _bind(self._job.id, self._job.device)
+            _bind(self._job)
             try:
                 salus_torch._pending_error()  # a failure the caller caught earlier is not ours
                 salus_torch._enter_iteration(self)
@@ -512,7 +504,7 @@ class Job:
         self._impl.deallocate(ptr)
 
     def __enter__(self) -> "Job":
-        _bind(self.id, self.device)
+        _bind(self)
         return self
 
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],

@@ -78,9 +78,6 @@ def enable(runtime: Optional["Runtime"] = None) -> None:
     if not isinstance(runtime, Runtime):
         raise TypeError(f"runtime must be a salus.Runtime, not {type(runtime).__name__}")
     glue = _load()
-    from ._runtime import _current_binding
-
-    glue.set_thread_job(*_current_binding())  # a `with job:` entered before enable()
     if glue.enabled():
         raise InvalidArgument("salus.torch is enabled already: call salus.torch.disable() first")
     python_policy = bool(runtime._impl.python_policy)
@@ -142,13 +139,6 @@ def record_stream(tensor: Any, stream: Any) -> None:
 
 
 # --- hooks for salus._runtime ---------------------------------------------------------------------
-
-def _set_thread_job(job_id: int, device: int) -> None:
-    # Before the glue is loaded nothing allocates through it; enable() applies this thread's
-    # binding when it loads it.
-    if _glue is not None:
-        _glue.set_thread_job(job_id, device)
-
 
 def _enter_iteration(it: "Iteration") -> None:
     if _mode != "cuda":

@@ -490,7 +490,23 @@ void bind_runtime(py::module_& m) {
       });
 }
 
+// Python's `with job:` and `with job.iteration():` (salus._runtime): Runtime::JobScope, closed
+// by __exit__ on the thread that opened it (the thread's current job is per thread).
+class PyJobScope {
+ public:
+  PyJobScope(const PyRuntime& runtime, std::uint32_t job, int device)
+      : scope_(std::in_place, runtime.get(), JobId{job}, device) {}
+  void close() { scope_.reset(); }
+
+ private:
+  std::optional<Runtime::JobScope> scope_;
+};
+
 void bind_job(py::module_& m) {
+  py::class_<PyJobScope>(m, "JobScope")
+      .def(py::init<const PyRuntime&, std::uint32_t, int>(), py::arg("runtime"), py::arg("job"),
+           py::arg("device"))
+      .def("close", &PyJobScope::close);
   py::class_<PyJob>(m, "Job")
       .def_property_readonly("id", [](PyJob& j) { return j.get().id().value; })
       .def_property_readonly("name", [](PyJob& j) { return j.get().name(); })

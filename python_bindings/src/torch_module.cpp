@@ -66,10 +66,6 @@ PYBIND11_MODULE(_salus_torch, m) {
     salus::torch::disable();
   });
   m.def("enabled", &salus::torch::enabled);
-  m.def("set_thread_job", [](std::uint32_t job, int device) {
-    salus::torch::set_thread_job(salus::JobId{job}, device);
-  });
-  m.def("thread_job", [] { return salus::torch::thread_job().value; });
   m.def("raise_last_error", [] {
     if (std::exception_ptr e = salus::torch::take_last_error()) std::rethrow_exception(e);
   });

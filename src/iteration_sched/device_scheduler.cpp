@@ -5,15 +5,13 @@
 #include <algorithm>
 #include <thread>
 
+#include "iteration_sched/attribution.hpp"
 #include "log/log.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
 
 namespace {
-
-// The job inside an iteration on this thread, for allocations that name no Salus stream.
-thread_local JobRecordState* current_job = nullptr;
 
 constexpr std::size_t kCurveSamples = 64;
 
@@ -24,14 +22,6 @@ std::size_t budget_of(const MemoryManager& memory, int device) {
 }
 
 }  // namespace
-
-JobRecordState* current_thread_job() {
-  return current_job;
-}
-
-void set_current_thread_job(JobRecordState* job) {
-  current_job = job;
-}
 
 JobRecordState::JobRecordState(JobId job, JobSpec job_spec, std::uint64_t order)
     : id(job), spec(std::move(job_spec)), arrival(order) {
@@ -252,7 +242,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   ++job.iterations;
   running_on_stream_.erase(job.stream.value);
   release_slot(job.lane);
-  if (current_job == &job) current_job = nullptr;
+  attribution::leave_iteration(job);
   core_.finish(job.id, seconds_since_start(now));
   note_iteration_gone();
   const auto to_wake = run_decisions();
@@ -488,7 +478,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
       timers_.release(*job.timer);
       job.timer.reset();
     }
-    if (current_job == &job) current_job = nullptr;
+    attribution::leave_iteration(job);
     core_.remove(job.id);
     if (was_running) note_iteration_gone();
     jobs_.erase(job.id);

@@ -74,10 +74,6 @@ struct JobRecordState {
   std::vector<std::pair<double, std::size_t>> samples;
 };
 
-// The job inside an iteration on the calling thread, if any.
-JobRecordState* current_thread_job();
-void set_current_thread_job(JobRecordState* job);
-
 class DeviceScheduler {
  public:
   // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs.

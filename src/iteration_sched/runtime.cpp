@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/process_fork.hpp"
+#include "iteration_sched/attribution.hpp"
 #include "iteration_sched/default_runtime.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/trace.hpp"
@@ -85,9 +86,6 @@ struct Runtime::Impl {
     throw UnknownJob(id);
   }
 
-  // The job the calling thread works for on `device`, if any (see Runtime::allocate).
-  std::shared_ptr<JobRecordState> thread_job(DeviceScheduler& s, int device) const;
-
   // The memory manager checks what the caller knows of the block where it frees it, and says
   // whose block it was, so that the job's memory curve sees the free (no lookup before it).
   void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) const {
@@ -118,13 +116,6 @@ struct Runtime::Impl {
 };
 
 namespace {
-
-// The calling thread's set_current_job: which runtime it was set for, and the job.
-struct ThreadJob {
-  std::uint64_t runtime = 0;
-  JobId job;
-};
-thread_local ThreadJob thread_job_choice;
 
 void forget_default_in_child() noexcept;
 
@@ -171,17 +162,6 @@ std::shared_ptr<Runtime> take_default_runtime() {
   return std::exchange(d.runtime, nullptr);
 }
 
-std::shared_ptr<JobRecordState> Runtime::Impl::thread_job(DeviceScheduler& s, int device) const {
-  if (thread_job_choice.runtime == serial && thread_job_choice.job != kUnattributedJob) {
-    return job(thread_job_choice.job, device);
-  }
-  // The job inside an iteration on this thread, when it is one of this runtime's on `device`.
-  if (JobRecordState* inside = current_thread_job(); inside && inside->spec.device == device) {
-    if (auto found = s.job_by_id(inside->id); found.get() == inside) return found;
-  }
-  return nullptr;
-}
-
 Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
     : impl_(std::make_unique<Impl>(std::move(backend), std::move(options))) {}
 
@@ -215,12 +195,11 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, 
                             std::optional<Lifetime> lifetime) {
   impl_->check_process();
   DeviceScheduler& scheduler = impl_->scheduler(device);
-  std::shared_ptr<JobRecordState> owner;
-  if (job != kUnattributedJob) {
-    owner = impl_->job(job, device);
-  } else if (!(owner = scheduler.job_on(stream))) {
-    owner = impl_->thread_job(scheduler, device);
-  }
+  const std::shared_ptr<JobRecordState> owner =
+      job != kUnattributedJob
+          ? impl_->job(job, device)
+          : attribution::owner_of(scheduler, impl_->serial, stream,
+                                  [&](JobId id, int on) { return impl_->job(id, on); });
   if (owner) {
     // A framework's own stream is where the block is used: it lives there, so that its reuse
     // and moves wait for the work enqueued on it. No stream (0) means the job's lane.
@@ -280,12 +259,28 @@ void Runtime::retire_stream(int device, StreamHandle stream) {
 
 void Runtime::set_current_job(JobId job) {
   impl_->check_process();
-  if (job != kUnattributedJob) (void)impl_->job(job);  // refuse an id that is no job here
-  thread_job_choice = {impl_->serial, job};
+  int device = 0;
+  if (job != kUnattributedJob) device = impl_->job(job)->spec.device;  // refuses a stranger
+  attribution::choose({impl_->serial, job, device});
 }
 
 JobId Runtime::current_job() const {
-  return thread_job_choice.runtime == impl_->serial ? thread_job_choice.job : kUnattributedJob;
+  const ThreadJob chosen = attribution::chosen();
+  return chosen.runtime == impl_->serial ? chosen.job : kUnattributedJob;
+}
+
+int Runtime::current_job_device() const {
+  const ThreadJob chosen = attribution::chosen();
+  return chosen.runtime == impl_->serial && chosen.job != kUnattributedJob ? chosen.device : -1;
+}
+
+Runtime::JobScope::JobScope(const Runtime& runtime, JobId job, int device)
+    : previous_(attribution::chosen()) {
+  attribution::choose({runtime.impl_->serial, job, device});
+}
+
+Runtime::JobScope::~JobScope() {
+  attribution::choose(previous_);
 }
 
 int Runtime::device_count() const {

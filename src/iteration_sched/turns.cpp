@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "iteration_sched/attribution.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "memory/safe_points.hpp"
 
@@ -129,7 +130,7 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
   job.iteration_started = now;
   job.ephemeral_now = 0;
   job.samples.clear();
-  set_current_thread_job(&job);
+  attribution::enter_iteration(job);
 }
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::hand_back_turn(JobRecordState& job) {

@@ -5,11 +5,13 @@
 #include <c10/util/Exception.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -62,11 +64,6 @@ std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_frees{0};
 std::atomic<std::uint64_t> g_failed_frees{0};
 
-struct ThreadJob {
-  JobId job = kUnattributedJob;
-  int device = 0;
-};
-thread_local ThreadJob t_job;
 thread_local std::exception_ptr t_last_error;
 
 // Whether a runtime call may block the calling thread for long (see set_around).
@@ -242,8 +239,10 @@ class CpuAllocator final : public c10::Allocator {
     }
     DevicePtr ptr = 0;
     try {
-      const ThreadJob who = t_job;
-      ptr = allocate_block(*state, bytes, who.device, StreamHandle{}, who.job);
+      // The runtime charges the thread's current job (salus::attribution); CPU tensors go to
+      // that job's device.
+      const int device = std::max(state->runtime->current_job_device(), 0);
+      ptr = allocate_block(*state, bytes, device, StreamHandle{}, kUnattributedJob);
     } catch (...) {
       report(bytes);
     }
@@ -331,22 +330,44 @@ bool enabled() {
   return g_state.load() != nullptr;
 }
 
+namespace {
+
+// The enabled glue's runtime, held; throws InvalidArgument naming `caller` when the glue is off.
+std::shared_ptr<Runtime> enabled_runtime(const char* caller) {
+  std::lock_guard lock(g_mu);
+  State* state = g_state.load();
+  if (state == nullptr) {
+    throw InvalidArgument(std::string("salus::torch::") + caller +
+                          ": the glue is not enabled (enable_cpu or enable_cuda first)");
+  }
+  std::lock_guard state_lock(state->mu);
+  return state->keeper;
+}
+
+}  // namespace
+
 void set_thread_job(JobId job, int device) {
-  t_job = {job, device};
+  const std::shared_ptr<Runtime> runtime = enabled_runtime("set_thread_job");
+  runtime->set_current_job(job);
+  if (job != kUnattributedJob && runtime->current_job_device() != device) {
+    const int actual = runtime->current_job_device();
+    runtime->set_current_job(kUnattributedJob);
+    throw InvalidArgument("salus::torch::set_thread_job: job " + std::to_string(job.value) +
+                          " runs on device " + std::to_string(actual) + ", not device " +
+                          std::to_string(device));
+  }
 }
 
 JobId thread_job() {
-  return t_job.job;
+  if (g_state.load() == nullptr) return kUnattributedJob;
+  const std::shared_ptr<Runtime> runtime = enabled_runtime("thread_job");
+  return runtime->current_job();
 }
 
 JobScope::JobScope(JobId job, int device)
-    : previous_job_(t_job.job), previous_device_(t_job.device) {
-  t_job = {job, device};
-}
+    : runtime_(enabled_runtime("JobScope")), scope_(*runtime_, job, device) {}
 
-JobScope::~JobScope() {
-  t_job = {previous_job_, previous_device_};
-}
+JobScope::~JobScope() = default;
 
 std::exception_ptr take_last_error() {
   return std::exchange(t_last_error, nullptr);
@@ -410,13 +431,11 @@ void* salus_torch_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
               size, "-byte allocation on device ", device,
               " has nowhere to go (enable Salus again before allocating on the GPU)");
   try {
-    // The thread's job when it has one; else the job whose stream this is (a lane while its
-    // iteration runs, or a bound stream), else unattributed.
-    const ThreadJob who = t_job;
+    // Charged as Runtime::allocate says for no job: the stream's job (a lane while its
+    // iteration runs, or a bound stream), else the thread's current job, else nobody.
     return reinterpret_cast<void*>(
         allocate_block(*state, static_cast<std::size_t>(size), device,
-                       StreamHandle{reinterpret_cast<std::uintptr_t>(stream)},
-                       who.device == device ? who.job : kUnattributedJob));
+                       StreamHandle{reinterpret_cast<std::uintptr_t>(stream)}, kUnattributedJob));
   } catch (...) {
     report(static_cast<std::size_t>(size));  // torch.OutOfMemoryError for Salus's OutOfMemory
   }
