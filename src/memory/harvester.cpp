@@ -9,6 +9,14 @@ namespace salus::memory {
 
 namespace {
 
+// Visits the stream heaps of device `d` that `job` has had blocks in (JobRecord::heaps); none
+// when the id names no job.
+template <class F>
+void for_each_heap_of(const JobRecord* job, int d, F&& visit) {
+  if (job == nullptr) return;
+  for (StreamHeap* heap : job->heaps_used(d)) visit(*heap);
+}
+
 // Every job the base gate allows, except one.
 class ExceptGate final : public JobGate {
  public:
@@ -154,11 +162,12 @@ std::size_t Harvester::evict(DeviceHeap& device, std::size_t pages, JobGate& gat
 
 std::size_t Harvester::fetch_home(JobId job, MoveReason reason, JobGate& own, JobGate* others) {
   std::size_t moved = 0;
+  const JobRecord* record = jobs_.find(job);
   for (const auto& device : devices_) {
     const int d = device->device();
     const StreamHeap::MoveSpec spec{reason, [d](Location where) { return !is_local_to(where, d); },
                                     job};
-    device->for_each_stream_heap([&](StreamHeap& heap) {
+    for_each_heap_of(record, d, [&](StreamHeap& heap) {
       // Only pages that can come home now: room made (by reclaiming, or by pushing other idle
       // jobs down a tier) for a page shared with a running job, or for a job that is not
       // quiescent (a prefetch of a running one), would be room made for nothing.
@@ -190,7 +199,7 @@ void Harvester::set_quiescent(JobRecord& job) {
     std::vector<StreamHandle> streams;
     for (const auto& device : devices_) {
       streams.clear();
-      device->for_each_stream_heap([&](StreamHeap& heap) {
+      for_each_heap_of(&job, device->device(), [&](StreamHeap& heap) {
         // A retired heap's stream may be gone; moves of its pages wait for its retire fence.
         const StreamHandle stream = heap.stream();
         if (stream.value != StreamHeap::kRetiredStream && heap.has_job(job.id)) {
@@ -278,7 +287,7 @@ std::size_t Harvester::demote(JobId job, DeviceHeap& device) {
                                   [d](Location where) { return is_local_to(where, d); }, job};
   std::size_t moved = 0;
   std::vector<JobId> owners;
-  device.for_each_stream_heap([&](StreamHeap& heap) {
+  for_each_heap_of(jobs_.find(job), d, [&](StreamHeap& heap) {
     const std::size_t wanted = heap.count_pages(spec);
     if (wanted == 0) return;
     std::vector<Page> destinations;

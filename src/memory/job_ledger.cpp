@@ -6,7 +6,10 @@ namespace salus::memory {
 
 JobBlocks& JobLedger::owner_slow(JobId job) {
   JobBlocks& owner = jobs_[job.value];
-  if (owner.record == nullptr) owner.record = table_.find(job);
+  if (owner.record == nullptr) {
+    owner.record = table_.find(job);
+    if (owner.record != nullptr) owner.record->note_heap(&heap_);
+  }
   last_owner_ = &owner;
   last_owner_job_ = job.value;
   return owner;

@@ -16,6 +16,7 @@ namespace salus::memory {
 
 class JobTable;
 struct JobRecord;
+class StreamHeap;
 
 // Live bytes and blocks of one job in one stream heap, by class.
 struct JobUsage {
@@ -40,7 +41,9 @@ struct JobBlocks {
 
 class JobLedger {
  public:
-  explicit JobLedger(JobTable& jobs) : table_(jobs) {}
+  // `heap`: the stream heap this ledger belongs to, named to each job's record as the job's
+  // entry is made (JobRecord::note_heap).
+  JobLedger(JobTable& jobs, StreamHeap& heap) : table_(jobs), heap_(heap) {}
   JobLedger(const JobLedger&) = delete;
   JobLedger& operator=(const JobLedger&) = delete;
 
@@ -104,6 +107,7 @@ class JobLedger {
   JobBlocks& owner_slow(JobId job);
 
   JobTable& table_;
+  StreamHeap& heap_;
   // Blocks point at their entry here (Block::owner): a node-based map, whose elements never
   // move, and an entry is erased only once no block points at it.
   std::unordered_map<std::uint32_t, JobBlocks> jobs_;

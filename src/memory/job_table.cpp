@@ -1,5 +1,7 @@
 #include "memory/job_table.hpp"
 
+#include "memory/stream_heap.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -55,6 +57,20 @@ void JobRecord::uncharge(Lifetime lifetime, std::size_t bytes) {
 void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes) {
   by_class[index(to)].add(bytes);
   by_class[index(from)].sub(bytes);
+}
+
+void JobRecord::note_heap(StreamHeap* heap) {
+  std::lock_guard lock(heaps_mu);
+  if (std::find(heaps.begin(), heaps.end(), heap) == heaps.end()) heaps.push_back(heap);
+}
+
+std::vector<StreamHeap*> JobRecord::heaps_used(int device) const {
+  std::lock_guard lock(heaps_mu);
+  std::vector<StreamHeap*> out;
+  for (StreamHeap* heap : heaps) {
+    if (device < 0 || heap->device() == device) out.push_back(heap);
+  }
+  return out;
 }
 
 JobTable::JobTable() {

@@ -10,12 +10,15 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "memory/counter.hpp"
 #include "memory/tiers.hpp"
 #include "salus/memory.hpp"
 
 namespace salus::memory {
+
+class StreamHeap;
 
 struct JobRecord {
   JobRecord(JobId id, std::string name, JobMemoryLimits limits);
@@ -45,6 +48,14 @@ struct JobRecord {
   mutable std::mutex streams_mu;
   std::vector<std::pair<int, StreamHandle>> streams;
   std::atomic<bool> has_streams{false};
+  // The stream heaps it has had blocks in, each once, on any device (one it no longer uses may
+  // stay listed: a visit finds nothing there), so that release, promote, statistics and page
+  // moves visit those and not every heap. A heap is added under its own lock when its ledger
+  // makes the job's entry, before the allocation checks `alive` (see StreamHeap::carve); the
+  // readers copy the list. Guarded by heaps_mu, a leaf lock like streams_mu. Heaps live as
+  // long as the manager, so the pointers stay valid.
+  mutable std::mutex heaps_mu;
+  std::vector<StreamHeap*> heaps;
   std::atomic<std::uint64_t> activations{0};
   std::atomic<std::uint64_t> activations_after_move{0};
   std::atomic<std::uint64_t> activations_waited{0};
@@ -68,6 +79,10 @@ struct JobRecord {
   void uncharge(Lifetime lifetime, std::size_t bytes);
   // Moves bytes between classes without a budget check: promotion cannot fail.
   void move_class(Lifetime from, Lifetime to, std::size_t bytes);
+  // Lists `heap` among those it uses (once).
+  void note_heap(StreamHeap* heap);
+  // The heaps it has had blocks in, on `device` (-1: every device).
+  [[nodiscard]] std::vector<StreamHeap*> heaps_used(int device = -1) const;
 };
 
 // Lets a job's pages move only while it is quiescent and not being activated.

@@ -138,10 +138,9 @@ void MemoryManager::Impl::release_job(JobId id) {
   JobRecord& job = jobs_.live(id);
   job.alive.store(false, std::memory_order_release);
   try {
-    for (const auto& device : heaps_) {
-      device->for_each_stream_heap([&](StreamHeap& heap) {
-        heap.release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
-      });
+    // The heaps it used, read after marking it gone: see JobRecord::heaps.
+    for (StreamHeap* heap : job.heaps_used()) {
+      heap->release_job(id, [&](const FreedBlock& f) { job.uncharge(f.lifetime, f.bytes); });
     }
   } catch (...) {
     // A block whose free failed (its fence could not be recorded) is still the job's, and so
@@ -157,15 +156,13 @@ void MemoryManager::Impl::orphan_job(JobId id) {
   JobRecord& job = jobs_.live(id);
   JobRecord& nobody = jobs_.live(kUnattributedJob);
   job.alive.store(false, std::memory_order_release);
-  for (const auto& device : heaps_) {
-    device->for_each_stream_heap([&](StreamHeap& heap) {
-      heap.orphan_job(id, [&](Lifetime was, std::size_t bytes) {
-        job.uncharge(was, bytes);
-        JobRecord::Charge charge;
-        if (!nobody.try_charge(Lifetime::persistent, bytes, charge)) {  // unlimited: no refusal
-          nobody.raise_peaks(Lifetime::persistent, charge);
-        }
-      });
+  for (StreamHeap* heap : job.heaps_used()) {  // read after marking it gone: see JobRecord::heaps
+    heap->orphan_job(id, [&](Lifetime was, std::size_t bytes) {
+      job.uncharge(was, bytes);
+      JobRecord::Charge charge;
+      if (!nobody.try_charge(Lifetime::persistent, bytes, charge)) {  // unlimited: no refusal
+        nobody.raise_peaks(Lifetime::persistent, charge);
+      }
     });
   }
 }
@@ -173,13 +170,11 @@ void MemoryManager::Impl::orphan_job(JobId id) {
 std::size_t MemoryManager::Impl::promote(JobId id) {
   JobRecord& job = jobs_.live(id);
   std::size_t total = 0;
-  for (const auto& device : heaps_) {
-    device->for_each_stream_heap([&](StreamHeap& heap) {
-      const std::size_t bytes = heap.promote(id).first;
-      if (bytes == 0) return;
-      job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes);
-      total += bytes;
-    });
+  for (StreamHeap* heap : job.heaps_used()) {
+    const std::size_t bytes = heap->promote(id).first;
+    if (bytes == 0) continue;
+    job.move_class(Lifetime::ephemeral, Lifetime::persistent, bytes);
+    total += bytes;
   }
   job.promoted.fetch_add(total, std::memory_order_relaxed);
   return total;
@@ -208,16 +203,14 @@ JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
   s.name = job.name;
   s.alive = job.alive.load(std::memory_order_relaxed);
   std::size_t blocks[kLifetimeCount] = {};
-  for (const auto& device : heaps_) {
-    std::size_t bytes = 0;
-    device->for_each_stream_heap([&](StreamHeap& heap) {
-      const StreamHeap::JobUsage usage = heap.job_usage(job.id);
-      for (std::size_t c = 0; c < kLifetimeCount; ++c) {
-        bytes += usage.bytes[c];
-        blocks[c] += usage.blocks[c];
-      }
-    });
-    s.in_use_by_device.push_back(bytes);
+  s.in_use_by_device.assign(heaps_.size(), 0);
+  const std::vector<StreamHeap*> used = job.heaps_used();
+  for (StreamHeap* heap : used) {
+    const StreamHeap::JobUsage usage = heap->job_usage(job.id);
+    for (std::size_t c = 0; c < kLifetimeCount; ++c) {
+      s.in_use_by_device[static_cast<std::size_t>(heap->device())] += usage.bytes[c];
+      blocks[c] += usage.blocks[c];
+    }
   }
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
     s.by_class[c] = {job.by_class[c].value(), job.by_class[c].peak(), blocks[c]};
@@ -225,10 +218,7 @@ JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
   s.in_use = job.in_use.value();
   s.peak = job.in_use.peak();
   s.promoted_bytes = job.promoted.load(std::memory_order_relaxed);
-  for (const auto& device : heaps_) {
-    device->for_each_stream_heap(
-        [&](StreamHeap& heap) { heap.add_tier_usage(job.id, s.in_use_by_tier); });
-  }
+  for (StreamHeap* heap : used) heap->add_tier_usage(job.id, s.in_use_by_tier);
   {
     std::lock_guard lock(job.activity_mu);
     s.quiescent = !job.active;

@@ -10,13 +10,17 @@
 
 namespace salus::memory {
 
+int StreamHeap::device() const {
+  return device_.device();
+}
+
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
     : device_(device),
       stream_(stream.value),
       first_bytes_{small_bytes, large_bytes},
       table_(device),
-      ledger_(device.jobs()) {
+      ledger_(device.jobs(), *this) {
   try {
     grow(kSmall, small_bytes);  // the first range of a class throws when refused
     grow(kLarge, large_bytes);
@@ -122,9 +126,12 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
     throw;
   }
 
-  // Checked under this heap's lock, which release_job and orphan_job take after marking the job
-  // gone: either they walk this heap after the block is linked (and free or orphan it), or the
-  // block is never linked. Linking after their walk would leave a block nobody frees.
+  // Checked under this heap's lock, after owner_for has listed this heap in the job's record
+  // (JobRecord::heaps). release_job and orphan_job mark the job gone, then read that list and
+  // take each listed heap's lock: either this heap was listed before they read the list, and
+  // they walk it after the block is linked (and free or orphan it), or it was listed after, and
+  // this load sees the job gone (the list's lock orders the two), so the block is never linked.
+  // Linking after their walk would leave a block nobody frees.
   if (JobBlocks& owner = ledger_.owner_for(job);
       !owner.record->alive.load(std::memory_order_acquire)) {
     return drop_for_gone_job(owner, job, block);

@@ -72,6 +72,8 @@ class StreamHeap {
   // marks_now takes the retire fence for it instead of recording on a destroyed stream.
   static constexpr std::uint64_t kRetiredStream = ~std::uint64_t{0};
 
+  // The device whose memory this heap carves.
+  [[nodiscard]] int device() const;
   // Lock-free: a retired heap may be re-bound to a new stream (rebind).
   [[nodiscard]] StreamHandle stream() const {
     return StreamHandle{stream_.load(std::memory_order_acquire)};
