@@ -231,7 +231,7 @@ JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
   }
   {
     std::lock_guard lock(job.activity_mu);
-    s.quiescent = !job.active;
+    s.quiescent = job.active ? 0 : 1;
   }
   s.activations = job.activations.load(std::memory_order_relaxed);
   s.activations_after_move = job.activations_after_move.load(std::memory_order_relaxed);
