@@ -47,7 +47,9 @@ extern "C" {
 /* ---- Version, status and errors ------------------------------------------------------------- */
 
 #define SALUS_C_API_VERSION_MAJOR 1
-#define SALUS_C_API_VERSION_MINOR 1 /* 1: salus_device_stats carries every field */
+/* 1: salus_device_stats carries every field. 2: salus_job_stats too (appended to 1.1's, whose
+ * struct_size is still accepted). */
+#define SALUS_C_API_VERSION_MINOR 2
 
 typedef enum salus_status {
   SALUS_OK = 0,
@@ -222,6 +224,28 @@ typedef enum salus_job_state {
   SALUS_JOB_STATE_FORCE_INT = 0x7fffffff
 } salus_job_state;
 
+/* Live bytes of one class: the fields of SALUS_CLASS_BYTES_FIELDS (salus/stats_fields.h). */
+typedef struct salus_class_bytes {
+#define SALUS_STATS_MEMBER(type, name, what) type name;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
+} salus_class_bytes;
+
+/* One job's memory: the fields of SALUS_JOB_MEMORY_STATS_FIELDS (salus/stats_fields.h, where
+ * each is described). */
+typedef struct salus_job_memory_stats {
+#define SALUS_STATS_MEMBER(type, name, what) type name;
+  SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
+} salus_job_memory_stats;
+
+/* Tiers a page may be on, seen from the device whose range maps it: [0] that GPU, [1] a peer GPU,
+ * [2] host memory (salus::Tier). */
+#define SALUS_TIER_COUNT 3
+
+/* Grows at the end only: the fields before `memory` are those of 1.0 and 1.1, where they always
+ * were. A caller built against 1.0 or 1.1 sets struct_size to its sizeof, which is
+ * offsetof(salus_job_stats, memory), and gets those fields; nothing past it is written. */
 typedef struct salus_job_stats {
   size_t struct_size;
   uint32_t job;
@@ -245,6 +269,13 @@ typedef struct salus_job_stats {
   int quiescent;
   /* Its live bytes whose pages are on a peer GPU or in host memory right now. */
   size_t on_peer_bytes, on_host_bytes;
+  /* 1.2. Its memory: every field of SALUS_JOB_MEMORY_STATS_FIELDS (in_use, peak, promoted_bytes
+   * and quiescent repeat the fields above), its live bytes by class (the persistent_* and
+   * ephemeral_* fields above, and any SALUS_CLASS_BYTES_FIELDS adds), and by the tier of their
+   * pages (SALUS_TIER_COUNT). */
+  salus_job_memory_stats memory;
+  salus_class_bytes persistent, ephemeral;
+  size_t in_use_by_tier[SALUS_TIER_COUNT];
 } salus_job_stats;
 
 /* name, kind TRAINING, priority 0, device 0, everything else 0. */
@@ -276,7 +307,7 @@ SALUS_API salus_status salus_job_end_iteration(salus_runtime* runtime, uint32_t 
 SALUS_API salus_status salus_job_cancel(salus_runtime* runtime, uint32_t job);
 /* The job is done: frees everything it holds; its id is retired (later use: UNKNOWN_JOB). */
 SALUS_API salus_status salus_job_leave(salus_runtime* runtime, uint32_t job);
-/* out->struct_size must be set. */
+/* out->struct_size must be set: sizeof(salus_job_stats), or 1.1's size (see salus_job_stats). */
 SALUS_API salus_status salus_job_get_stats(salus_runtime* runtime, uint32_t job,
                                            salus_job_stats* out);
 
@@ -328,13 +359,6 @@ SALUS_API salus_status salus_stream_destroy(salus_runtime* runtime, int device, 
 SALUS_API salus_status salus_stream_retire(salus_runtime* runtime, int device, void* stream);
 /* Returns cached, unused pages to the devices; *released_bytes (may be NULL) says how many. */
 SALUS_API salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes);
-
-/* Live bytes of one class: the fields of SALUS_CLASS_BYTES_FIELDS (salus/stats_fields.h). */
-typedef struct salus_class_bytes {
-#define SALUS_STATS_MEMBER(type, name, what) type name;
-  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_MEMBER)
-#undef SALUS_STATS_MEMBER
-} salus_class_bytes;
 
 /* One device's memory: the fields of SALUS_DEVICE_STATS_FIELDS (salus/stats_fields.h, where each
  * is described), and its live bytes by class. */

@@ -112,26 +112,21 @@ struct ClassBytes {
 #undef SALUS_STATS_MEMBER
 };
 
+// One job's memory: the fields of SALUS_JOB_MEMORY_STATS_FIELDS (salus/stats_fields.h, where each
+// is described), and the members no scalar holds, written here. Add a scalar there, not here: C
+// and Python follow.
 struct JobMemoryStats {
   JobId job;
   std::string name;
   bool alive = true;
   ClassBytes by_class[kLifetimeCount];
   std::vector<std::size_t> in_use_by_device;  // both classes
-  std::size_t in_use = 0;
-  std::size_t peak = 0;
-  std::uint64_t promoted_bytes = 0;  // ephemeral bytes that outlived an iteration
   // Live block bytes by the tier of the pages under them (a page shared by several blocks counts
   // for each, by their overlap with it).
   std::size_t in_use_by_tier[kTierCount] = {};
-  bool quiescent = false;         // its pages may move now (the runtime marked a safe point)
-  std::uint64_t activations = 0;  // safe points left: the job became active again
-  // ... after some of its pages had moved down a tier while it was quiescent,
-  std::uint64_t activations_after_move = 0;
-  // ... and those that waited for pages: to bring them home, or for a move of them in flight.
-  std::uint64_t activations_waited = 0;
-  std::uint64_t fetched_bytes = 0;     // brought home as it became active (the job waited for them)
-  std::uint64_t prefetched_bytes = 0;  // brought home in the background (prefetch)
+#define SALUS_STATS_MEMBER(type, name, what) type name = 0;
+  SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
 };
 
 // One device's memory: the fields of SALUS_DEVICE_STATS_FIELDS (salus/stats_fields.h, where each

@@ -55,4 +55,26 @@
   X(uint64_t, allocation_waits, "allocations that waited on the host for such work")         \
   X(size_t, stream_heaps, "streams with address ranges here, retired ones awaiting reuse too")
 
+/* One job's memory, all devices. Besides these, each struct carries by hand what no scalar holds:
+ * C++ JobMemoryStats `job`, `name`, `alive`, `by_class[kLifetimeCount]`, `in_use_by_device` and
+ * `in_use_by_tier[kTierCount]`; C salus_job_stats (whose `memory` member is made from this list)
+ * `persistent`, `ephemeral` (SALUS_CLASS_BYTES_FIELDS) and `in_use_by_tier[SALUS_TIER_COUNT]`;
+ * Python JobMemory `persistent`, `ephemeral`, `in_use_by_device` and `in_use_by_tier`.
+ * `quiescent` is an int (0 or 1), not a bool: the C ABI's flags are ints (salus_job_stats'
+ * `quiescent` was one before this list), and C has no bool without stdbool.h. */
+#define SALUS_JOB_MEMORY_STATS_FIELDS(X)                                                       \
+  X(size_t, in_use, "live block bytes, all devices and both classes")                          \
+  X(size_t, peak, "the most in_use has been")                                                  \
+  X(uint64_t, promoted_bytes, "ephemeral bytes that outlived an iteration")                    \
+  /* Harvesting: the job's pages move between tiers only while it is quiescent (at a safe      \
+   * point the runtime marked: waiting in begin_iteration for its turn). */                    \
+  X(int, quiescent, "1 while its pages may move between tiers, else 0")                        \
+  X(uint64_t, activations, "safe points left: the job became active again")                    \
+  X(uint64_t, activations_after_move,                                                          \
+    "of those, the ones after some of its pages had moved down a tier while it was quiescent") \
+  X(uint64_t, activations_waited,                                                              \
+    "of those, the ones that waited for pages: to bring them home, or for a move in flight")   \
+  X(uint64_t, fetched_bytes, "bytes brought home as it became active (it waited for them)")    \
+  X(uint64_t, prefetched_bytes, "bytes brought home in the background (prefetch)")
+
 #endif /* SALUS_STATS_FIELDS_H */

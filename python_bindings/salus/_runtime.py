@@ -67,16 +67,25 @@ class ClassBytes:
 
 @dataclass(frozen=True)
 class JobMemory:
+    """One job's memory, all devices: the fields of ``SALUS_JOB_MEMORY_STATS_FIELDS``
+    (``salus/stats_fields.h`` describes each; ``salus._salus.job_memory_stats_fields()`` lists
+    them), its live bytes by class, by device and by tier. ``tests/test_stats_fields.py`` checks
+    that the two agree.
+    """
+
+    in_use: int  # live block bytes, both classes
+    peak: int
+    promoted_bytes: int  # ephemeral bytes that outlived an iteration
+    quiescent: bool  # its pages may move between tiers now (the list's int, made a bool)
+    activations: int  # safe points left: the job became active again
+    activations_after_move: int  # ... after some of its pages had moved down a tier
+    activations_waited: int  # ... that waited for pages to come home
+    fetched_bytes: int  # brought home as it became active (it waited for them)
+    prefetched_bytes: int  # brought home in the background
     persistent: ClassBytes
     ephemeral: ClassBytes
-    in_use: int
-    peak: int
     in_use_by_device: list[int]
-    promoted_bytes: int
     in_use_by_tier: list[int]  # local GPU, peer GPU, host
-    quiescent: bool
-    fetched_bytes: int
-    prefetched_bytes: int
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,7 @@ def _job_stats(raw: Mapping[str, Any]) -> JobStats:
     mem = dict(raw["memory"])
     mem["persistent"] = ClassBytes(**mem["persistent"])
     mem["ephemeral"] = ClassBytes(**mem["ephemeral"])
+    mem["quiescent"] = bool(mem["quiescent"])
     return JobStats(**{**raw, "memory": JobMemory(**mem)})
 
 

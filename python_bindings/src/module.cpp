@@ -278,17 +278,16 @@ py::dict class_bytes(const ClassBytes& from) {
   return out;
 }
 
-py::dict job_memory(const JobMemoryStats& m) {
+py::dict job_memory(const JobMemoryStats& from) {
+  py::dict out;
+  SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_ITEM)
+  out["persistent"] = class_bytes(from.by_class[static_cast<int>(Lifetime::persistent)]);
+  out["ephemeral"] = class_bytes(from.by_class[static_cast<int>(Lifetime::ephemeral)]);
+  out["in_use_by_device"] = from.in_use_by_device;
   py::list tiers;
-  for (std::size_t bytes : m.in_use_by_tier) tiers.append(bytes);
-  return py::dict(
-      py::arg("persistent") = class_bytes(m.by_class[static_cast<int>(Lifetime::persistent)]),
-      py::arg("ephemeral") = class_bytes(m.by_class[static_cast<int>(Lifetime::ephemeral)]),
-      py::arg("in_use") = m.in_use, py::arg("peak") = m.peak,
-      py::arg("in_use_by_device") = m.in_use_by_device,
-      py::arg("promoted_bytes") = m.promoted_bytes, py::arg("in_use_by_tier") = tiers,
-      py::arg("quiescent") = m.quiescent, py::arg("fetched_bytes") = m.fetched_bytes,
-      py::arg("prefetched_bytes") = m.prefetched_bytes);
+  for (std::size_t bytes : from.in_use_by_tier) tiers.append(bytes);
+  out["in_use_by_tier"] = tiers;
+  return out;
 }
 
 py::dict job_stats(const JobStats& s) {
@@ -325,6 +324,11 @@ py::list device_stats_fields() {
 py::list class_bytes_fields() {
   py::list out;
   SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_NAME)
+  return out;
+}
+py::list job_memory_stats_fields() {
+  py::list out;
+  SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_NAME)
   return out;
 }
 #undef SALUS_STATS_NAME
@@ -547,6 +551,7 @@ PYBIND11_MODULE(_salus, m) {
   m.def("cuda_available", [] { return salus::cuda_available(); });
   m.def("device_stats_fields", &salus::python::device_stats_fields);
   m.def("class_bytes_fields", &salus::python::class_bytes_fields);
+  m.def("job_memory_stats_fields", &salus::python::job_memory_stats_fields);
   m.attr("MAX_SIM_DEVICES") = salus::kMaxSimDevices;
   // No sink here: see salus/_logging.py for why Python gets no callback.
   m.def("set_log_level", [](const std::string& level) {

@@ -65,9 +65,13 @@ salus_status invalid(std::string message);
 void require(const void* ptr, const char* what);
 
 // Throws InvalidArgument unless `given` is the size of the struct this library knows (`type`
-// names it). Later versions will accept the sizes of earlier ones.
+// names it) or `earlier`, where not 0: the size it had in an earlier version, which the call
+// accepts (it then fills that many bytes).
 void require_struct_size(std::size_t given, std::size_t expected, const char* type,
-                         const char* call);
+                         const char* call, std::size_t earlier = 0);
+
+// The C struct of a ClassBytes: the fields of SALUS_CLASS_BYTES_FIELDS.
+salus_class_bytes class_bytes(const ClassBytes& from);
 
 // The int a C caller stored in an enum field or argument. The C ABI's enums take any int (see
 // c_api.h), but in C++ an enum whose enumerators are all >= 0 cannot hold a negative value:

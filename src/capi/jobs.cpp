@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <iterator>
 #include <optional>
 
 #include "capi/capi.hpp"
@@ -49,7 +52,11 @@ salus_job_state state_of(salus::JobState state) {
   return SALUS_JOB_LEFT;
 }
 
-void fill(const salus::JobStats& s, salus_job_stats& out) {
+// 1.1's salus_job_stats (and 1.0's) ended where 1.2 appended `memory`.
+constexpr std::size_t kJobStatsSize11 = offsetof(salus_job_stats, memory);
+
+// The fields 1.0 had, where it had them.
+void fill_1_0(const salus::JobStats& s, salus_job_stats& out) {
   const auto& per = s.memory.by_class[static_cast<std::size_t>(salus::Lifetime::persistent)];
   const auto& eph = s.memory.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)];
   out.job = s.id.value;
@@ -72,9 +79,22 @@ void fill(const salus::JobStats& s, salus_job_stats& out) {
   out.promoted_bytes = s.memory.promoted_bytes;
   out.profile_persistent_bytes = s.persistent_bytes;
   out.profile_ephemeral_peak_bytes = s.ephemeral_peak_bytes;
-  out.quiescent = s.memory.quiescent ? 1 : 0;
+  out.quiescent = s.memory.quiescent;
   out.on_peer_bytes = s.memory.in_use_by_tier[static_cast<std::size_t>(salus::Tier::peer)];
   out.on_host_bytes = s.memory.in_use_by_tier[static_cast<std::size_t>(salus::Tier::host)];
+}
+
+// 1.2's: the job's memory, from its field list, by class and by tier.
+void fill_memory(const salus::JobMemoryStats& m, salus_job_stats& out) {
+#define SALUS_STATS_COPY(type, name, what) out.memory.name = m.name;
+  SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_COPY)
+#undef SALUS_STATS_COPY
+  out.persistent =
+      salus::capi::class_bytes(m.by_class[static_cast<std::size_t>(salus::Lifetime::persistent)]);
+  out.ephemeral =
+      salus::capi::class_bytes(m.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)]);
+  static_assert(SALUS_TIER_COUNT == salus::kTierCount);
+  std::copy(std::begin(m.in_use_by_tier), std::end(m.in_use_by_tier), out.in_use_by_tier);
 }
 
 }  // namespace
@@ -173,13 +193,15 @@ salus_status salus_job_get_stats(salus_runtime* runtime, uint32_t job, salus_job
   return guarded([&] {
     require(runtime, "salus_job_get_stats: runtime");
     require(out, "salus_job_get_stats: out");
-    salus::capi::require_struct_size(out->struct_size, sizeof(salus_job_stats),
-                                     "salus_job_stats", "salus_job_get_stats");
+    const std::size_t size = out->struct_size;
+    salus::capi::require_struct_size(size, sizeof(salus_job_stats), "salus_job_stats",
+                                     "salus_job_get_stats", kJobStatsSize11);
     const salus::JobStats stats = runtime->job(job)->stats();
     salus_job_stats filled{};
-    filled.struct_size = sizeof(salus_job_stats);
-    fill(stats, filled);
-    *out = filled;
+    filled.struct_size = size;
+    fill_1_0(stats, filled);
+    fill_memory(stats.memory, filled);
+    std::memcpy(out, &filled, size);  // a 1.1 caller's struct ends before `memory`
   });
 }
 

@@ -5,6 +5,7 @@
 #include "capi/capi.hpp"
 #include "salus/memory.hpp"
 
+using salus::capi::class_bytes;
 using salus::capi::guarded;
 using salus::capi::invalid;
 using salus::capi::require;
@@ -51,6 +52,14 @@ void check_device(const salus_runtime& runtime, int device, const char* call) {
 }
 
 }  // namespace
+
+salus_class_bytes salus::capi::class_bytes(const ClassBytes& from) {
+  salus_class_bytes out{};
+#define SALUS_STATS_COPY_CLASS(type, name, what) out.name = from.name;
+  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_COPY_CLASS)
+#undef SALUS_STATS_COPY_CLASS
+  return out;
+}
 
 extern "C" {
 
@@ -161,18 +170,6 @@ salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes) {
     if (released_bytes != nullptr) *released_bytes = released;
   });
 }
-
-namespace {
-
-salus_class_bytes class_bytes(const salus::ClassBytes& c) {
-  salus_class_bytes out{};
-#define SALUS_STATS_COPY_CLASS(type, name, what) out.name = c.name;
-  SALUS_CLASS_BYTES_FIELDS(SALUS_STATS_COPY_CLASS)
-#undef SALUS_STATS_COPY_CLASS
-  return out;
-}
-
-}  // namespace
 
 salus_status salus_get_device_stats(const salus_runtime* runtime, int device,
                                     salus_device_stats* out) {

@@ -39,12 +39,14 @@ void require(const void* ptr, const char* what) {
 }
 
 void require_struct_size(std::size_t given, std::size_t expected, const char* type,
-                         const char* call) {
-  if (given != expected) {
+                         const char* call, std::size_t earlier) {
+  if (given != expected && (earlier == 0 || given != earlier)) {
     throw InvalidArgument(fmt::format(
-        "{}: struct_size of the {} is {}, this library's {} is {} bytes (call {}_init, or set "
+        "{}: struct_size of the {} is {}, this library's {} is {} bytes{} (call {}_init, or set "
         "struct_size = sizeof({}))",
-        call, type, given, type, expected, type, type));
+        call, type, given, type, expected,
+        earlier == 0 ? std::string() : fmt::format(" ({} in an earlier version)", earlier), type,
+        type));
   }
 }
 

@@ -221,7 +221,7 @@ JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {
   for (StreamHeap* heap : used) heap->add_tier_usage(job.id, s.in_use_by_tier);
   {
     std::lock_guard lock(job.activity_mu);
-    s.quiescent = !job.active;
+    s.quiescent = job.active ? 0 : 1;
   }
   s.activations = job.activations.load(std::memory_order_relaxed);
   s.activations_after_move = job.activations_after_move.load(std::memory_order_relaxed);

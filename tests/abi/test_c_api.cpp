@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -39,6 +40,47 @@ TEST_F(CApi, AllocateWriteFreeAndStats) {
   ASSERT_EQ(salus_trim(runtime, &released), SALUS_OK);
   EXPECT_GE(released, 4 * kMiB);
   EXPECT_EQ(salus_job_leave(runtime, job), SALUS_OK);
+}
+
+TEST_F(CApi, JobStatsCarryTheJobsMemoryAndA11SizedStructStillWorks) {
+  const uint32_t job = add_job("sized");
+  void* stream = nullptr;
+  ASSERT_EQ(salus_job_begin_iteration(runtime, job, &stream), SALUS_OK);
+  void* p = nullptr;
+  ASSERT_EQ(salus_allocate(runtime, 3 * kMiB, 0, stream, job, SALUS_EPHEMERAL, &p), SALUS_OK);
+  const salus_job_stats s = job_stats(job);
+  EXPECT_EQ(s.struct_size, sizeof s);
+  EXPECT_EQ(s.memory.in_use, 3 * kMiB);
+  EXPECT_EQ(s.memory.peak, s.peak);
+  EXPECT_EQ(s.memory.quiescent, 0) << "it runs";
+  EXPECT_EQ(s.ephemeral.in_use, 3 * kMiB);
+  EXPECT_EQ(s.ephemeral.blocks, 1u);
+  EXPECT_EQ(s.persistent.in_use, 0u);
+  EXPECT_EQ(s.in_use_by_tier[0], 3 * kMiB);
+  EXPECT_EQ(s.in_use_by_tier[1] + s.in_use_by_tier[2], 0u);
+
+  // A caller built against 1.1: its struct ends where `memory` begins, and nothing past that is
+  // written.
+  const size_t old_size = offsetof(salus_job_stats, memory);
+  salus_job_stats old;
+  std::memset(&old, 0xEE, sizeof old);
+  old.struct_size = old_size;
+  ASSERT_EQ(salus_job_get_stats(runtime, job, &old), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(old.struct_size, old_size);
+  EXPECT_EQ(old.job, job);
+  EXPECT_EQ(old.ephemeral_in_use, 3 * kMiB);
+  EXPECT_EQ(old.in_use, 3 * kMiB);
+  EXPECT_EQ(old.on_peer_bytes + old.on_host_bytes, 0u);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&old);
+  for (size_t i = old_size; i < sizeof old; ++i) ASSERT_EQ(bytes[i], 0xEE) << "byte " << i;
+  old.struct_size = old_size - 8;  // neither this version's size nor an earlier one's
+  EXPECT_STATUS(salus_job_get_stats(runtime, job, &old), SALUS_ERROR_INVALID_ARGUMENT,
+                "in an earlier version");
+
+  ASSERT_EQ(salus_deallocate(runtime, p, 3 * kMiB, 0), SALUS_OK);
+  ASSERT_EQ(salus_job_end_iteration(runtime, job), SALUS_OK);
+  EXPECT_EQ(job_stats(job).memory.in_use, 0u);
+  EXPECT_GE(salus_c_api_version() & 0xffff, 2u) << "1.2 is the version that fills `memory`";
 }
 
 TEST(CApiRuntime, OptionsChooseTopologyPolicyAndLimits) {

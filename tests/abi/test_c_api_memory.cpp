@@ -303,6 +303,8 @@ TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream)
   EXPECT_GT(s.pages_moved, 0u) << "a's pages moved down a tier";
   ASSERT_EQ(salus_job_get_stats(runtime, a, &js), SALUS_OK);
   EXPECT_GT(js.on_peer_bytes, 0u);
+  EXPECT_EQ(js.in_use_by_tier[1], js.on_peer_bytes);
+  EXPECT_EQ(js.memory.quiescent, 1);
   EXPECT_TRUE(act.intact());
   ASSERT_EQ(salus_deallocate(runtime, act.ptr, act.bytes, 0), SALUS_OK);
   ASSERT_EQ(salus_job_end_iteration(runtime, b), SALUS_OK);
@@ -312,6 +314,8 @@ TEST(CApiFrameworkStreams, AQuiescentJobsPagesMoveAndComeHomeOnAFrameworkStream)
   EXPECT_EQ(borrowed_at_home.load(), 0u) << "home again";
   ASSERT_EQ(salus_job_get_stats(runtime, a, &js), SALUS_OK);
   EXPECT_EQ(js.persistent_in_use, weights.bytes);
+  EXPECT_EQ(js.in_use_by_tier[0], weights.bytes) << "home again";
+  EXPECT_GE(js.memory.activations_after_move, 1u) << "it became active after its pages moved";
   EXPECT_TRUE(weights.intact());
   ASSERT_EQ(salus_deallocate(runtime, weights.ptr, weights.bytes, 0), SALUS_OK);
   EXPECT_EQ(salus_stream_destroy(runtime, 0, framework), SALUS_OK) << salus_last_error();

@@ -114,6 +114,11 @@ static void share(const char* policy, salus_job_kind second_kind, int expect_tur
     CHECK(s.ephemeral_peak == w->activation_bytes, "%s: ephemeral peak %zu", policy,
           s.ephemeral_peak);
     CHECK(s.state == SALUS_JOB_IDLE, "%s: state %d", policy, (int)s.state);
+    /* 1.2: the job's memory, made from SALUS_JOB_MEMORY_STATS_FIELDS, by class and by tier. */
+    CHECK(s.memory.in_use == s.in_use && s.memory.peak == s.peak, "%s: memory", policy);
+    CHECK(s.persistent.in_use == 4 * MIB && s.ephemeral.peak == w->activation_bytes,
+          "%s: by class %zu %zu", policy, s.persistent.in_use, s.ephemeral.peak);
+    CHECK(s.in_use_by_tier[0] == 4 * MIB, "%s: on its GPU %zu", policy, s.in_use_by_tier[0]);
     CHECK(salus_deallocate(runtime, w->weights, 4 * MIB, 0) == SALUS_OK, "free weights");
     CHECK(salus_job_leave(runtime, w->job) == SALUS_OK, "leave");
   }
