@@ -262,7 +262,12 @@ void DeviceScheduler::end(JobRecordState& job) {
   // The woken job is the latency-critical path; on a busy or single core let it run before this
   // thread's bookkeeping below.
   if (!to_wake.empty()) std::this_thread::yield();
+  after_iteration(job, host_seconds, samples, now, std::move(span));
+}
 
+void DeviceScheduler::after_iteration(JobRecordState& job, double host_seconds,
+                                      const std::vector<std::pair<double, std::size_t>>& samples,
+                                      SteadyClock::time_point now, TraceRecorder::Span span) {
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   JobMemoryStats mem;
   try {
@@ -274,7 +279,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   }
   const DeviceMemoryStats device = memory_->device_stats(device_);
   const std::size_t unowned = bytes_on_device(kUnattributedJob);
-  lock.lock();
+  std::unique_lock lock(mu_);
   finish_profile(job, host_seconds, samples,
                  mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
   if (job.state == JobState::idle) core_.update(view_of(job));

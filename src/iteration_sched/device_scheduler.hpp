@@ -206,6 +206,11 @@ class DeviceScheduler {
   // With mu_ held: an iteration ended or a running job left; memory waiters try again.
   void note_iteration_gone();
   class StartHold;
+  // end()'s bookkeeping once the next job is in: promotion, the profile, the decisions a smaller
+  // take allows, the trace. Called without the lock.
+  void after_iteration(JobRecordState& job, double host_seconds,
+                       const std::vector<std::pair<double, std::size_t>>& samples,
+                       SteadyClock::time_point now, TraceRecorder::Span span);
   // The memory counters of the trace, as an iteration of `job` ends at `now`.
   void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
                     const DeviceMemoryStats& device, SteadyClock::time_point now);

@@ -50,13 +50,12 @@ std::size_t TraceRecorder::dropped() const {
   return dropped_;
 }
 
-std::string TraceRecorder::json() const {
-  using nlohmann::json;
-  std::lock_guard lock(mu_);
-  json events = json::array();
-  // One process per device, one thread per lane: each lane reads as a row of iterations.
+namespace {
+
+// One process per device, one thread per lane: each lane reads as a row of iterations.
+void add_spans(nlohmann::json& events, const auto& spans) {
   std::vector<std::pair<int, int>> named;
-  for (const Span& s : spans_) {
+  for (const auto& s : spans) {
     const std::pair<int, int> row{s.device, s.lane};
     if (std::find(named.begin(), named.end(), row) == named.end()) {
       named.push_back(row);
@@ -80,8 +79,12 @@ std::string TraceRecorder::json() const {
                       {"dur", s.end_us - s.begin_us},
                       {"args", {{"iteration", s.iteration}}}});
   }
+}
+
+// Page moves: a row of their own per device.
+void add_moves(nlohmann::json& events, const auto& moves) {
   std::vector<int> move_rows;
-  for (const Move& m : moves_) {
+  for (const auto& m : moves) {
     if (std::find(move_rows.begin(), move_rows.end(), m.device) == move_rows.end()) {
       move_rows.push_back(m.device);
       events.push_back({{"ph", "M"},
@@ -104,6 +107,16 @@ std::string TraceRecorder::json() const {
            {"MiB", static_cast<double>(m.bytes) / (1 << 20)},
            {"GBps", seconds > 0 ? static_cast<double>(m.bytes) / seconds / 1e9 : 0.0}}}});
   }
+}
+
+}  // namespace
+
+std::string TraceRecorder::json() const {
+  using nlohmann::json;
+  std::lock_guard lock(mu_);
+  json events = json::array();
+  add_spans(events, spans_);
+  add_moves(events, moves_);
   for (const Counter& c : counters_) {
     json args = json::object();
     for (const auto& [key, value] : c.values) args[key] = value;

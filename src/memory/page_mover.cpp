@@ -117,6 +117,11 @@ double PageMover::run(std::span<PageMove> moves,
 
 void PageMover::move_window(std::span<PageMove> window, const AccessGrants& grants,
                             std::vector<Page>& old) {
+  stage_window(window);
+  swap_window(window, grants, old);
+}
+
+void PageMover::stage_window(std::span<PageMove> window) {
   DeviceBackend& backend = *backend_;
   const AccessGrant self{device_, Access::read_write};
   std::size_t staged = 0;
@@ -145,6 +150,11 @@ void PageMover::move_window(std::span<PageMove> window, const AccessGrants& gran
     }
     throw;
   }
+}
+
+void PageMover::swap_window(std::span<PageMove> window, const AccessGrants& grants,
+                            std::vector<Page>& old) {
+  DeviceBackend& backend = *backend_;
   std::size_t i = 0;
   try {
     for (; i < window.size(); ++i) {

@@ -59,6 +59,13 @@ class PageMover {
   void ensure_started();
   void move_window(std::span<PageMove> window, const AccessGrants& grants,
                    std::vector<Page>& old);
+  // Copies each page of the window into a staging slot mapped to its destination; on failure
+  // unmaps the slots and leaves every page where it was.
+  void stage_window(std::span<PageMove> window);
+  // Once each copy has landed: the destination page goes under the block's address, the old
+  // one into `old`. A page whose remapping fails gets its old page back.
+  void swap_window(std::span<PageMove> window, const AccessGrants& grants,
+                   std::vector<Page>& old);
 
   std::shared_ptr<DeviceBackend> backend_;
   const int device_;

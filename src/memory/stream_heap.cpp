@@ -126,12 +126,10 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
     throw;
   }
 
-  // Checked under this heap's lock, after owner_for has listed this heap in the job's record
-  // (JobRecord::heaps). release_job and orphan_job mark the job gone, then read that list and
-  // take each listed heap's lock: either this heap was listed before they read the list, and
-  // they walk it after the block is linked (and free or orphan it), or it was listed after, and
-  // this load sees the job gone (the list's lock orders the two), so the block is never linked.
-  // Linking after their walk would leave a block nobody frees.
+  // Checked under this heap's lock, after owner_for listed this heap in the job's record
+  // (JobRecord::heaps). release_job and orphan_job mark the job gone, then walk the listed heaps
+  // under their locks: they find this block linked, or this load sees the job gone (the list's
+  // lock orders the two), so no block is linked after their walk with nobody to free it.
   if (JobBlocks& owner = ledger_.owner_for(job);
       !owner.record->alive.load(std::memory_order_acquire)) {
     return drop_for_gone_job(owner, job, block);
