@@ -70,25 +70,6 @@ class StreamSafety : public SimMemoryTest {
   std::deque<Stream> streams_;  // a deque: Stream does not move while handed out
 };
 
-// An allocation on the work's own stream that needs more pages than the pool has takes the
-// stream's own cached pages (unmapping them from the freed block's range) and then fails: the
-// freed block's queued work must still find its pages.
-TEST_F(StreamSafety, AllocationThatFailsAfterReclaimingOwnPagesLeavesQueuedWorkAlone) {
-  one_gpu();
-  const StreamHandle s = new_stream();
-  const JobId a = memory->register_job("a");
-  const DevicePtr p = alloc(48 * MiB, 0, a, Lifetime::ephemeral, s);
-  const DevicePtr live = alloc(8 * MiB, 0, a, Lifetime::ephemeral, s);  // fences p's range in
-  work.touch(*backend, s, {{p, 48 * MiB}}, stamp_once(6, kSlowKernel));
-  memory->deallocate(p);
-  // 60 MiB fits neither p's range nor the 4 pages left: 30 pages wanted, 28 to be had.
-  EXPECT_THROW((void)alloc(60 * MiB, 0, a, Lifetime::ephemeral, s), OutOfMemory);
-  sync_all();
-  expect_work_clean(work);
-  memory->deallocate(live);
-  expect_balanced(*memory);
-}
-
 // A block freed while another stream's work on it is queued leaves that work's fence on its
 // pages. An allocation carved over those pages that then fails for want of more pages must give
 // the fence back with them: once this stream's own work is done (an iteration's end says so),

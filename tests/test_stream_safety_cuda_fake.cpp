@@ -125,37 +125,6 @@ class StreamSafetyCudaFake : public ::testing::Test {
 
 // --- reuse by another stream's allocation ----------------------------------------------------
 
-// An allocation that reclaims pages from other streams and still fails must not have unmapped
-// pages that queued work uses (and the memory is usable once the work is done).
-TEST_F(StreamSafetyCudaFake, FailedAllocationDoesNotUnmapPagesUnderWork) {
-  build(1, tight(1));
-  const JobId a = memory_->register_job("a");
-  const JobId b = memory_->register_job("b");
-  const JobId c = memory_->register_job("c");
-  const StreamHandle s1 = new_stream();
-  const StreamHandle s2 = new_stream();
-  const StreamHandle s3 = new_stream();
-  const DevicePtr p = memory_->allocate({48 * MiB, 0, s1, a});
-  const DevicePtr kept = memory_->allocate({16 * MiB, 0, s3, b});  // the device is now full
-  const std::uint64_t old_work = work(s1, p, 48 * MiB);
-  memory_->deallocate(p);
-
-  fake_->clear_calls();
-  // 28 pages wanted; the 24 of s1's free block are all there is.
-  EXPECT_THROW((void)memory_->allocate({56 * MiB, 0, s2, c}), OutOfMemory);
-  expect_no_violations("while a failing allocation reclaimed pages under work");
-  RecordProperty("oom_host_waits", static_cast<int>(host_waits()));
-  EXPECT_EQ(memory_->device_stats(0).allocated, 16 * MiB);
-  EXPECT_EQ(memory_->job_stats(c).in_use, 0u);
-
-  // Nothing was lost: once the work is done the pages serve a fitting request.
-  fake_->finish_work(old_work);
-  const DevicePtr q = memory_->allocate({48 * MiB, 0, s2, c});
-  memory_->deallocate(q);
-  memory_->deallocate(kept);
-  expect_clean_end();
-}
-
 // Persistent memory allocated on the default stream (outside any iteration) and used by
 // kernels on the job's lane stream; the job leaves, and another stream allocates the memory.
 TEST_F(StreamSafetyCudaFake, DefaultStreamMemoryUsedOnALaneWaitsForTheLane) {

@@ -129,6 +129,49 @@ TEST_P(StreamSafetyContract, ReleasedJobsPagesWaitForItsWorkOnEveryStream) {
   expect_clean_end();
 }
 
+// An allocation that reclaims another stream's free pages and still fails (28 pages wanted, the 24
+// of s1's freed block are all there is) must not have unmapped pages that queued work uses, and
+// loses nothing: once the work is done the pages serve a request that fits.
+TEST_P(StreamSafetyContract, AFailingAllocationElsewhereLeavesPagesUnderQueuedWorkAlone) {
+  build(1, 64 * MiB);
+  const JobId a = memory->register_job("a"), b = memory->register_job("b"),
+              c = memory->register_job("c");
+  const StreamHandle s1 = new_stream(), s2 = new_stream(), s3 = new_stream();
+  const DevicePtr p = alloc(48 * MiB, 0, a, Lifetime::ephemeral, s1);
+  const DevicePtr kept = alloc(16 * MiB, 0, b, Lifetime::persistent, s3);  // the device is full
+  (void)harness->enqueue_work(s1, p, 48 * MiB, 8, true);
+  memory->deallocate(p);
+
+  EXPECT_THROW((void)alloc(56 * MiB, 0, c, Lifetime::ephemeral, s2), OutOfMemory);
+  harness->expect_no_violations("while a failing allocation reclaimed pages under work");
+  EXPECT_EQ(memory->device_stats(0).allocated, 16 * MiB);
+  EXPECT_EQ(memory->job_stats(c).in_use, 0u);
+
+  harness->drain(handles_);
+  const DevicePtr q = alloc(48 * MiB, 0, c, Lifetime::ephemeral, s2);
+  memory->deallocate(q);
+  memory->deallocate(kept);
+  expect_clean_end();
+}
+
+// The same on the work's own stream: the allocation takes the stream's own cached pages
+// (unmapping them from the freed block's range) and then fails (30 pages wanted, 28 to be had);
+// the freed block's queued work must still find its pages.
+TEST_P(StreamSafetyContract, AFailingAllocationOnTheWorksOwnStreamLeavesItsPagesAlone) {
+  build(1, 64 * MiB);
+  const StreamHandle s = new_stream();
+  const JobId a = memory->register_job("a");
+  const DevicePtr p = alloc(48 * MiB, 0, a, Lifetime::ephemeral, s);
+  const DevicePtr live = alloc(8 * MiB, 0, a, Lifetime::ephemeral, s);  // fences p's range in
+  (void)harness->enqueue_work(s, p, 48 * MiB, 9, true);
+  memory->deallocate(p);
+  EXPECT_THROW((void)alloc(60 * MiB, 0, a, Lifetime::ephemeral, s), OutOfMemory);
+  harness->expect_no_violations("while a failing allocation on the work's stream took its pages");
+  harness->drain(handles_);
+  memory->deallocate(live);
+  expect_clean_end();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StreamSafetyContract, ::testing::ValuesIn(contract_backends()),
                          ContractBackendName);
 
