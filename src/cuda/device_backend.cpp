@@ -54,7 +54,9 @@ void check_map_in_chunk(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
 // --- shared checks ----------------------------------------------------------------------------
 
 void DeviceBackend::check_device(int device, std::string_view what) const {
-  detail::check_device_index(what, device, do_device_count(), do_name());
+  const int count = do_device_count();
+  if (device >= 0 && device < count) return;  // the name is only wanted for the message
+  detail::check_device_index(what, device, count, do_name());
 }
 
 void DeviceBackend::check_location(Location where, std::string_view what) const {

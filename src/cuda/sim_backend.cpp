@@ -91,6 +91,7 @@ DeviceProperties SimBackend::do_properties(int device) const {
   return props;
 }
 
+// A GPU location's device is in range (DeviceBackend checked it, or chunk_bytes did).
 std::size_t SimBackend::pool_index(Location where) const {
   if (where.is_host()) {
     // The simulator has one host memory pool; other NUMA nodes do not exist.
