@@ -5,7 +5,8 @@
 // Conventions shared by every backend:
 //  - Sizes handed to create_chunk, reserve_address, map, unmap and set_access are multiples of
 //    granularity(); addresses handed to map/unmap/set_access are granularity-aligned. Violations
-//    raise InvalidArgument; driver failures raise DeviceError naming the call.
+//    raise InvalidArgument (checked once, by DeviceBackend itself: see the list above the class);
+//    driver failures raise DeviceError naming the call.
 //  - A StreamHandle with value 0 names the default stream of the device the call is about.
 //  - A StreamHandle's value is the backend's native handle: a CUstream on CUDA (so a framework's
 //    own streams can be passed in as they are), an opaque id on the sim backend.
@@ -91,62 +92,86 @@ struct StreamPriorityRange {
   int greatest = 0;
 };
 
+// The interface has the non-virtual-interface shape: each public function checks its arguments
+// once, here (src/cuda/device_backend.cpp), and then calls the private virtual do_<name> of the
+// same signature that a backend implements. Argument errors are InvalidArgument (NotSupported
+// where a backend has no host chunks) naming the bad value, so a backend may assume:
+//  - Device indices lie in [0, device_count()): properties, peer_link (both), granularity and
+//    create_chunk (a GPU location), stream_priority_range, create_stream, validate_stream,
+//    query_stream, create_event, create_timing_event, stream_wait_event and every grant of
+//    set_access. The message names the index and the device count.
+//  - A Location has a known kind; a host location's NUMA node is >= 0 (which nodes exist is the
+//    backend's to say).
+//  - create_chunk: bytes is a positive multiple of granularity(where) (so the location is valid).
+//  - reserve_address: bytes is a positive multiple of the address granularity (the smallest
+//    granularity of any location, do_address_granularity); alignment is 0 or a power of two.
+//  - free_address, map, unmap, set_access: the address (and map's chunk offset) is a multiple of
+//    the address granularity, bytes a positive multiple of it, and [va, va + bytes) does not wrap
+//    around. What needs the chunk (map: its own granularity and size, via check_map_in_chunk in
+//    src/cuda/backend_checks.hpp) or the backend's bookkeeping (reservations, mapped pages) is the
+//    backend's.
+//  - set_access: every grant names a device in range and an Access enumerator.
+//  - Handles: chunk and event handles are not 0; destroy_stream refuses handle 0 (the default
+//    stream is nobody's to destroy). Whether a non-zero handle is live is the backend's to check.
+//  - launch_host_func: fn is not empty. copy_async of 0 bytes is a no-op that reaches no backend.
+// Hot paths (map, unmap, set_access, record_event, query_event, stream_wait_event,
+// launch_host_func) get O(1) checks only (set_access: one per grant).
 class SALUS_API DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
 
-  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
-  [[nodiscard]] virtual int device_count() const = 0;
-  [[nodiscard]] virtual DeviceProperties properties(int device) const = 0;
+  [[nodiscard]] std::string_view name() const noexcept { return do_name(); }
+  [[nodiscard]] int device_count() const { return do_device_count(); }
+  [[nodiscard]] DeviceProperties properties(int device) const;
   // Physical page size for chunks at `where`.
-  [[nodiscard]] virtual std::size_t granularity(Location where) const = 0;
-  [[nodiscard]] virtual PeerLink peer_link(int from, int to) const = 0;
+  [[nodiscard]] std::size_t granularity(Location where) const;
+  [[nodiscard]] PeerLink peer_link(int from, int to) const;
 
   // Physical memory.
-  virtual ChunkHandle create_chunk(Location where, std::size_t bytes) = 0;
-  virtual void release_chunk(ChunkHandle chunk) = 0;
+  ChunkHandle create_chunk(Location where, std::size_t bytes);
+  void release_chunk(ChunkHandle chunk);
 
   // Virtual address space shared by all devices (unified addressing).
-  virtual DevicePtr reserve_address(std::size_t bytes, std::size_t alignment) = 0;
-  virtual void free_address(DevicePtr base, std::size_t bytes) = 0;
-  virtual void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) = 0;
-  virtual void unmap(DevicePtr va, std::size_t bytes) = 0;
+  DevicePtr reserve_address(std::size_t bytes, std::size_t alignment);
+  void free_address(DevicePtr base, std::size_t bytes);
+  void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset);
+  void unmap(DevicePtr va, std::size_t bytes);
   // Replaces the access of every listed device for [va, va + bytes); must follow every map.
-  virtual void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) = 0;
+  void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants);
 
   // Streams and events.
-  [[nodiscard]] virtual StreamPriorityRange stream_priority_range(int device) const = 0;
-  virtual StreamHandle create_stream(int device, int priority) = 0;
-  virtual void destroy_stream(StreamHandle stream) = 0;
-  virtual void synchronize_stream(StreamHandle stream) = 0;
+  [[nodiscard]] StreamPriorityRange stream_priority_range(int device) const;
+  StreamHandle create_stream(int device, int priority);
+  void destroy_stream(StreamHandle stream);
+  void synchronize_stream(StreamHandle stream);
   // Checks that `stream` is a live stream of `device`, including streams the backend did not
   // create (a framework's own): on CUDA the driver says which context it belongs to. Handle 0
   // (the device's default stream) is always valid. Throws InvalidArgument, naming the handle in
   // hex, when it is no stream of this backend (never created, or destroyed) or belongs to another
   // device. Not for hot paths: callers check a stream once, when they first meet it.
-  virtual void validate_stream(StreamHandle stream, int device) = 0;
+  void validate_stream(StreamHandle stream, int device);
   // True while `stream` captures a CUDA graph (cuStreamBeginCapture, torch.cuda.graph): nothing
   // may then query, synchronize or fence it. Backends without graphs never capture.
-  [[nodiscard]] virtual bool stream_capturing(StreamHandle /*stream*/) { return false; }
+  [[nodiscard]] bool stream_capturing(StreamHandle stream) { return do_stream_capturing(stream); }
   // True when all work enqueued on `stream` so far has finished. `device` says whose default
   // stream a handle of 0 is (other streams know their device).
-  [[nodiscard]] virtual bool query_stream(StreamHandle stream, int device) = 0;
-  virtual EventHandle create_event(int device) = 0;
-  virtual void destroy_event(EventHandle event) = 0;
-  virtual void record_event(EventHandle event, StreamHandle stream) = 0;
+  [[nodiscard]] bool query_stream(StreamHandle stream, int device);
+  EventHandle create_event(int device);
+  void destroy_event(EventHandle event);
+  void record_event(EventHandle event, StreamHandle stream);
   // True once all work captured by the last record has finished (or the event was never recorded).
-  [[nodiscard]] virtual bool query_event(EventHandle event) = 0;
-  virtual void synchronize_event(EventHandle event) = 0;
+  [[nodiscard]] bool query_event(EventHandle event);
+  void synchronize_event(EventHandle event);
   // Work enqueued on `stream` after this call waits for the event's captured work. `device` says
   // whose default stream a handle of 0 is; the event may belong to any device.
-  virtual void stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;
+  void stream_wait_event(StreamHandle stream, EventHandle event, int device);
   // Runs `fn` on a host thread once prior work on `stream` has finished; later work waits for it.
   // `fn` must not call the backend (CUDA forbids driver calls inside a host function).
-  virtual void launch_host_func(StreamHandle stream, std::function<void()> fn) = 0;
+  void launch_host_func(StreamHandle stream, std::function<void()> fn);
 
   // Timing events: like create_event, but elapsed_seconds can measure between two of them. They
   // cost more to record than plain events, so Salus uses them only where it measures GPU time.
-  virtual EventHandle create_timing_event(int device) = 0;
+  EventHandle create_timing_event(int device);
   // Seconds of device time between the completion of `start`'s last record and `end`'s (negative
   // when `end` completed first). Both must be timing events whose last record has completed.
   //  - CUDA: cuEventElapsedTime, the GPU's timeline between the two points: everything the
@@ -159,9 +184,56 @@ class SALUS_API DeviceBackend {
   // Throws InvalidArgument for an unknown event, one that was never recorded or was created
   // without timing, and DeviceError with status CUDA_ERROR_NOT_READY (call cuEventElapsedTime)
   // while a record has not completed (query_event says false).
-  [[nodiscard]] virtual double elapsed_seconds(EventHandle start, EventHandle end) = 0;
+  [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end);
   // Copies between any two mapped ranges (device, peer or host), ordered on `stream`.
-  virtual void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) = 0;
+  void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream);
+
+ private:
+  // Argument checks shared by the public functions (throw InvalidArgument naming the value).
+  void check_device(int device, std::string_view what) const;
+  void check_location(Location where, std::string_view what) const;
+  // Returns the address granularity it checked against.
+  std::size_t check_range(std::string_view what, DevicePtr va, std::size_t bytes) const;
+  static void check_event(EventHandle event, std::string_view what);
+
+  // What a backend implements: the public function of the same name without do_, whose
+  // arguments have passed the checks listed above the class.
+  [[nodiscard]] virtual std::string_view do_name() const noexcept = 0;
+  [[nodiscard]] virtual int do_device_count() const = 0;
+  [[nodiscard]] virtual DeviceProperties do_properties(int device) const = 0;
+  [[nodiscard]] virtual std::size_t do_granularity(Location where) const = 0;
+  // The smallest granularity of any location: every address and size that reserve_address,
+  // free_address, map, unmap and set_access can accept is a multiple of it. Called on hot paths.
+  [[nodiscard]] virtual std::size_t do_address_granularity() const noexcept = 0;
+  [[nodiscard]] virtual PeerLink do_peer_link(int from, int to) const = 0;
+  virtual ChunkHandle do_create_chunk(Location where, std::size_t bytes) = 0;
+  virtual void do_release_chunk(ChunkHandle chunk) = 0;
+  virtual DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) = 0;
+  virtual void do_free_address(DevicePtr base, std::size_t bytes) = 0;
+  virtual void do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+                      std::size_t chunk_offset) = 0;
+  virtual void do_unmap(DevicePtr va, std::size_t bytes) = 0;
+  virtual void do_set_access(DevicePtr va, std::size_t bytes,
+                             std::span<const AccessGrant> grants) = 0;
+  [[nodiscard]] virtual StreamPriorityRange do_stream_priority_range(int device) const = 0;
+  virtual StreamHandle do_create_stream(int device, int priority) = 0;
+  virtual void do_destroy_stream(StreamHandle stream) = 0;
+  virtual void do_synchronize_stream(StreamHandle stream) = 0;
+  virtual void do_validate_stream(StreamHandle stream, int device) = 0;
+  // Backends without graphs never capture.
+  [[nodiscard]] virtual bool do_stream_capturing(StreamHandle /*stream*/) { return false; }
+  [[nodiscard]] virtual bool do_query_stream(StreamHandle stream, int device) = 0;
+  virtual EventHandle do_create_event(int device) = 0;
+  virtual void do_destroy_event(EventHandle event) = 0;
+  virtual void do_record_event(EventHandle event, StreamHandle stream) = 0;
+  [[nodiscard]] virtual bool do_query_event(EventHandle event) = 0;
+  virtual void do_synchronize_event(EventHandle event) = 0;
+  virtual void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;
+  virtual void do_launch_host_func(StreamHandle stream, std::function<void()> fn) = 0;
+  virtual EventHandle do_create_timing_event(int device) = 0;
+  [[nodiscard]] virtual double do_elapsed_seconds(EventHandle start, EventHandle end) = 0;
+  virtual void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                             StreamHandle stream) = 0;
 };
 
 // RAII owner of a stream.

@@ -220,15 +220,7 @@ CudaBackend::~CudaBackend() = default;
 
 // --- queries ----------------------------------------------------------------------------------
 
-void CudaBackend::check_device(int device, std::string_view what) const {
-  if (device < 0 || device >= device_count()) {
-    throw InvalidArgument(
-        fmt::format("{}: device {} out of range (0..{})", what, device, device_count() - 1));
-  }
-}
-
-DeviceProperties CudaBackend::properties(int device) const {
-  check_device(device, "properties");
+DeviceProperties CudaBackend::do_properties(int device) const {
   const DeviceCaps& caps = devices_[static_cast<std::size_t>(device)];
   const CUdevice dev = caps.device;
   DeviceProperties props;
@@ -245,20 +237,17 @@ DeviceProperties CudaBackend::properties(int device) const {
   return props;
 }
 
-std::size_t CudaBackend::granularity(Location where) const {
+std::size_t CudaBackend::do_granularity(Location where) const {
   if (where.is_host()) {
     if (!host_granularity_) {
       throw NotSupported("host memory chunks: the CUDA driver does not offer them here");
     }
     return *host_granularity_;
   }
-  check_device(where.index, "granularity");
   return device_granularity_[static_cast<std::size_t>(where.index)];
 }
 
-PeerLink CudaBackend::peer_link(int from, int to) const {
-  check_device(from, "peer_link");
-  check_device(to, "peer_link");
+PeerLink CudaBackend::do_peer_link(int from, int to) const {
   if (from == to) return {LinkKind::self, true, 0, 0.0};
 
   const CUdevice src = devices_[static_cast<std::size_t>(from)].device;
@@ -284,8 +273,7 @@ PeerLink CudaBackend::peer_link(int from, int to) const {
   return link;
 }
 
-StreamPriorityRange CudaBackend::stream_priority_range(int device) const {
-  check_device(device, "stream_priority_range");
+StreamPriorityRange CudaBackend::do_stream_priority_range(int device) const {
   const auto scope = bind(device);
   StreamPriorityRange range;
   SALUS_CU(api_, cuCtxGetStreamPriorityRange, &range.least, &range.greatest);

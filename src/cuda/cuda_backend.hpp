@@ -43,40 +43,51 @@ class CudaBackend final : public DeviceBackend {
 
   [[nodiscard]] const DriverApi& driver() const noexcept { return api_; }
 
-  [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
-  [[nodiscard]] int device_count() const override { return static_cast<int>(devices_.size()); }
-  [[nodiscard]] DeviceProperties properties(int device) const override;
-  [[nodiscard]] std::size_t granularity(Location where) const override;
-  [[nodiscard]] PeerLink peer_link(int from, int to) const override;
-
-  ChunkHandle create_chunk(Location where, std::size_t bytes) override;
-  void release_chunk(ChunkHandle chunk) override;
-
-  DevicePtr reserve_address(std::size_t bytes, std::size_t alignment) override;
-  void free_address(DevicePtr base, std::size_t bytes) override;
-  void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) override;
-  void unmap(DevicePtr va, std::size_t bytes) override;
-  void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) override;
-
-  [[nodiscard]] StreamPriorityRange stream_priority_range(int device) const override;
-  StreamHandle create_stream(int device, int priority) override;
-  void destroy_stream(StreamHandle stream) override;
-  void synchronize_stream(StreamHandle stream) override;
-  void validate_stream(StreamHandle stream, int device) override;
-  [[nodiscard]] bool stream_capturing(StreamHandle stream) override;
-  [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
-  EventHandle create_event(int device) override;
-  void destroy_event(EventHandle event) override;
-  void record_event(EventHandle event, StreamHandle stream) override;
-  [[nodiscard]] bool query_event(EventHandle event) override;
-  void synchronize_event(EventHandle event) override;
-  void stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
-  void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
-  void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
-  EventHandle create_timing_event(int device) override;
-  [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end) override;
-
  private:
+  // DeviceBackend (its public functions have checked the arguments; see salus/device.hpp).
+  [[nodiscard]] std::string_view do_name() const noexcept override { return "cuda"; }
+  [[nodiscard]] int do_device_count() const override {
+    return static_cast<int>(devices_.size());
+  }
+  [[nodiscard]] DeviceProperties do_properties(int device) const override;
+  [[nodiscard]] std::size_t do_granularity(Location where) const override;
+  // The smallest granularity of any location: every address and size the driver can accept for
+  // map, unmap or set_access is a multiple of it.
+  [[nodiscard]] std::size_t do_address_granularity() const noexcept override {
+    return address_granularity_;
+  }
+  [[nodiscard]] PeerLink do_peer_link(int from, int to) const override;
+
+  ChunkHandle do_create_chunk(Location where, std::size_t bytes) override;
+  void do_release_chunk(ChunkHandle chunk) override;
+
+  DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) override;
+  void do_free_address(DevicePtr base, std::size_t bytes) override;
+  void do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+              std::size_t chunk_offset) override;
+  void do_unmap(DevicePtr va, std::size_t bytes) override;
+  void do_set_access(DevicePtr va, std::size_t bytes,
+                     std::span<const AccessGrant> grants) override;
+
+  [[nodiscard]] StreamPriorityRange do_stream_priority_range(int device) const override;
+  StreamHandle do_create_stream(int device, int priority) override;
+  void do_destroy_stream(StreamHandle stream) override;
+  void do_synchronize_stream(StreamHandle stream) override;
+  void do_validate_stream(StreamHandle stream, int device) override;
+  [[nodiscard]] bool do_stream_capturing(StreamHandle stream) override;
+  [[nodiscard]] bool do_query_stream(StreamHandle stream, int device) override;
+  EventHandle do_create_event(int device) override;
+  void do_destroy_event(EventHandle event) override;
+  void do_record_event(EventHandle event, StreamHandle stream) override;
+  [[nodiscard]] bool do_query_event(EventHandle event) override;
+  void do_synchronize_event(EventHandle event) override;
+  void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
+  void do_launch_host_func(StreamHandle stream, std::function<void()> fn) override;
+  void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                     StreamHandle stream) override;
+  EventHandle do_create_timing_event(int device) override;
+  [[nodiscard]] double do_elapsed_seconds(EventHandle start, EventHandle end) override;
+
   // One retained primary context; released on destruction.
   class PrimaryContext {
    public:
@@ -152,7 +163,6 @@ class CudaBackend final : public DeviceBackend {
   CUresult query_granularity(const CUmemAllocationProp& prop, int device, std::size_t* out);
   [[nodiscard]] CUmemLocation cu_location(Location where) const;
   [[nodiscard]] CUmemAllocationProp allocation_prop(Location where) const;
-  void check_device(int device, std::string_view what) const;
   // The device a stream (or, for handle 0 and the legacy and per-thread default streams,
   // `fallback`) belongs to. Streams this backend did not create (a framework's) are looked up
   // through the driver (cuStreamGetCtx). InvalidArgument if the driver does not know it.
@@ -162,11 +172,8 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] int device_of(CUcontext context) const;
   [[nodiscard]] int device_of(EventHandle event) const;
   // cuEventCreate with `flags` on `device`, registered for device_of.
-  EventHandle make_event(int device, unsigned flags, std::string_view what);
+  EventHandle make_event(int device, unsigned flags);
   [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
-  // The smallest granularity of any location: every address and size the driver can accept for
-  // map, unmap or set_access is a multiple of it.
-  [[nodiscard]] std::size_t address_granularity() const noexcept { return address_granularity_; }
 
   DriverApi api_;  // first: the contexts below release through it
   std::vector<DeviceCaps> devices_;

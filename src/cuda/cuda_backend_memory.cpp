@@ -1,33 +1,14 @@
 // CudaBackend: physical chunks and virtual address ranges (the driver's VMM API).
 #include <fmt/format.h>
 
-#include <bit>
-#include <string_view>
 #include <vector>
 
+#include "cuda/backend_checks.hpp"
 #include "cuda/cuda_backend.hpp"
 
 namespace salus::cuda {
 
 namespace {
-
-// Checks before the driver sees the request, so that a caller's mistake reads as InvalidArgument
-// naming the numbers rather than as an opaque CUDA_ERROR_INVALID_VALUE.
-void check_size(std::string_view what, std::size_t bytes, std::size_t granularity) {
-  if (bytes == 0 || bytes % granularity != 0) {
-    throw InvalidArgument(
-        fmt::format("{}: {} bytes is not a positive multiple of the granularity ({} bytes)", what,
-                    bytes, granularity));
-  }
-}
-
-void check_aligned(std::string_view what, std::string_view which, std::uint64_t value,
-                   std::size_t granularity) {
-  if (value % granularity != 0) {
-    throw InvalidArgument(fmt::format("{}: {} {:#x} is not aligned to the granularity ({} bytes)",
-                                      what, which, value, granularity));
-  }
-}
 
 CUmemAccess_flags to_cu_flags(Access access) {
   switch (access) {
@@ -53,9 +34,7 @@ CudaBackend::ChunkInfo CudaBackend::chunk_info(ChunkHandle chunk) const {
   return it->second;
 }
 
-ChunkHandle CudaBackend::create_chunk(Location where, std::size_t bytes) {
-  const std::size_t page = granularity(where);  // validates the location
-  check_size("create_chunk", bytes, page);
+ChunkHandle CudaBackend::do_create_chunk(Location where, std::size_t bytes) {
   const CUmemAllocationProp prop = allocation_prop(where);
 
   const auto scope = bind(where.is_host() ? any_device() : where.index);
@@ -71,7 +50,7 @@ ChunkHandle CudaBackend::create_chunk(Location where, std::size_t bytes) {
   return ChunkHandle{handle};
 }
 
-void CudaBackend::release_chunk(ChunkHandle chunk) {
+void CudaBackend::do_release_chunk(ChunkHandle chunk) {
   const ChunkInfo info = chunk_info(chunk);
   const auto scope = bind(info.where.is_host() ? any_device() : info.where.index);
   SALUS_CU(api_, cuMemRelease, chunk.value);
@@ -80,12 +59,7 @@ void CudaBackend::release_chunk(ChunkHandle chunk) {
   chunks_.erase(chunk.value);
 }
 
-DevicePtr CudaBackend::reserve_address(std::size_t bytes, std::size_t alignment) {
-  check_size("reserve_address", bytes, address_granularity());
-  if (alignment != 0 && !std::has_single_bit(alignment)) {
-    throw InvalidArgument(
-        fmt::format("reserve_address: alignment {} is neither 0 nor a power of two", alignment));
-  }
+DevicePtr CudaBackend::do_reserve_address(std::size_t bytes, std::size_t alignment) {
   // One address space for all devices: any context will do, and none is retained for it.
   const auto scope = bind(any_device());
   CUdeviceptr base = 0;
@@ -93,42 +67,30 @@ DevicePtr CudaBackend::reserve_address(std::size_t bytes, std::size_t alignment)
   return static_cast<DevicePtr>(base);
 }
 
-void CudaBackend::free_address(DevicePtr base, std::size_t bytes) {
-  check_aligned("free_address", "base", base, address_granularity());
-  check_size("free_address", bytes, address_granularity());
+void CudaBackend::do_free_address(DevicePtr base, std::size_t bytes) {
   const auto scope = bind(any_device());
   SALUS_CU(api_, cuMemAddressFree, static_cast<CUdeviceptr>(base), bytes);
 }
 
-void CudaBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
-                      std::size_t chunk_offset) {
+void CudaBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+                         std::size_t chunk_offset) {
   const ChunkInfo info = chunk_info(chunk);
-  const std::size_t page = granularity(info.where);
-  check_aligned("map", "address", va, page);
-  check_size("map", bytes, page);
-  check_aligned("map", "chunk offset", chunk_offset, page);
-  if (chunk_offset > info.bytes || bytes > info.bytes - chunk_offset) {
-    throw InvalidArgument(fmt::format("map: [{}, {}) lies outside chunk {:#x} of {} bytes",
-                                      chunk_offset, chunk_offset + bytes, chunk.value, info.bytes));
-  }
+  detail::check_map_in_chunk(va, bytes, chunk, chunk_offset, info.bytes,
+                             do_granularity(info.where));
   const auto scope = bind(info.where.is_host() ? any_device() : info.where.index);
   SALUS_CU(api_, cuMemMap, static_cast<CUdeviceptr>(va), bytes, chunk_offset, chunk.value, 0);
 }
 
-void CudaBackend::unmap(DevicePtr va, std::size_t bytes) {
-  check_aligned("unmap", "address", va, address_granularity());
-  check_size("unmap", bytes, address_granularity());
+void CudaBackend::do_unmap(DevicePtr va, std::size_t bytes) {
   const auto scope = bind(any_device());
   SALUS_CU(api_, cuMemUnmap, static_cast<CUdeviceptr>(va), bytes);
 }
 
-void CudaBackend::set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) {
-  check_aligned("set_access", "address", va, address_granularity());
-  check_size("set_access", bytes, address_granularity());
+void CudaBackend::do_set_access(DevicePtr va, std::size_t bytes,
+                                std::span<const AccessGrant> grants) {
   std::vector<CUmemAccessDesc> descs;
   descs.reserve(grants.size());
   for (const AccessGrant& grant : grants) {
-    check_device(grant.device, "set_access");
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     desc.location.id = devices_[static_cast<std::size_t>(grant.device)].device;

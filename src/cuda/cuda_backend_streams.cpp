@@ -90,8 +90,7 @@ int CudaBackend::device_of(CUcontext context) const {
   return -1;
 }
 
-void CudaBackend::validate_stream(StreamHandle stream, int device) {
-  check_device(device, "validate_stream");
+void CudaBackend::do_validate_stream(StreamHandle stream, int device) {
   if (stream.value == std::bit_cast<std::uint64_t>(CU_STREAM_PER_THREAD)) {
     // It names a different stream on each thread: a fence recorded on it from another thread
     // (a free, a cancel) would land on that thread's stream and order nothing.
@@ -117,8 +116,7 @@ int CudaBackend::device_of(EventHandle event) const {
   return it->second;
 }
 
-StreamHandle CudaBackend::create_stream(int device, int priority) {
-  check_device(device, "create_stream");
+StreamHandle CudaBackend::do_create_stream(int device, int priority) {
   const auto scope = bind(device);
   CUstream stream = nullptr;
   // Non-blocking: Salus streams must not serialize against the legacy default stream that
@@ -135,8 +133,7 @@ StreamHandle CudaBackend::create_stream(int device, int priority) {
   return handle;
 }
 
-void CudaBackend::destroy_stream(StreamHandle stream) {
-  if (stream.value == 0) throw InvalidArgument("destroy_stream: the default stream is not owned");
+void CudaBackend::do_destroy_stream(StreamHandle stream) {
   const int device = device_of(stream);
   const auto scope = bind(device);
   SALUS_CU(api_, cuStreamDestroy, to_cu(stream));
@@ -144,12 +141,12 @@ void CudaBackend::destroy_stream(StreamHandle stream) {
   streams_.erase(stream.value);
 }
 
-void CudaBackend::synchronize_stream(StreamHandle stream) {
+void CudaBackend::do_synchronize_stream(StreamHandle stream) {
   const auto scope = bind(device_of(stream));
   SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
 }
 
-bool CudaBackend::stream_capturing(StreamHandle stream) {
+bool CudaBackend::do_stream_capturing(StreamHandle stream) {
   if (is_default_stream(stream)) return false;  // the legacy stream cannot capture
   const auto scope = bind(device_of(stream));
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -157,7 +154,7 @@ bool CudaBackend::stream_capturing(StreamHandle stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;  // an invalidated capture is not over yet
 }
 
-bool CudaBackend::query_stream(StreamHandle stream, int device) {
+bool CudaBackend::do_query_stream(StreamHandle stream, int device) {
   const auto scope = bind(device_of(stream, device));
   const CUresult rc = api_.cuStreamQuery(to_cu(stream));
   if (rc == CUDA_SUCCESS) return true;
@@ -165,8 +162,7 @@ bool CudaBackend::query_stream(StreamHandle stream, int device) {
   throw driver_error(api_, "cuStreamQuery", rc);
 }
 
-EventHandle CudaBackend::make_event(int device, unsigned flags, std::string_view what) {
-  check_device(device, what);
+EventHandle CudaBackend::make_event(int device, unsigned flags) {
   const auto scope = bind(device);
   CUevent event = nullptr;
   SALUS_CU(api_, cuEventCreate, &event, flags);
@@ -181,16 +177,16 @@ EventHandle CudaBackend::make_event(int device, unsigned flags, std::string_view
   return handle;
 }
 
-EventHandle CudaBackend::create_event(int device) {
+EventHandle CudaBackend::do_create_event(int device) {
   // Salus mostly orders work with events; timing would make every record heavier.
-  return make_event(device, CU_EVENT_DISABLE_TIMING, "create_event");
+  return make_event(device, CU_EVENT_DISABLE_TIMING);
 }
 
-EventHandle CudaBackend::create_timing_event(int device) {
-  return make_event(device, CU_EVENT_DEFAULT, "create_timing_event");
+EventHandle CudaBackend::do_create_timing_event(int device) {
+  return make_event(device, CU_EVENT_DEFAULT);
 }
 
-double CudaBackend::elapsed_seconds(EventHandle start, EventHandle end) {
+double CudaBackend::do_elapsed_seconds(EventHandle start, EventHandle end) {
   const int device = device_of(start);
   (void)device_of(end);  // refuses unknown events before any driver call
   const auto scope = bind(device);
@@ -213,20 +209,20 @@ double CudaBackend::elapsed_seconds(EventHandle start, EventHandle end) {
   return static_cast<double>(milliseconds) / 1e3;
 }
 
-void CudaBackend::destroy_event(EventHandle event) {
+void CudaBackend::do_destroy_event(EventHandle event) {
   const auto scope = bind(device_of(event));
   SALUS_CU(api_, cuEventDestroy, to_cu(event));
   const std::scoped_lock lock(mutex_);
   events_.erase(event.value);
 }
 
-void CudaBackend::record_event(EventHandle event, StreamHandle stream) {
+void CudaBackend::do_record_event(EventHandle event, StreamHandle stream) {
   const int device = device_of(event);
   const auto scope = bind(device_of(stream, device));
   SALUS_CU(api_, cuEventRecord, to_cu(event), to_cu(stream));
 }
 
-bool CudaBackend::query_event(EventHandle event) {
+bool CudaBackend::do_query_event(EventHandle event) {
   const auto scope = bind(device_of(event));
   const CUresult rc = api_.cuEventQuery(to_cu(event));
   if (rc == CUDA_SUCCESS) return true;
@@ -234,12 +230,12 @@ bool CudaBackend::query_event(EventHandle event) {
   throw driver_error(api_, "cuEventQuery", rc);
 }
 
-void CudaBackend::synchronize_event(EventHandle event) {
+void CudaBackend::do_synchronize_event(EventHandle event) {
   const auto scope = bind(device_of(event));
   SALUS_CU(api_, cuEventSynchronize, to_cu(event));
 }
 
-void CudaBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+void CudaBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   (void)device_of(event);  // refuses unknown events before any driver call
   // The wait is enqueued on the stream, so the stream's context is the one that matters; the
   // event may belong to another device (cross-device dependencies are allowed).
@@ -247,8 +243,7 @@ void CudaBackend::stream_wait_event(StreamHandle stream, EventHandle event, int 
   SALUS_CU(api_, cuStreamWaitEvent, to_cu(stream), to_cu(event), CU_EVENT_WAIT_DEFAULT);
 }
 
-void CudaBackend::launch_host_func(StreamHandle stream, std::function<void()> fn) {
-  if (!fn) throw InvalidArgument("launch_host_func: empty function");
+void CudaBackend::do_launch_host_func(StreamHandle stream, std::function<void()> fn) {
   const auto scope = bind(device_of(stream));
   // The driver carries one void*; the closure travels in it and the trampoline adopts it.
   auto closure = std::make_unique<std::function<void()>>(std::move(fn));
@@ -258,8 +253,8 @@ void CudaBackend::launch_host_func(StreamHandle stream, std::function<void()> fn
   static_cast<void>(closure.release());
 }
 
-void CudaBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
-  if (bytes == 0) return;  // nothing to order; avoids a driver round trip
+void CudaBackend::do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                                StreamHandle stream) {
   const auto scope = bind(device_of(stream));
   SALUS_CU(api_, cuMemcpyAsync, static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src), bytes,
            to_cu(stream));

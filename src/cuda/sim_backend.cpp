@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
+#include "cuda/backend_checks.hpp"
 #include "cuda/sim_compute.hpp"
 
 namespace salus::sim {
@@ -45,6 +47,10 @@ SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
              config_.devices[i].granularity);
   }
   add_pool(Location::host(), config_.host_memory_bytes, config_.host_granularity);
+  address_granularity_ = pools_.front().granularity;
+  for (const Pool& pool : pools_) {
+    address_granularity_ = std::min(address_granularity_, pool.granularity);
+  }
   default_streams_.resize(count);
   for (std::size_t i = 0; i < count; ++i) {
     engines_.push_back(std::make_unique<ComputeEngine>(config_.contention));
@@ -69,19 +75,15 @@ void SimBackend::check_process(const char* what) const {
   process::check_not_inherited(birth_, what);
 }
 
-int SimBackend::device_count() const {
+int SimBackend::do_device_count() const {
   return static_cast<int>(config_.devices.size());
 }
 
 void SimBackend::check_device(int device, const char* what) const {
-  if (device < 0 || device >= device_count()) {
-    throw InvalidArgument(fmt::format("{}: device {} out of range (sim backend has {} devices)",
-                                      what, device, device_count()));
-  }
+  detail::check_device_index(what, device, device_count(), name());
 }
 
-DeviceProperties SimBackend::properties(int device) const {
-  check_device(device, "properties");
+DeviceProperties SimBackend::do_properties(int device) const {
   const auto& d = config_.devices[static_cast<std::size_t>(device)];
   DeviceProperties props{d.name, d.memory_bytes, d.granularity};
   props.host_chunks = true;  // the simulator always has its host pool
@@ -89,6 +91,7 @@ DeviceProperties SimBackend::properties(int device) const {
   return props;
 }
 
+// A GPU location's device is in range (DeviceBackend checked it, or chunk_bytes did).
 std::size_t SimBackend::pool_index(Location where) const {
   if (where.is_host()) {
     // The simulator has one host memory pool; other NUMA nodes do not exist.
@@ -98,25 +101,21 @@ std::size_t SimBackend::pool_index(Location where) const {
     }
     return pools_.size() - 1;
   }
-  check_device(where.index, "location");
   return static_cast<std::size_t>(where.index);
 }
 
-std::size_t SimBackend::granularity(Location where) const {
+std::size_t SimBackend::do_granularity(Location where) const {
   return pools_[pool_index(where)].granularity;
 }
 
-PeerLink SimBackend::peer_link(int from, int to) const {
-  check_device(from, "peer_link(from)");
-  check_device(to, "peer_link(to)");
+PeerLink SimBackend::do_peer_link(int from, int to) const {
   if (from == to) return {LinkKind::self, true, 0, config_.local_bandwidth_gbps};
   const auto& link = links_[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)];
   if (!link) return {LinkKind::none, false, 0, 0.0};
   return {link->kind, true, link->performance_rank, link->bandwidth_gbps};
 }
 
-StreamPriorityRange SimBackend::stream_priority_range(int device) const {
-  check_device(device, "stream_priority_range");
+StreamPriorityRange SimBackend::do_stream_priority_range(int /*device*/) const {
   return config_.priorities;
 }
 
@@ -133,6 +132,7 @@ std::optional<Location> SimBackend::location_of(DevicePtr va) const {
 }
 
 std::size_t SimBackend::chunk_bytes(Location where) const {
+  if (!where.is_host()) check_device(where.index, "chunk_bytes");
   std::lock_guard lock(mem_mutex_);
   return pools_[pool_index(where)].used;
 }

@@ -84,38 +84,6 @@ class SimBackend final : public DeviceBackend {
   SimBackend& operator=(const SimBackend&) = delete;
   ~SimBackend() override;
 
-  [[nodiscard]] std::string_view name() const noexcept override { return "sim"; }
-  [[nodiscard]] int device_count() const override;
-  [[nodiscard]] DeviceProperties properties(int device) const override;
-  [[nodiscard]] std::size_t granularity(Location where) const override;
-  [[nodiscard]] PeerLink peer_link(int from, int to) const override;
-
-  ChunkHandle create_chunk(Location where, std::size_t bytes) override;
-  void release_chunk(ChunkHandle chunk) override;
-
-  DevicePtr reserve_address(std::size_t bytes, std::size_t alignment) override;
-  void free_address(DevicePtr base, std::size_t bytes) override;
-  void map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) override;
-  void unmap(DevicePtr va, std::size_t bytes) override;
-  void set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) override;
-
-  [[nodiscard]] StreamPriorityRange stream_priority_range(int device) const override;
-  StreamHandle create_stream(int device, int priority) override;
-  void destroy_stream(StreamHandle stream) override;
-  void synchronize_stream(StreamHandle stream) override;
-  void validate_stream(StreamHandle stream, int device) override;
-  [[nodiscard]] bool query_stream(StreamHandle stream, int device) override;
-  EventHandle create_event(int device) override;
-  void destroy_event(EventHandle event) override;
-  void record_event(EventHandle event, StreamHandle stream) override;
-  [[nodiscard]] bool query_event(EventHandle event) override;
-  void synchronize_event(EventHandle event) override;
-  void stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
-  void launch_host_func(StreamHandle stream, std::function<void()> fn) override;
-  void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
-  EventHandle create_timing_event(int device) override;
-  [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end) override;
-
   // Simulated compute (salus::launch_sim_kernel, salus::sim_device_activity check the arguments).
   void launch_kernel(StreamHandle stream, int device, double seconds, double occupancy);
   [[nodiscard]] SimDeviceActivity activity(int device);
@@ -132,6 +100,45 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] const SimConfig& config() const noexcept { return config_; }
 
  private:
+  // DeviceBackend (its public functions have checked the arguments; see salus/device.hpp).
+  [[nodiscard]] std::string_view do_name() const noexcept override { return "sim"; }
+  [[nodiscard]] int do_device_count() const override;
+  [[nodiscard]] DeviceProperties do_properties(int device) const override;
+  [[nodiscard]] std::size_t do_granularity(Location where) const override;
+  [[nodiscard]] std::size_t do_address_granularity() const noexcept override {
+    return address_granularity_;
+  }
+  [[nodiscard]] PeerLink do_peer_link(int from, int to) const override;
+
+  ChunkHandle do_create_chunk(Location where, std::size_t bytes) override;
+  void do_release_chunk(ChunkHandle chunk) override;
+
+  DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) override;
+  void do_free_address(DevicePtr base, std::size_t bytes) override;
+  void do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+              std::size_t chunk_offset) override;
+  void do_unmap(DevicePtr va, std::size_t bytes) override;
+  void do_set_access(DevicePtr va, std::size_t bytes,
+                     std::span<const AccessGrant> grants) override;
+
+  [[nodiscard]] StreamPriorityRange do_stream_priority_range(int device) const override;
+  StreamHandle do_create_stream(int device, int priority) override;
+  void do_destroy_stream(StreamHandle stream) override;
+  void do_synchronize_stream(StreamHandle stream) override;
+  void do_validate_stream(StreamHandle stream, int device) override;
+  [[nodiscard]] bool do_query_stream(StreamHandle stream, int device) override;
+  EventHandle do_create_event(int device) override;
+  void do_destroy_event(EventHandle event) override;
+  void do_record_event(EventHandle event, StreamHandle stream) override;
+  [[nodiscard]] bool do_query_event(EventHandle event) override;
+  void do_synchronize_event(EventHandle event) override;
+  void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
+  void do_launch_host_func(StreamHandle stream, std::function<void()> fn) override;
+  void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                     StreamHandle stream) override;
+  EventHandle do_create_timing_event(int device) override;
+  [[nodiscard]] double do_elapsed_seconds(EventHandle start, EventHandle end) override;
+
   // One memfd: a device's (or the host's) physical memory, carved into extents.
   struct Pool {
     Location where;
@@ -177,10 +184,12 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] double copy_bandwidth_gbps(std::optional<Location> dst,
                                            std::optional<Location> src) const;
 
+  // For the introspection and compute calls below DeviceBackend (whose own calls it checked).
   void check_device(int device, const char* what) const;
+  // `device` (whose default stream handle 0 is) is in range.
   std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
   std::shared_ptr<Event> event_for(EventHandle event) const;
-  EventHandle make_event(int device, bool timing, const char* what);
+  EventHandle make_event(int device, bool timing);  // `device` is in range
   // The newest completed record of a timing event, or the error elapsed_seconds raises; `role`
   // ("start" or "end") names the event in messages.
   static EventCapture timing_capture(const std::shared_ptr<Event>& ev, EventHandle handle,
@@ -197,6 +206,7 @@ class SimBackend final : public DeviceBackend {
 
   mutable std::mutex mem_mutex_;
   std::vector<Pool> pools_;  // devices 0..n-1, then the host
+  std::size_t address_granularity_ = 0;  // the smallest pool granularity
   std::unordered_map<std::uint64_t, Chunk> chunks_;
   std::uint64_t next_chunk_ = 1;
   std::map<DevicePtr, AddressRange> reservations_;  // base -> range

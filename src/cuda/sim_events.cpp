@@ -40,8 +40,7 @@ std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) cons
   return it->second;
 }
 
-EventHandle SimBackend::make_event(int device, bool timing, const char* what) {
-  check_device(device, what);
+EventHandle SimBackend::make_event(int device, bool timing) {
   check_process("this simulated GPU");
   std::lock_guard lock(stream_mutex_);
   const std::uint64_t id = next_event_++;
@@ -49,15 +48,15 @@ EventHandle SimBackend::make_event(int device, bool timing, const char* what) {
   return EventHandle{id};
 }
 
-EventHandle SimBackend::create_event(int device) {
-  return make_event(device, false, "create_event");
+EventHandle SimBackend::do_create_event(int device) {
+  return make_event(device, false);
 }
 
-EventHandle SimBackend::create_timing_event(int device) {
-  return make_event(device, true, "create_timing_event");
+EventHandle SimBackend::do_create_timing_event(int device) {
+  return make_event(device, true);
 }
 
-void SimBackend::destroy_event(EventHandle event) {
+void SimBackend::do_destroy_event(EventHandle event) {
   // Pending records and waits hold their own reference, so they still complete.
   std::lock_guard lock(stream_mutex_);
   if (events_.erase(event.value) == 0) {
@@ -65,7 +64,7 @@ void SimBackend::destroy_event(EventHandle event) {
   }
 }
 
-void SimBackend::record_event(EventHandle event, StreamHandle stream) {
+void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
   auto ev = event_for(event);
   auto target = stream_for(stream, ev->device);
   // Holding the event lock across push keeps generations in record order and lets a refused
@@ -90,20 +89,20 @@ void SimBackend::record_event(EventHandle event, StreamHandle stream) {
   ev->recorded = generation;
 }
 
-bool SimBackend::query_event(EventHandle event) {
+bool SimBackend::do_query_event(EventHandle event) {
   auto ev = event_for(event);
   std::lock_guard lock(ev->mutex);
   return ev->done();
 }
 
-void SimBackend::synchronize_event(EventHandle event) {
+void SimBackend::do_synchronize_event(EventHandle event) {
   auto ev = event_for(event);
   std::unique_lock lock(ev->mutex);
   const std::uint64_t target = ev->recorded;
   ev->cv.wait(lock, [&] { return ev->completed >= target; });
 }
 
-void SimBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   auto ev = event_for(event);
   auto waiter = stream_for(stream, device);
   std::lock_guard lock(ev->mutex);
@@ -117,7 +116,7 @@ void SimBackend::stream_wait_event(StreamHandle stream, EventHandle event, int d
   });
 }
 
-double SimBackend::elapsed_seconds(EventHandle start, EventHandle end) {
+double SimBackend::do_elapsed_seconds(EventHandle start, EventHandle end) {
   const EventCapture from = timing_capture(event_for(start), start, "start");
   const EventCapture to = timing_capture(event_for(end), end, "end");
   if (from.device == to.device && from.stream == to.stream) {

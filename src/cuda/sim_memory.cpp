@@ -4,10 +4,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <iterator>
 
+#include "cuda/backend_checks.hpp"
 #include "cuda/sim_backend.hpp"
 
 namespace salus::sim {
@@ -43,17 +43,11 @@ int unback(DevicePtr va, std::size_t bytes) {
 
 }  // namespace
 
-ChunkHandle SimBackend::create_chunk(Location where, std::size_t bytes) {
+ChunkHandle SimBackend::do_create_chunk(Location where, std::size_t bytes) {
   check_process("this simulated GPU's memory");  // shared with the parent: not the child's to carve
   std::lock_guard lock(mem_mutex_);
   const std::size_t index = pool_index(where);
   Pool& pool = pools_[index];
-  if (bytes == 0 || bytes % pool.granularity != 0) {
-    throw InvalidArgument(
-        fmt::format("create_chunk: {} bytes on {} is not a positive multiple of "
-                    "its granularity {}",
-                    bytes, to_string(where), pool.granularity));
-  }
   auto fit = std::find_if(pool.free_extents.begin(), pool.free_extents.end(),
                           [bytes](const auto& extent) { return extent.second >= bytes; });
   if (fit == pool.free_extents.end()) {
@@ -70,7 +64,7 @@ ChunkHandle SimBackend::create_chunk(Location where, std::size_t bytes) {
   return ChunkHandle{id};
 }
 
-void SimBackend::release_chunk(ChunkHandle chunk) {
+void SimBackend::do_release_chunk(ChunkHandle chunk) {
   std::lock_guard lock(mem_mutex_);
   auto it = chunks_.find(chunk.value);
   if (it == chunks_.end() || it->second.released) {
@@ -111,22 +105,9 @@ void SimBackend::free_extent(std::uint64_t id) {
   if (err != 0) throw_errno("fallocate", err, "cuMemRelease");
 }
 
-DevicePtr SimBackend::reserve_address(std::size_t bytes, std::size_t alignment) {
-  std::size_t min_granularity = pools_.front().granularity;
-  std::size_t max_granularity = min_granularity;
-  for (const Pool& pool : pools_) {
-    min_granularity = std::min(min_granularity, pool.granularity);
-    max_granularity = std::max(max_granularity, pool.granularity);
-  }
-  if (bytes == 0 || bytes % min_granularity != 0) {
-    throw InvalidArgument(
-        fmt::format("reserve_address: {} bytes is not a positive multiple of the granularity {}",
-                    bytes, min_granularity));
-  }
-  if (alignment != 0 && !std::has_single_bit(alignment)) {
-    throw InvalidArgument(
-        fmt::format("reserve_address: alignment {} is not a power of two", alignment));
-  }
+DevicePtr SimBackend::do_reserve_address(std::size_t bytes, std::size_t alignment) {
+  std::size_t max_granularity = 0;
+  for (const Pool& pool : pools_) max_granularity = std::max(max_granularity, pool.granularity);
   // Aligning to the largest granularity lets a chunk from any location map at the base.
   const std::size_t align = std::max(alignment, max_granularity);
   if (bytes > SIZE_MAX - align) {
@@ -146,7 +127,7 @@ DevicePtr SimBackend::reserve_address(std::size_t bytes, std::size_t alignment) 
   return base;
 }
 
-void SimBackend::free_address(DevicePtr base, std::size_t bytes) {
+void SimBackend::do_free_address(DevicePtr base, std::size_t bytes) {
   std::lock_guard lock(mem_mutex_);
   auto it = reservations_.find(base);
   if (it == reservations_.end() || it->second.bytes() != bytes) {
@@ -178,7 +159,8 @@ const SimBackend::Page* SimBackend::page_at(DevicePtr va) const {
   return it == pages_.end() ? nullptr : &it->second;
 }
 
-void SimBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) {
+void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+                        std::size_t chunk_offset) {
   std::lock_guard lock(mem_mutex_);
   auto cit = chunks_.find(chunk.value);
   if (cit == chunks_.end() || cit->second.released) {
@@ -187,16 +169,7 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::si
   Chunk& c = cit->second;
   const Pool& pool = pools_[c.pool];
   const std::size_t g = pool.granularity;
-  if (bytes == 0 || va % g != 0 || bytes % g != 0 || chunk_offset % g != 0) {
-    throw InvalidArgument(
-        fmt::format("map: va {:#x}, {} bytes, chunk offset {} must be positive multiples of the {} "
-                    "granularity {}",
-                    va, bytes, chunk_offset, to_string(pool.where), g));
-  }
-  if (chunk_offset > c.bytes || bytes > c.bytes - chunk_offset) {
-    throw InvalidArgument(fmt::format("map: [{}, +{}) lies outside chunk {} of {} bytes",
-                                      chunk_offset, bytes, chunk.value, c.bytes));
-  }
+  detail::check_map_in_chunk(va, bytes, chunk, chunk_offset, c.bytes, g);
   const AddressRange* range = reservation_at(va);
   if (range == nullptr || bytes > range->end() - va) {
     throw InvalidArgument(
@@ -228,9 +201,6 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::si
 std::pair<SimBackend::PageIt, SimBackend::PageIt> SimBackend::covering_pages(DevicePtr va,
                                                                              std::size_t bytes,
                                                                              const char* what) {
-  if (bytes == 0 || bytes > UINTPTR_MAX - va) {
-    throw InvalidArgument(fmt::format("{}: invalid range [{:#x}, +{})", what, va, bytes));
-  }
   const auto first = pages_.find(va);
   if (first == pages_.end()) {
     throw InvalidArgument(fmt::format("{}: {:#x} is not the start of a mapped page", what, va));
@@ -253,7 +223,7 @@ std::pair<SimBackend::PageIt, SimBackend::PageIt> SimBackend::covering_pages(Dev
   return {first, it};
 }
 
-void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
+void SimBackend::do_unmap(DevicePtr va, std::size_t bytes) {
   std::lock_guard lock(mem_mutex_);
   const auto [first, last] = covering_pages(va, bytes, "unmap");
   if (const int err = unback(va, bytes); err != 0) throw_errno("mmap", err, "cuMemUnmap");
@@ -272,8 +242,8 @@ void SimBackend::drop_pages(PageIt first, PageIt last) {
   for (std::uint64_t id : freed) free_extent(id);
 }
 
-void SimBackend::set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) {
-  for (const AccessGrant& grant : grants) check_device(grant.device, "set_access");
+void SimBackend::do_set_access(DevicePtr va, std::size_t bytes,
+                               std::span<const AccessGrant> grants) {
   std::lock_guard lock(mem_mutex_);
   const auto [first, last] = covering_pages(va, bytes, "set_access");
   std::vector<std::vector<Access>> updated;

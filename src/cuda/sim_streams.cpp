@@ -93,7 +93,6 @@ std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, 
   check_process("this simulated GPU's stream");
   std::lock_guard lock(stream_mutex_);
   if (stream.value == 0) {
-    check_device(device, "default stream");
     auto& fallback = default_streams_[static_cast<std::size_t>(device)];
     if (!fallback) fallback = std::make_shared<Stream>(device, config_.priorities.least, 0);
     return fallback;
@@ -106,8 +105,7 @@ std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, 
   return it->second;
 }
 
-StreamHandle SimBackend::create_stream(int device, int priority) {
-  check_device(device, "create_stream");
+StreamHandle SimBackend::do_create_stream(int device, int priority) {
   check_process("this simulated GPU");
   // Like cuStreamCreateWithPriority, out-of-range priorities are clamped, not refused.
   const int clamped = std::clamp(priority, config_.priorities.greatest, config_.priorities.least);
@@ -117,9 +115,7 @@ StreamHandle SimBackend::create_stream(int device, int priority) {
   return StreamHandle{id};
 }
 
-void SimBackend::destroy_stream(StreamHandle stream) {
-  if (stream.value == 0)
-    throw InvalidArgument("destroy_stream: the default stream cannot be destroyed");
+void SimBackend::do_destroy_stream(StreamHandle stream) {
   check_process("this simulated GPU's stream");
   std::shared_ptr<Stream> victim;
   {
@@ -135,12 +131,11 @@ void SimBackend::destroy_stream(StreamHandle stream) {
   victim->join();
 }
 
-void SimBackend::synchronize_stream(StreamHandle stream) {
+void SimBackend::do_synchronize_stream(StreamHandle stream) {
   stream_for(stream, 0)->synchronize();
 }
 
-void SimBackend::validate_stream(StreamHandle stream, int device) {
-  check_device(device, "validate_stream");
+void SimBackend::do_validate_stream(StreamHandle stream, int device) {
   if (stream.value == 0) return;
   int owner = -1;
   {
@@ -158,12 +153,11 @@ void SimBackend::validate_stream(StreamHandle stream, int device) {
   }
 }
 
-bool SimBackend::query_stream(StreamHandle stream, int device) {
+bool SimBackend::do_query_stream(StreamHandle stream, int device) {
   return stream_for(stream, device)->idle();
 }
 
-void SimBackend::launch_host_func(StreamHandle stream, std::function<void()> fn) {
-  if (!fn) throw InvalidArgument("launch_host_func: empty function");
+void SimBackend::do_launch_host_func(StreamHandle stream, std::function<void()> fn) {
   stream_for(stream, 0)->push([fn = std::move(fn)](std::stop_token) { fn(); });
 }
 
@@ -184,7 +178,8 @@ double SimBackend::copy_bandwidth_gbps(std::optional<Location> dst,
   return config_.host_link_bandwidth_gbps;
 }
 
-void SimBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
+void SimBackend::do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                               StreamHandle stream) {
   double gbps = 0.0;
   {
     std::lock_guard lock(mem_mutex_);
@@ -200,7 +195,6 @@ void SimBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, Str
       gbps = copy_bandwidth_gbps(physical_location(dst), physical_location(src));
   }
   auto target = stream_for(stream, 0);
-  if (bytes == 0) return;
   // The task runs on `on`'s worker, which outlives it: a raw pointer keeps the queue from owning
   // its own stream.
   target->push([dst, src, bytes, gbps, on = target.get()](std::stop_token st) {
