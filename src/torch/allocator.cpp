@@ -359,8 +359,15 @@ void set_thread_job(JobId job, int device) {
 }
 
 JobId thread_job() {
-  if (g_state.load() == nullptr) return kUnattributedJob;
-  const std::shared_ptr<Runtime> runtime = enabled_runtime("thread_job");
+  std::shared_ptr<Runtime> runtime;
+  {
+    // Held under the lock: a disable() racing this query leaves it with nobody, never a throw.
+    std::lock_guard lock(g_mu);
+    State* state = g_state.load();
+    if (state == nullptr) return kUnattributedJob;
+    std::lock_guard state_lock(state->mu);
+    runtime = state->keeper;
+  }
   return runtime->current_job();
 }
 
