@@ -2,6 +2,7 @@
 // calls it throws DeviceError naming the entry point and the driver's error, and the backend (or,
 // for construction-time calls, a new backend) works afterwards.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -76,6 +77,25 @@ void validate_framework_stream(Env& env) {
   env.backend.validate_stream(StreamHandle{std::bit_cast<std::uint64_t>(stream)}, 0);
 }
 
+// Exports a fresh chunk and imports it again; the chunks and the descriptor go even when a call
+// fails, so that the second run finds the backend as the first did.
+void share_fresh_chunk(Env& env) {
+  const ChunkHandle chunk = env.backend.create_chunk(Location::gpu(0), kPage);
+  SharedChunk shared;
+  ChunkHandle imported{};
+  try {
+    shared = env.backend.export_chunk(chunk);
+    imported = env.backend.import_chunk(Location::gpu(0), shared);
+  } catch (...) {
+    if (shared.fd >= 0) ::close(shared.fd);
+    env.backend.release_chunk(chunk);
+    throw;
+  }
+  ::close(shared.fd);
+  env.backend.release_chunk(imported);
+  env.backend.release_chunk(chunk);
+}
+
 void construct(Env& env) {
   CudaBackend another(env.fake.api());
 }
@@ -142,6 +162,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { e.backend.copy_async(e.va + kPage, e.va, kPage, e.stream); }},
       {"cuStreamIsCapturing", CUDA_ERROR_INVALID_HANDLE,
        [](Env& e) { static_cast<void>(e.backend.stream_capturing(e.stream)); }},
+      {"cuMemExportToShareableHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_chunk},
+      {"cuMemImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_chunk},
   };
 }
 

@@ -40,6 +40,7 @@ TEST(CudaDriverApi, FakeFillsEveryEntry) {
   const cuda::DriverApi api = fake.api();
 #define SALUS_EXPECT_FILLED(name) EXPECT_NE(api.name, nullptr) << #name;
   SALUS_CUDA_DRIVER_ENTRIES(SALUS_EXPECT_FILLED)
+  SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_EXPECT_FILLED)
 #undef SALUS_EXPECT_FILLED
 }
 
@@ -90,6 +91,21 @@ TEST(CudaDriverApi, MissingSymbolIsNotSupportedNamingIt) {
     FAIL() << "expected NotSupported";
   } catch (const NotSupported& e) {
     EXPECT_NE(std::string(e.what()).find("cuMemSetAccess"), std::string::npos) << e.what();
+  }
+  g_missing.clear();
+}
+
+TEST(CudaDriverApi, MissingOptionalSymbolsStayNull) {
+  for (const char* optional : cuda::kOptionalDriverEntryNames) {
+    g_requests.clear();
+    g_missing = optional;
+    cuda::DriverApi api;
+    ASSERT_NO_THROW(api = cuda::resolve_driver_api(&fake_get_proc, nullptr)) << optional;
+    EXPECT_EQ(g_requests.size(), cuda::kDriverEntryNames.size()) << "every entry was asked for";
+    const bool export_missing = std::string(optional) == "cuMemExportToShareableHandle";
+    EXPECT_EQ(api.cuMemExportToShareableHandle == nullptr, export_missing) << optional;
+    EXPECT_EQ(api.cuMemImportFromShareableHandle == nullptr, !export_missing) << optional;
+    EXPECT_NE(api.cuMemMap, nullptr);
   }
   g_missing.clear();
 }

@@ -86,6 +86,15 @@ struct AccessGrant {
   Access access = Access::read_write;
 };
 
+// A physical chunk as another process can import it: a file descriptor plus where the chunk lies in
+// it. CUDA: a POSIX file descriptor from cuMemExportToShareableHandle (offset 0). Simulated: the
+// location's memfd and the chunk's offset in it.
+struct SharedChunk {
+  int fd = -1;  // owned by whoever holds the struct; close it when done
+  std::uint64_t offset = 0;
+  std::size_t bytes = 0;
+};
+
 // Stream priorities follow CUDA: numerically lower is more urgent. `greatest` <= `least`.
 struct StreamPriorityRange {
   int least = 0;
@@ -111,8 +120,12 @@ struct StreamPriorityRange {
 //    src/cuda/backend_checks.hpp) or the backend's bookkeeping (reservations, mapped pages) is the
 //    backend's.
 //  - set_access: every grant names a device in range and an Access enumerator.
-//  - Handles: chunk and event handles are not 0; destroy_stream refuses handle 0 (the default
-//    stream is nobody's to destroy). Whether a non-zero handle is live is the backend's to check.
+//  - import_chunk: the location is a GPU's, in range; the descriptor is >= 0; bytes is a positive
+//    multiple of granularity(where) and the offset a multiple of it, and offset + bytes does not
+//    wrap. Whether the descriptor holds an exported chunk is the backend's (it may ask the driver).
+//  - Handles: chunk and event handles are not 0 (export_chunk's too); destroy_stream refuses
+//    handle 0 (the default stream is nobody's to destroy). Whether a non-zero handle is live is
+//    the backend's to check.
 //  - launch_host_func: fn is not empty. copy_async of 0 bytes is a no-op that reaches no backend.
 // Hot paths (map, unmap, set_access, record_event, query_event, stream_wait_event,
 // launch_host_func) get O(1) checks only (set_access: one per grant).
@@ -130,6 +143,22 @@ class SALUS_API DeviceBackend {
   // Physical memory.
   ChunkHandle create_chunk(Location where, std::size_t bytes);
   void release_chunk(ChunkHandle chunk);
+
+  // Sharing physical chunks between processes (a coordinator hands them to clients over a Unix
+  // socket, SCM_RIGHTS). export_chunk returns a NEW descriptor for a live device chunk of this
+  // backend (created or imported here); the caller closes it. It throws InvalidArgument for an
+  // unknown or released handle, NotSupported for a host chunk (CUDA cannot share those) or where
+  // the device or driver cannot export (CUDA: no POSIX file descriptor handles).
+  [[nodiscard]] SharedChunk export_chunk(ChunkHandle chunk);
+  // Makes a chunk of this backend, in this process, for memory that another backend instance
+  // (possibly in another process) exported; `where` is the GPU that holds it, as this process
+  // numbers its devices. `shared.fd` stays the caller's: what the backend needs, it duplicates.
+  // The chunk behaves like a created one (map, unmap, set_access; release_chunk drops this
+  // process's reference, freed memory waiting for the last unmap as usual) but never counts
+  // against this backend's own capacity, and releasing it never frees the exporter's memory.
+  // CUDA: offset must be 0 (a descriptor shares one whole allocation), and a second import of an
+  // allocation may return a handle already held, which then needs one release per import.
+  ChunkHandle import_chunk(Location where, const SharedChunk& shared);
 
   // Virtual address space shared by all devices (unified addressing).
   DevicePtr reserve_address(std::size_t bytes, std::size_t alignment);
@@ -208,6 +237,8 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] virtual PeerLink do_peer_link(int from, int to) const = 0;
   virtual ChunkHandle do_create_chunk(Location where, std::size_t bytes) = 0;
   virtual void do_release_chunk(ChunkHandle chunk) = 0;
+  [[nodiscard]] virtual SharedChunk do_export_chunk(ChunkHandle chunk) = 0;
+  virtual ChunkHandle do_import_chunk(Location where, const SharedChunk& shared) = 0;
   virtual DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) = 0;
   virtual void do_free_address(DevicePtr base, std::size_t bytes) = 0;
   virtual void do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,

@@ -60,6 +60,8 @@ class CudaBackend final : public DeviceBackend {
 
   ChunkHandle do_create_chunk(Location where, std::size_t bytes) override;
   void do_release_chunk(ChunkHandle chunk) override;
+  SharedChunk do_export_chunk(ChunkHandle chunk) override;
+  ChunkHandle do_import_chunk(Location where, const SharedChunk& shared) override;
 
   DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) override;
   void do_free_address(DevicePtr base, std::size_t bytes) override;
@@ -125,6 +127,9 @@ class CudaBackend final : public DeviceBackend {
   struct ChunkInfo {
     Location where;
     std::size_t bytes = 0;
+    // The driver's references behind this handle value, one cuMemRelease each: 1, plus one per
+    // import that returned a handle already held (the driver does not promise a new one).
+    int references = 1;
   };
 
   // A device's primary context, or nullptr until something retains it (context()).
@@ -174,6 +179,9 @@ class CudaBackend final : public DeviceBackend {
   // cuEventCreate with `flags` on `device`, registered for device_of.
   EventHandle make_event(int device, unsigned flags);
   [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
+  // Remembers a handle cuMemCreate or cuMemImportFromShareableHandle just gave (one more
+  // reference when it is held already); releases it again if even that fails (bad_alloc).
+  void adopt_chunk(CUmemGenericAllocationHandle handle, ChunkInfo info);
 
   DriverApi api_;  // first: the contexts below release through it
   std::vector<DeviceCaps> devices_;

@@ -1,6 +1,7 @@
 // CudaBackend: physical chunks and virtual address ranges (the driver's VMM API).
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "cuda/backend_checks.hpp"
@@ -40,14 +41,19 @@ ChunkHandle CudaBackend::do_create_chunk(Location where, std::size_t bytes) {
   const auto scope = bind(where.is_host() ? any_device() : where.index);
   CUmemGenericAllocationHandle handle = 0;
   SALUS_CU(api_, cuMemCreate, &handle, bytes, &prop, 0);
+  adopt_chunk(handle, ChunkInfo{where, bytes});
+  return ChunkHandle{handle};
+}
+
+void CudaBackend::adopt_chunk(CUmemGenericAllocationHandle handle, ChunkInfo info) {
   try {
     const std::scoped_lock lock(mutex_);
-    chunks_.emplace(handle, ChunkInfo{where, bytes});
+    const auto [it, fresh] = chunks_.emplace(handle, info);
+    if (!fresh) ++it->second.references;
   } catch (...) {
     api_.cuMemRelease(handle);  // only bad_alloc can land here; do not leak device memory
     throw;
   }
-  return ChunkHandle{handle};
 }
 
 void CudaBackend::do_release_chunk(ChunkHandle chunk) {
@@ -56,7 +62,61 @@ void CudaBackend::do_release_chunk(ChunkHandle chunk) {
   SALUS_CU(api_, cuMemRelease, chunk.value);
   // Forgotten only once the driver agreed, so a failed release can be retried.
   const std::scoped_lock lock(mutex_);
-  chunks_.erase(chunk.value);
+  if (const auto it = chunks_.find(chunk.value);
+      it != chunks_.end() && --it->second.references == 0) {
+    chunks_.erase(it);
+  }
+}
+
+SharedChunk CudaBackend::do_export_chunk(ChunkHandle chunk) {
+  ChunkInfo info;
+  {
+    const std::scoped_lock lock(mutex_);
+    const auto it = chunks_.find(chunk.value);
+    if (it == chunks_.end()) {
+      throw InvalidArgument(fmt::format(
+          "export_chunk: unknown chunk {:#x} (never created or already released)", chunk.value));
+    }
+    info = it->second;
+  }
+  if (info.where.is_host()) {
+    // The driver refuses handle types for host allocations: they are no IPC memory.
+    throw NotSupported(
+        fmt::format("export_chunk: chunk {:#x} lies in host memory; only device chunks are shared",
+                    chunk.value));
+  }
+  if (!devices_[static_cast<std::size_t>(info.where.index)].posix_fd) {
+    throw NotSupported(
+        fmt::format("export_chunk: device {} cannot export memory as POSIX file descriptors",
+                    info.where.index));
+  }
+  if (api_.cuMemExportToShareableHandle == nullptr) {
+    throw NotSupported("export_chunk: the CUDA driver has no cuMemExportToShareableHandle");
+  }
+  const auto scope = bind(info.where.index);
+  int fd = -1;
+  SALUS_CU(api_, cuMemExportToShareableHandle, &fd, chunk.value,
+           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  return SharedChunk{fd, 0, info.bytes};
+}
+
+ChunkHandle CudaBackend::do_import_chunk(Location where, const SharedChunk& shared) {
+  if (shared.offset != 0) {
+    throw InvalidArgument(fmt::format(
+        "import_chunk: offset {:#x}: a CUDA file descriptor shares one whole allocation (offset 0)",
+        shared.offset));
+  }
+  if (api_.cuMemImportFromShareableHandle == nullptr) {
+    throw NotSupported("import_chunk: the CUDA driver has no cuMemImportFromShareableHandle");
+  }
+  const auto scope = bind(where.index);
+  CUmemGenericAllocationHandle handle = 0;
+  // The driver reads the descriptor and does not close it: it stays the caller's.
+  SALUS_CU(api_, cuMemImportFromShareableHandle, &handle,
+           reinterpret_cast<void*>(static_cast<std::uintptr_t>(shared.fd)),
+           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  adopt_chunk(handle, ChunkInfo{where, shared.bytes});
+  return ChunkHandle{handle};
 }
 
 DevicePtr CudaBackend::do_reserve_address(std::size_t bytes, std::size_t alignment) {

@@ -129,6 +129,36 @@ void DeviceBackend::release_chunk(ChunkHandle chunk) {
   do_release_chunk(chunk);
 }
 
+SharedChunk DeviceBackend::export_chunk(ChunkHandle chunk) {
+  if (chunk.value == 0) throw InvalidArgument("export_chunk: chunk handle 0 is no chunk");
+  return do_export_chunk(chunk);
+}
+
+ChunkHandle DeviceBackend::import_chunk(Location where, const SharedChunk& shared) {
+  check_location(where, "import_chunk");
+  if (where.is_host()) {
+    // Host chunks are no IPC memory on CUDA (cuMemCreate refuses handle types for them).
+    throw InvalidArgument(
+        fmt::format("import_chunk: {} is no GPU; only device chunks are shared", to_string(where)));
+  }
+  if (shared.fd < 0) {
+    throw InvalidArgument(
+        fmt::format("import_chunk: file descriptor {} is no descriptor", shared.fd));
+  }
+  const std::size_t page = do_granularity(where);
+  if (shared.bytes == 0 || shared.bytes % page != 0) {
+    throw InvalidArgument(fmt::format(
+        "import_chunk: {} bytes on {} is not a positive multiple of its granularity ({} bytes)",
+        shared.bytes, to_string(where), page));
+  }
+  detail::check_aligned("import_chunk", "offset", shared.offset, page);
+  if (shared.offset > UINT64_MAX - shared.bytes) {
+    throw InvalidArgument(
+        fmt::format("import_chunk: [{:#x}, +{}) wraps around", shared.offset, shared.bytes));
+  }
+  return do_import_chunk(where, shared);
+}
+
 DevicePtr DeviceBackend::reserve_address(std::size_t bytes, std::size_t alignment) {
   detail::check_size("reserve_address", bytes, do_address_granularity());
   if (alignment != 0 && !std::has_single_bit(alignment)) {

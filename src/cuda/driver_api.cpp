@@ -12,11 +12,17 @@ namespace {
 
 constexpr const char* kLibraryName = "libcuda.so.1";
 
-void* resolve_one(GetProcAddressFn get_proc, const char* name) {
+// The entry's address. A required entry the driver cannot give is NotSupported naming it; an
+// optional one is null when the driver lacks it (or lacks it at kDriverApiVersion), any other
+// failure of cuGetProcAddress still an error.
+void* resolve_one(GetProcAddressFn get_proc, const char* name, bool optional = false) {
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult rc = get_proc(name, &fn, kDriverApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status);
   if (rc == CUDA_SUCCESS && status == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr) return fn;
+  const bool absent = status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND ||
+                      status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+  if (optional && absent) return nullptr;
   if (status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT) {
     throw NotSupported(fmt::format("the CUDA driver is too old for {} (Salus needs driver API {})",
                                    name, kDriverApiVersion));
@@ -36,6 +42,10 @@ DriverApi resolve_driver_api(GetProcAddressFn get_proc, std::shared_ptr<void> li
   api.name = reinterpret_cast<decltype(api.name)>(resolve_one(get_proc, #name));
   SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_RESOLVE_ENTRY)
 #undef SALUS_CUDA_RESOLVE_ENTRY
+#define SALUS_CUDA_RESOLVE_OPTIONAL(name) \
+  api.name = reinterpret_cast<decltype(api.name)>(resolve_one(get_proc, #name, true));
+  SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_CUDA_RESOLVE_OPTIONAL)
+#undef SALUS_CUDA_RESOLVE_OPTIONAL
   api.library = std::move(library);
   return api;
 }

@@ -57,6 +57,13 @@
   X(cuDeviceGetAttribute)           \
   X(cuDriverGetVersion)
 
+// Entry points the backend can do without: resolved like the others, but a driver that lacks one
+// leaves its member null instead of failing the load, and only what needs it throws NotSupported
+// (sharing chunks between processes).
+#define SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(X) \
+  X(cuMemExportToShareableHandle)             \
+  X(cuMemImportFromShareableHandle)
+
 namespace salus::cuda {
 
 // The driver API version every entry is resolved at. cuGetProcAddress maps a base name and a
@@ -67,14 +74,22 @@ inline constexpr int kDriverApiVersion = 12000;
 struct DriverApi {
 #define SALUS_CUDA_DECLARE_ENTRY(name) decltype(&::name) name = nullptr;
   SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_DECLARE_ENTRY)
+  SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_CUDA_DECLARE_ENTRY)
 #undef SALUS_CUDA_DECLARE_ENTRY
 
   // Keeps libcuda loaded for as long as any copy of the table lives; empty for a fake.
   std::shared_ptr<void> library;
 };
 
+// Every entry, required ones first, in the order resolve_driver_api asks for them.
 #define SALUS_CUDA_ENTRY_NAME(name) #name,
-inline constexpr std::array kDriverEntryNames = {SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)};
+// clang-format off
+inline constexpr std::array kDriverEntryNames = {
+    SALUS_CUDA_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)
+    SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)};
+// clang-format on
+inline constexpr std::array kOptionalDriverEntryNames = {
+    SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_CUDA_ENTRY_NAME)};
 #undef SALUS_CUDA_ENTRY_NAME
 
 // cuGetProcAddress as declared by CUDA 12+ headers (the _v2 ABI with a query-result out-param).
@@ -82,7 +97,8 @@ using GetProcAddressFn = CUresult (*)(const char* symbol, void** pfn, int cuda_v
                                       cuuint64_t flags, CUdriverProcAddressQueryResult* status);
 
 // Opens libcuda.so.1 and resolves every entry. Throws NotSupported naming the library or the
-// first symbol that cannot be had (no driver, or a driver older than kDriverApiVersion).
+// first required symbol that cannot be had (no driver, or a driver older than kDriverApiVersion);
+// an optional one that cannot be had stays null.
 [[nodiscard]] DriverApi load_driver_api();
 
 // Resolves every entry through `get_proc` (the loader's second half, separate so that tests can

@@ -5,6 +5,11 @@
 // mmap(MAP_SHARED | MAP_FIXED) of its file extent, so remapping a range onto another chunk keeps
 // the pointer while real bytes live in the new chunk. Streams are worker threads.
 //
+// Sharing (export_chunk, import_chunk; sim_sharing.cpp): an exported chunk is a duplicate of its
+// pool's memfd plus the extent's offset; an importer maps that file instead of its own pool. The
+// exporter still owns the extent: releasing it frees it under any importer (CUDA would keep it
+// until the last importer let go), so whoever hands chunks out takes them back before releasing.
+//
 // Tests and the layers above may downcast the DeviceBackend to SimBackend for introspection.
 #pragma once
 
@@ -93,7 +98,8 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] Access access_of(DevicePtr va, int device) const;
   // Physical location of the mapped page holding `va`; nullopt when unmapped.
   [[nodiscard]] std::optional<Location> location_of(DevicePtr va) const;
-  // Physical bytes held by chunks at `where`, including released chunks still mapped somewhere.
+  // Physical bytes held by chunks at `where`, including released chunks still mapped somewhere;
+  // imported chunks are the exporter's and not counted.
   [[nodiscard]] std::size_t chunk_bytes(Location where) const;
   [[nodiscard]] std::size_t mapped_bytes() const;
   [[nodiscard]] std::size_t reserved_bytes() const;
@@ -112,6 +118,8 @@ class SimBackend final : public DeviceBackend {
 
   ChunkHandle do_create_chunk(Location where, std::size_t bytes) override;
   void do_release_chunk(ChunkHandle chunk) override;
+  SharedChunk do_export_chunk(ChunkHandle chunk) override;
+  ChunkHandle do_import_chunk(Location where, const SharedChunk& shared) override;
 
   DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) override;
   void do_free_address(DevicePtr base, std::size_t bytes) override;
@@ -148,12 +156,22 @@ class SimBackend final : public DeviceBackend {
     std::size_t used = 0;
     std::map<std::size_t, std::size_t> free_extents;  // file offset -> length, coalesced
   };
+  // A file whose chunks were imported (another backend's pool), held open once for all of them:
+  // importing hundreds of pages of one pool costs one descriptor, not hundreds. Closed when the
+  // last chunk of it is gone.
+  struct ImportedFile {
+    UniqueFd fd;
+    std::uint64_t device = 0;  // st_dev and st_ino: what tells two descriptors of one file apart
+    std::uint64_t inode = 0;
+  };
   struct Chunk {
-    std::size_t pool = 0;  // index into pools_
-    std::size_t offset = 0;
+    std::size_t pool = 0;    // index into pools_ (an imported chunk's: its location's, for its
+                             // granularity; the pool's extents and usage are never touched)
+    std::size_t offset = 0;  // in the pool's file, or in the imported file
     std::size_t bytes = 0;
     std::size_t mapped_pages = 0;
-    bool released = false;  // the handle is dead; the extent goes when the last page is unmapped
+    bool released = false;  // the handle is dead; the memory goes when the last page is unmapped
+    std::shared_ptr<ImportedFile> imported;  // set: map from this file, and free nothing
   };
   struct Page {
     std::uint64_t chunk = 0;
@@ -177,8 +195,12 @@ class SimBackend final : public DeviceBackend {
   std::pair<PageIt, PageIt> covering_pages(DevicePtr va, std::size_t bytes, const char* what);
   // Forgets the pages (their mapping is already gone) and frees chunks released meanwhile.
   void drop_pages(PageIt first, PageIt last);
-  // Erases a chunk and returns its extent to the pool.
-  void free_extent(std::uint64_t chunk);
+  // Erases a chunk: returns a created chunk's extent to its pool, lets go of an imported one.
+  void free_chunk(std::uint64_t chunk);
+  // The ImportedFile for the file `fd` refers to (fstat's st_dev, st_ino), opened on first use.
+  std::shared_ptr<ImportedFile> imported_file(int fd, std::uint64_t device, std::uint64_t inode);
+  // Drops an imported chunk's hold on its file, and the table entry once nothing holds it.
+  void drop_import(std::shared_ptr<ImportedFile> file);
   [[nodiscard]] bool range_usable(DevicePtr lo, std::size_t bytes, bool write) const;
   [[nodiscard]] std::optional<Location> physical_location(DevicePtr va) const;
   [[nodiscard]] double copy_bandwidth_gbps(std::optional<Location> dst,
@@ -209,6 +231,8 @@ class SimBackend final : public DeviceBackend {
   std::size_t address_granularity_ = 0;  // the smallest pool granularity
   std::unordered_map<std::uint64_t, Chunk> chunks_;
   std::uint64_t next_chunk_ = 1;
+  // (st_dev, st_ino) -> the file imported chunks map from; the chunks hold it (imported_file).
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ImportedFile>> imported_files_;
   std::map<DevicePtr, AddressRange> reservations_;  // base -> range
   std::map<DevicePtr, Page> pages_;                 // page base -> mapped page
   std::size_t mapped_bytes_ = 0;

@@ -60,7 +60,7 @@ ChunkHandle SimBackend::do_create_chunk(Location where, std::size_t bytes) {
   if (length > bytes) pool.free_extents.emplace(offset + bytes, length - bytes);
   pool.used += bytes;
   const std::uint64_t id = next_chunk_++;
-  chunks_.emplace(id, Chunk{index, offset, bytes, 0, false});
+  chunks_.emplace(id, Chunk{index, offset, bytes, 0, false, nullptr});
   return ChunkHandle{id};
 }
 
@@ -76,13 +76,18 @@ void SimBackend::do_release_chunk(ChunkHandle chunk) {
     it->second.released = true;
     return;
   }
-  free_extent(chunk.value);
+  free_chunk(chunk.value);
 }
 
-void SimBackend::free_extent(std::uint64_t id) {
+void SimBackend::free_chunk(std::uint64_t id) {
   auto it = chunks_.find(id);
-  const Chunk chunk = it->second;
+  Chunk chunk = std::move(it->second);
   chunks_.erase(it);
+  // The exporter's memory: neither this pool's extent nor ours to punch.
+  if (chunk.imported) {
+    drop_import(std::move(chunk.imported));
+    return;
+  }
   Pool& pool = pools_[chunk.pool];
   // Punching the hole hands the pages back to the OS, as freeing device memory would.
   const int failed = ::fallocate(pool.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -180,7 +185,8 @@ void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
     throw InvalidArgument(fmt::format("map: [{:#x}, +{}) overlaps mapped pages", va, bytes));
   }
   // Like cuMemMap, the new mapping is inaccessible until set_access.
-  void* p = ::mmap(as_ptr(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, pool.fd.get(),
+  const int fd = c.imported ? c.imported->fd.get() : pool.fd.get();
+  void* p = ::mmap(as_ptr(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, fd,
                    static_cast<off_t>(c.offset + chunk_offset));
   if (p == MAP_FAILED) {
     const int err = errno;
@@ -239,7 +245,7 @@ void SimBackend::drop_pages(PageIt first, PageIt last) {
   }
   // Erasing the pages also forgets their access, as CUDA does on unmap.
   pages_.erase(first, last);
-  for (std::uint64_t id : freed) free_extent(id);
+  for (std::uint64_t id : freed) free_chunk(id);
 }
 
 void SimBackend::do_set_access(DevicePtr va, std::size_t bytes,

@@ -40,6 +40,9 @@ class BackendHarness {
  public:
   virtual ~BackendHarness() = default;
   [[nodiscard]] virtual std::shared_ptr<DeviceBackend> backend() const = 0;
+  // A second backend instance over the same devices, as another process would have one: a fresh
+  // SimBackend with pools of its own, or another CudaBackend over the same fake driver.
+  [[nodiscard]] virtual std::shared_ptr<DeviceBackend> peer_backend() const = 0;
 
   // A stream made the way a framework makes its own, unknown to Salus; and its destruction.
   virtual StreamHandle outside_stream(int device) = 0;
@@ -99,6 +102,9 @@ class SimHarness final : public BackendHarness {
  public:
   explicit SimHarness(SimConfig config) : sim_(make_sim(std::move(config))) {}
   [[nodiscard]] std::shared_ptr<DeviceBackend> backend() const override { return sim_; }
+  [[nodiscard]] std::shared_ptr<DeviceBackend> peer_backend() const override {
+    return make_sim(sim_->config());
+  }
   StreamHandle outside_stream(int device) override { return sim_->create_stream(device, 0); }
   void destroy_stream(StreamHandle stream) override { sim_->destroy_stream(stream); }
   void fill(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) override {
@@ -147,6 +153,9 @@ class FakeCudaHarness final : public BackendHarness {
   ~FakeCudaHarness() override { fake_.finish_all_work(); }
 
   [[nodiscard]] std::shared_ptr<DeviceBackend> backend() const override { return cuda_; }
+  [[nodiscard]] std::shared_ptr<DeviceBackend> peer_backend() const override {
+    return std::make_shared<cuda::CudaBackend>(api_);
+  }
   [[nodiscard]] test::FakeDriver& fake() { return fake_; }
 
   // Through the driver, in the device's primary context, as a framework does.

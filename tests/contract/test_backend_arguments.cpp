@@ -7,6 +7,7 @@
 // test_cuda_backend_fake.cpp and test_sim_backend.cpp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
@@ -231,6 +232,46 @@ TEST_P(BackendArgumentsContract, NullHandlesAndEmptyFunctionsAreRefused) {
   EXPECT_NO_THROW(b.copy_async(0, 0, 0, StreamHandle{0xdead}));
   b.destroy_event(event);
   b.destroy_stream(stream);
+  expect_backend_works();
+}
+
+// Sharing: each import case hands in a real exported descriptor with one thing wrong.
+TEST_P(BackendArgumentsContract, SharingRefusesNullUnknownAndMisshapenChunks) {
+  auto& b = *backend;
+  const ChunkHandle good = b.create_chunk(Location::gpu(0), page);
+  const SharedChunk shared = b.export_chunk(good);
+  const auto with = [&](auto change) {
+    SharedChunk bad = shared;
+    change(bad);
+    return bad;
+  };
+  expect_refused([&] { (void)b.export_chunk({}); }, {"export_chunk", "chunk handle 0"});
+  expect_refused([&] { (void)b.export_chunk(ChunkHandle{0xdead0}); }, {"export_chunk", "0xdead0"});
+  const ChunkHandle gone = b.create_chunk(Location::gpu(1), page);
+  b.release_chunk(gone);
+  expect_refused([&] { (void)b.export_chunk(gone); },
+                 {"export_chunk", fmt::format("{:#x}", gone.value)});
+  const ChunkHandle host = b.create_chunk(Location::host(), b.granularity(Location::host()));
+  expect_refused<NotSupported>([&] { (void)b.export_chunk(host); },
+                               {"export_chunk", "host memory"});
+  b.release_chunk(host);
+
+  const auto import = [&](Location where, const SharedChunk& s) {
+    return [&b, where, s] { (void)b.import_chunk(where, s); };
+  };
+  expect_refused(import(Location::gpu(0), with([](SharedChunk& s) { s.fd = -1; })),
+                 {"import_chunk", "file descriptor -1"});
+  for (const std::size_t bytes : {std::size_t{0}, page + 4096, page / 2}) {
+    expect_refused(import(Location::gpu(0), with([&](SharedChunk& s) { s.bytes = bytes; })),
+                   {"import_chunk", fmt::format("{} bytes", bytes), std::to_string(page)});
+  }
+  expect_refused(import(Location::gpu(0), with([](SharedChunk& s) { s.offset = 4096; })),
+                 {"import_chunk", "offset 0x1000"});
+  expect_refused(import(Location::gpu(kDevices), shared),
+                 {"import_chunk", fmt::format("device {}", kDevices)});
+  expect_refused(import(Location::host(), shared), {"import_chunk", "host:0", "no GPU"});
+  ::close(shared.fd);
+  b.release_chunk(good);
   expect_backend_works();
 }
 

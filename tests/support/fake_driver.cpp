@@ -141,6 +141,18 @@ CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status
   return forward([&](auto& s) { return s.stream_is_capturing(stream, status); });
 }
 
+CUresult fake_cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                           CUmemAllocationHandleType type,
+                                           unsigned long long flags) {
+  return forward(
+      [&](auto& s) { return s.mem_export_to_shareable_handle(shareable, handle, type, flags); });
+}
+CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                             CUmemAllocationHandleType type) {
+  return forward(
+      [&](auto& s) { return s.mem_import_from_shareable_handle(handle, os_handle, type); });
+}
+
 CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice device) {
   return forward([&](auto& s) { return s.device_get_attribute(value, attrib, device); });
 }
@@ -183,6 +195,7 @@ cuda::DriverApi FakeDriver::api() const {
   // Member names go through cuda.h's versioning macros exactly as in the backend.
 #define SALUS_FAKE_FILL(name) api.name = &fake_##name;
   SALUS_CUDA_DRIVER_ENTRIES(SALUS_FAKE_FILL)
+  SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(SALUS_FAKE_FILL)
 #undef SALUS_FAKE_FILL
   return api;
 }

@@ -48,6 +48,23 @@
 //    cuMemRelease of a chunk, that unfinished work references is recorded as a violation (the call
 //    still succeeds: the driver does not check either). Mapping one chunk at a second address and
 //    unmapping the first once its work has finished is fine.
+//
+// Sharing chunks (cuMemExportToShareableHandle, cuMemImportFromShareableHandle) uses real file
+// descriptors, so that they can be passed around (dup, SCM_RIGHTS, fork) like the driver's:
+//  - The first export of an allocation makes a memfd standing for it; every export returns a new
+//    duplicate of that memfd (the caller closes it). An import finds the allocation by the
+//    descriptor's file (fstat: st_dev, st_ino) and gives a new handle for it (or, with
+//    import_returns_held_handle, the allocation's own handle once more while that is live: the
+//    driver promises neither). Each handle needs its own cuMemRelease; the allocation is freed
+//    once every handle is released and the last mapping is gone. Mappings, bytes and chunk_at()
+//    name the allocation (cuMemCreate's handle) whichever handle mapped it.
+//  - Export needs a device allocation created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+//    (else CUDA_ERROR_INVALID_VALUE, as for a handle type the allocation was not made for) and
+//    that handle type (else CUDA_ERROR_NOT_SUPPORTED). Import of a descriptor that stands for no
+//    live allocation is CUDA_ERROR_INVALID_VALUE.
+//  - Unlike the driver, an exported descriptor does not keep its allocation alive: once every
+//    handle is released and nothing is mapped, the allocation is gone and importing a descriptor
+//    exported earlier fails.
 #pragma once
 
 #include <cuda.h>
@@ -105,6 +122,9 @@ struct FakeDriverConfig {
   int greatest_priority = -5;
   // cuMemcpyAsync fails with CUDA_ERROR_INVALID_VALUE unless both ranges are mapped.
   bool check_copy_ranges = true;
+  // cuMemImportFromShareableHandle of an allocation whose own handle is live returns that handle
+  // (with one more reference to release) instead of a new one: the driver promises neither.
+  bool import_returns_held_handle = false;
   // cuDriverGetVersion. Below 13000 (e.g. 12040), host chunks as CU_MEM_LOCATION_TYPE_HOST are
   // refused with CUDA_ERROR_INVALID_VALUE (cuMemCreate, cuMemGetAllocationGranularity); below
   // 12020 HOST_NUMA is too.
@@ -230,7 +250,8 @@ class FakeDriver {
   };
   [[nodiscard]] std::optional<MappedChunk> chunk_at(DevicePtr va) const;
   [[nodiscard]] std::size_t mapped_bytes() const;
-  [[nodiscard]] std::size_t live_chunks() const;               // created and not released
+  // Allocations some handle still refers to (created or imported, and not released).
+  [[nodiscard]] std::size_t live_chunks() const;
   [[nodiscard]] std::size_t used_bytes(Location where) const;  // physical bytes still allocated
   [[nodiscard]] std::size_t reserved_bytes() const;
   [[nodiscard]] std::size_t live_streams() const;

@@ -46,6 +46,7 @@ FakeDriver::State::~State() {
   }
   host_cv_.notify_all();
   host_thread_.join();
+  for (auto& [handle, chunk] : chunks_) forget_export(chunk);  // leaked chunks leak no descriptor
 }
 
 void FakeDriver::State::dispatch(std::uint64_t id, Item& item) {

@@ -58,6 +58,8 @@ CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std
     if (size == 0 || size % *page != 0) return CUDA_ERROR_INVALID_VALUE;
     Chunk chunk;
     chunk.size = size;
+    chunk.exportable = (static_cast<unsigned>(prop->requestedHandleTypes) &
+                        static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) != 0;
     chunk.host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
     chunk.device = chunk.host ? 0 : prop->location.id;
     std::size_t& used =
@@ -74,8 +76,11 @@ CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std
 }
 
 CUresult FakeDriver::State::check_export(const CUmemAllocationProp& prop) const {
-  // What a device chunk may carry is the device's to say; host chunks are not checked.
-  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_SUCCESS;
+  // Host allocations are no IPC memory: the driver refuses any handle type for them.
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ? CUDA_SUCCESS
+                                                                : CUDA_ERROR_INVALID_VALUE;
+  }
   const FakeDeviceConfig& d = config_.devices[static_cast<std::size_t>(prop.location.id)];
   const unsigned types = static_cast<unsigned>(prop.requestedHandleTypes);
   if ((types & ~static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) != 0) {
@@ -90,11 +95,18 @@ CUresult FakeDriver::State::check_export(const CUmemAllocationProp& prop) const 
 
 CUresult FakeDriver::State::mem_release(CUmemGenericAllocationHandle handle) {
   return run("cuMemRelease", {handle}, [&] {
-    const auto it = chunks_.find(handle);
-    if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
-    check_chunk(handle);
-    it->second.released = true;
-    free_chunk_if_done(handle);
+    const CUmemGenericAllocationHandle allocation = allocation_of(handle);
+    if (allocation == 0) return CUDA_ERROR_INVALID_VALUE;
+    Chunk& chunk = chunks_.at(allocation);
+    if (const auto alias = aliases_.find(handle); alias != aliases_.end()) {
+      aliases_.erase(alias);
+      --chunk.imports;
+    } else {
+      --chunk.references;
+    }
+    // Work still using the memory matters once no handle is left to keep it.
+    if (chunk.released() && chunk.imports == 0) check_chunk(allocation);
+    free_chunk_if_done(allocation);
     return CUDA_SUCCESS;
   });
 }
@@ -132,9 +144,10 @@ CUresult FakeDriver::State::mem_address_free(CUdeviceptr ptr, std::size_t size) 
 CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
                                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
   return run("cuMemMap", {ptr, size, offset, handle, flags}, [&] {
-    const auto it = chunks_.find(handle);
-    if (it == chunks_.end() || it->second.released) return CUDA_ERROR_INVALID_HANDLE;
-    Chunk& chunk = it->second;
+    // Mappings name the allocation, whichever of its handles mapped it: bytes follow it.
+    const CUmemGenericAllocationHandle allocation = allocation_of(handle);
+    if (allocation == 0) return CUDA_ERROR_INVALID_HANDLE;
+    Chunk& chunk = chunks_.at(allocation);
     const std::size_t page =
         chunk.host ? config_.host_granularity
                    : config_.devices[static_cast<std::size_t>(chunk.device)].granularity;
@@ -144,7 +157,7 @@ CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size
     }
     if (!range_reserved(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
     if (!range_unmapped(ptr, size)) return CUDA_ERROR_ALREADY_MAPPED;
-    mappings_.emplace(ptr, Mapping{size, handle, offset});
+    mappings_.emplace(ptr, Mapping{size, allocation, offset});
     for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
       // A fresh mapping is inaccessible until cuMemSetAccess, as with the driver.
       pages_.emplace(

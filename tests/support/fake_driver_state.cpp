@@ -175,9 +175,20 @@ const FakeDriver::State::Chunk* FakeDriver::State::chunk_at(CUdeviceptr page) co
   return chunk != chunks_.end() ? &chunk->second : nullptr;
 }
 
+CUmemGenericAllocationHandle FakeDriver::State::allocation_of(
+    CUmemGenericAllocationHandle handle) const {
+  if (const auto alias = aliases_.find(handle); alias != aliases_.end()) return alias->second;
+  const auto it = chunks_.find(handle);
+  return it != chunks_.end() && !it->second.released() ? handle : 0;
+}
+
 void FakeDriver::State::free_chunk_if_done(CUmemGenericAllocationHandle handle) {
   const auto it = chunks_.find(handle);
-  if (it == chunks_.end() || !it->second.released || it->second.mappings > 0) return;
+  if (it == chunks_.end() || !it->second.released() || it->second.imports > 0 ||
+      it->second.mappings > 0) {
+    return;
+  }
+  forget_export(it->second);
   if (it->second.host) {
     host_used_ -= it->second.size;
   } else {
@@ -463,7 +474,8 @@ std::size_t FakeDriver::State::mapped_bytes() const {
 std::size_t FakeDriver::State::live_chunks() const {
   const std::scoped_lock lock(mutex_);
   return static_cast<std::size_t>(std::count_if(
-      chunks_.begin(), chunks_.end(), [](const auto& entry) { return !entry.second.released; }));
+      chunks_.begin(), chunks_.end(),
+      [](const auto& entry) { return !entry.second.released() || entry.second.imports > 0; }));
 }
 
 std::size_t FakeDriver::State::used_bytes(Location where) const {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/fake_driver.hpp"
@@ -59,6 +60,11 @@ class FakeDriver::State {
   CUresult mem_unmap(CUdeviceptr ptr, std::size_t size);
   CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
                           std::size_t count);
+  // Sharing (fake_driver_sharing.cpp).
+  CUresult mem_export_to_shareable_handle(void* shareable, CUmemGenericAllocationHandle handle,
+                                          CUmemAllocationHandleType type, unsigned long long flags);
+  CUresult mem_import_from_shareable_handle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                            CUmemAllocationHandleType type);
   CUresult stream_create_with_priority(CUstream* stream, unsigned flags, int priority);
   CUresult stream_destroy(CUstream stream);
   CUresult stream_synchronize(CUstream stream);
@@ -116,12 +122,21 @@ class FakeDriver::State {
   [[nodiscard]] bool initialized() const;
 
  private:
+  // One allocation, kept under the handle cuMemCreate gave. It is freed once no handle refers to
+  // it and the last mapping goes, as the driver does.
   struct Chunk {
     std::size_t size = 0;
     bool host = false;
     int device = 0;  // when not host
     int mappings = 0;
-    bool released = false;  // freed once the last mapping goes, as the driver does
+    // References to cuMemCreate's handle: 1, plus each import that gave it back
+    // (import_returns_held_handle). 0: that handle is released.
+    int references = 1;
+    int imports = 0;          // handles of its own that imports gave (aliases_)
+    bool exportable = false;  // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    int export_fd = -1;       // the memfd its exported descriptors duplicate, from the first export
+    std::pair<std::uint64_t, std::uint64_t> export_id{};  // that memfd's st_dev and st_ino
+    [[nodiscard]] bool released() const { return references == 0; }
   };
   struct Mapping {
     std::size_t size = 0;
@@ -209,7 +224,12 @@ class FakeDriver::State {
   [[nodiscard]] bool range_mapped(CUdeviceptr ptr, std::size_t size) const;
   [[nodiscard]] bool range_unmapped(CUdeviceptr ptr, std::size_t size) const;
   [[nodiscard]] const Chunk* chunk_at(CUdeviceptr page) const;
+  // The allocation a live handle (cuMemCreate's, or an import's) refers to; 0 for no live handle.
+  [[nodiscard]] CUmemGenericAllocationHandle allocation_of(
+      CUmemGenericAllocationHandle handle) const;
   void free_chunk_if_done(CUmemGenericAllocationHandle handle);
+  // Closes an allocation's export memfd (fake_driver_sharing.cpp).
+  void forget_export(Chunk& chunk);
 
   // The queue model (fake_driver_work.cpp); all with the lock held.
   [[nodiscard]] bool finished(std::uint64_t id) const { return !items_.contains(id); }
@@ -266,6 +286,10 @@ class FakeDriver::State {
   std::vector<int> retained_;
   std::map<CUmemGenericAllocationHandle, Chunk> chunks_;
   CUmemGenericAllocationHandle next_handle_ = 0x1000;
+  // Handles imports gave that are not cuMemCreate's: handle -> allocation.
+  std::map<CUmemGenericAllocationHandle, CUmemGenericAllocationHandle> aliases_;
+  // Exported allocations by their memfd's (st_dev, st_ino), which imports look descriptors up by.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, CUmemGenericAllocationHandle> exports_;
   std::vector<std::size_t> device_used_;
   std::size_t host_used_ = 0;
   std::map<CUdeviceptr, std::size_t> reservations_;  // base -> size
