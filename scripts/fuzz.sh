@@ -20,7 +20,7 @@ RSS_MB=${SALUS_FUZZ_RSS_MB:-2048}
 PY_SECONDS=${SALUS_FUZZ_PY_SECONDS:-30}
 # C++ targets (libFuzzer) and Python ones (py_*: atheris, tests/fuzz/python/fuzz_bench_inputs.py).
 # shellcheck disable=SC2206  # a space-separated list from the environment
-TARGETS=(${SALUS_FUZZ_TARGETS:-fuzz_c_api fuzz_workloads_csv fuzz_runtime_options py_experiment py_workloads})
+TARGETS=(${SALUS_FUZZ_TARGETS:-fuzz_c_api fuzz_workloads_csv fuzz_runtime_options fuzz_salusd py_experiment py_workloads})
 CXX_TARGETS=()
 for t in "${TARGETS[@]}"; do [[ $t == py_* ]] || CXX_TARGETS+=("$t"); done
 BUILD=$ROOT/build-fuzz

@@ -57,6 +57,11 @@ step "sharing_demo --cuda" "./$BUILD/examples/sharing_demo" --cuda --iterations 
   --trace "$BUILD/salus_trace_gpu.json"
 step "two_jobs_demo --cuda" "./$BUILD/examples/two_jobs_demo" --cuda --iterations 3
 
+# Processes through salusd on the GPU: two C programs (C ABI) take turns, their pages CUDA
+# allocations exported as POSIX file descriptors and imported in each process.
+step "salusd: C programs take turns on the GPU" env SALUS_TEST_DAEMON_BACKEND=cuda \
+  "./$BUILD/tests/salus_daemon_tests" --gtest_filter='Salusd.CProgramsTakeTurnsThroughTheCAbi'
+
 # PyTorch on the GPU through Salus: needs the project's venv with a CUDA build of torch.
 if [[ ! -x $PY ]] || ! "$PY" -c 'import salus.torch, torch' 2>/dev/null; then
   printf '[gpu-check] FAILED: %s has no salus and torch: make the venv and pip install . first\n' \

@@ -48,8 +48,8 @@ extern "C" {
 
 #define SALUS_C_API_VERSION_MAJOR 1
 /* 1: salus_device_stats carries every field. 2: salus_job_stats too (appended to 1.1's, whose
- * struct_size is still accepted). */
-#define SALUS_C_API_VERSION_MINOR 2
+ * struct_size is still accepted). 3: salus_runtime_connect. */
+#define SALUS_C_API_VERSION_MINOR 3
 
 typedef enum salus_status {
   SALUS_OK = 0,
@@ -166,6 +166,11 @@ SALUS_API salus_status salus_runtime_create(const salus_runtime_options* options
 SALUS_API salus_status salus_runtime_create_sim(int device_count, size_t device_memory_bytes,
                                                 salus_runtime** out);
 SALUS_API salus_status salus_runtime_create_cuda(salus_runtime** out);
+/* 1.3. A runtime whose jobs take turns with the jobs of every process connected to the salusd at
+ * `socket_path` (NULL or "": $SALUS_SOCKET, else the per-user default), and whose GPU pages come
+ * from it. Every other call keeps its meaning. SALUS_ERROR_DEVICE when the daemon cannot be
+ * reached or refuses, and from any later call that needs it once it is gone. */
+SALUS_API salus_status salus_runtime_connect(const char* socket_path, salus_runtime** out);
 /* Cancels every job still present (a thread waiting in begin_iteration wakes with
  * SALUS_ERROR_CANCELLED) and frees everything. NULL is ignored. The default runtime is not
  * destroyed this way: the call is ignored and salus_last_error says so (see

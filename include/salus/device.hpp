@@ -217,6 +217,10 @@ class SALUS_API DeviceBackend {
   // Copies between any two mapped ranges (device, peer or host), ordered on `stream`.
   void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream);
 
+  // The backend that does the work: this one, or the one a wrapper (a process connected to
+  // salusd) forwards to. What needs one backend's own features (simulated kernels) asks it.
+  [[nodiscard]] DeviceBackend& underlying() noexcept { return do_underlying(); }
+
  private:
   // Argument checks shared by the public functions (throw InvalidArgument naming the value).
   void check_device(int device, std::string_view what) const;
@@ -265,6 +269,7 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] virtual double do_elapsed_seconds(EventHandle start, EventHandle end) = 0;
   virtual void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                              StreamHandle stream) = 0;
+  [[nodiscard]] virtual DeviceBackend& do_underlying() noexcept { return *this; }
 };
 
 // RAII owner of a stream.

@@ -78,6 +78,7 @@ struct JobStats {
 
 class Runtime;
 class DeviceScheduler;
+class TurnGate;
 struct JobRecordState;
 
 // A handle on one registered job. Destroying it leaves the job (everything it holds is freed).
@@ -152,6 +153,9 @@ class SALUS_API Job {
   friend class Runtime;
   Job(std::shared_ptr<DeviceScheduler> scheduler, std::shared_ptr<JobRecordState> state);
   [[nodiscard]] DeviceScheduler& scheduler() const;  // throws when moved from
+  // A connected runtime's turn from salusd (see TurnGate); false when the deadline passed.
+  bool take_gate_turn(TurnGate& gate,
+                      std::optional<std::chrono::steady_clock::time_point> deadline);
   std::shared_ptr<DeviceScheduler> scheduler_;
   std::shared_ptr<JobRecordState> state_;
 };
@@ -192,6 +196,13 @@ class SALUS_API Runtime {
   // The default runtime (made on first use as above), held: it stays alive while the pointer
   // does, even past salus_default_runtime_shutdown (for bindings that own their references).
   static std::shared_ptr<Runtime> shared_default();
+
+  // A runtime whose jobs take turns with the jobs of every other process connected to the salusd
+  // at `socket_path` ("": $SALUS_SOCKET, else the per-user default), and whose GPU pages come from
+  // that daemon in batches. Allocation and free stay in this process. Every call has its
+  // in-process meaning; a daemon that is gone turns the next call that needs it into DeviceError.
+  // Throws DeviceError when the daemon cannot be reached or refuses the connection.
+  static std::shared_ptr<Runtime> connect(const std::string& socket_path = {});
 
   [[nodiscard]] Job add_job(JobSpec spec);
 
@@ -265,6 +276,8 @@ class SALUS_API Runtime {
 
  private:
   struct Impl;
+  friend struct RuntimeAccess;  // builds connected runtimes (src/iteration_sched/runtime_access.hpp)
+  explicit Runtime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -28,6 +28,7 @@ from ._runtime import (
     MAX_SIM_DEVICES,
     MemoryHints,
     Runtime,
+    connect,
     default_runtime,
     parse_size,
 )
@@ -47,7 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClassBytes", "DeviceStats", "Iteration", "Job", "JobLimits", "JobMemory", "JobStats",
-    "MemoryHints", "Runtime", "default_runtime", "parse_size", "cuda_available", "errors",
+    "MemoryHints", "Runtime", "connect", "default_runtime", "parse_size", "cuda_available", "errors",
     "policies", "DeviceError", "Error", "InvalidArgument", "JobCancelled", "NotSupported",
     "OutOfMemory", "UnknownJob", "JobView", "Policy", "register_policy", "unregister_policy",
     "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES",

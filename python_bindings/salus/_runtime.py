@@ -341,6 +341,15 @@ class Runtime:
         return self._impl._capsule()
 
 
+def connect(path: Any = None) -> Runtime:
+    """A runtime whose jobs take turns with the jobs of every process connected to the salusd at
+    ``path`` (None: ``$SALUS_SOCKET``, else the per-user default), and whose GPU memory comes from
+    it. Everything else works as on an in-process :class:`Runtime`. Raises :class:`DeviceError`
+    when the daemon cannot be reached or refuses, and from any later call that needs it once it is
+    gone."""
+    return Runtime._wrap(_salus.connect("" if path is None else _path(path)))
+
+
 def _path(path: Any) -> str:
     import os
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .errors import Error, InvalidArgument, NotSupported
 
 if TYPE_CHECKING:
-    from ._runtime import Iteration, Runtime
+    from ._runtime import Iteration, Job, Runtime
 
 _glue: Any = None
 _mode: Optional[str] = None  # "cpu" or "cuda" while enabled
@@ -138,6 +138,83 @@ def record_stream(tensor: Any, stream: Any) -> None:
     tensor.record_stream(stream)
 
 
+# --- a script as one process of salusd ------------------------------------------------------------
+
+class _Shared:
+    """What share() set up, undone at exit."""
+
+    def __init__(self, runtime: "Runtime", job: "Job", hook: Any) -> None:
+        self.runtime = runtime
+        self.job = job
+        self.hook = hook
+        self.iteration: Optional["Iteration"] = None
+
+
+_shared: Optional[_Shared] = None
+
+
+def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
+          kind: str = "training") -> "Job":
+    """Makes this training script one process of the node's salusd, in one line.
+
+    Connects to salusd (``socket``: None for ``$SALUS_SOCKET`` or the per-user default), routes
+    PyTorch's memory through it (:func:`enable`) and adds one job (``name``: the script's name by
+    default) that the calling thread works for. Iterations are marked at PyTorch's optimizer
+    steps: each ``optimizer.step()`` ends one turn and waits for the next. So memory made before
+    the first step returns (weights, optimizer state) is the job's persistent memory, and each
+    step's activations are ephemeral. A script that runs several optimizers per iteration, or
+    accumulates gradients over several steps, takes several turns per iteration: mark its
+    iterations with ``job.iteration()`` instead. Returns the job; at exit the turn ends and the job
+    leaves.
+    """
+    global _shared
+    import atexit
+    import sys
+    from pathlib import Path
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from ._runtime import connect
+
+    if _shared is not None:
+        raise InvalidArgument("salus.torch.share() was called already in this process")
+    runtime = connect(socket)
+    enable(runtime)
+    job_name = name or Path(sys.argv[0] or "script").stem or "script"
+    job = runtime.add_job(job_name, kind=kind, priority=priority)
+    job.__enter__()  # the thread's allocations are the job's from here on
+    state = _Shared(runtime, job, None)
+
+    def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if state.iteration is not None:
+            state.iteration.__exit__(None, None, None)
+            state.iteration = None
+        it = job.iteration()
+        it.__enter__()
+        state.iteration = it
+
+    state.hook = register_optimizer_step_post_hook(after_step)
+    _shared = state
+    atexit.register(_unshare)
+    return job
+
+
+def _unshare() -> None:
+    global _shared
+    state, _shared = _shared, None
+    if state is None:
+        return
+    state.hook.remove()
+    try:
+        if state.iteration is not None:
+            state.iteration.__exit__(None, None, None)
+    finally:
+        state.job.__exit__(None, None, None)
+        disable()
+        state.job.leave()
+        state.runtime.close()
+
+
 # --- hooks for salus._runtime ---------------------------------------------------------------------
 
 def _enter_iteration(it: "Iteration") -> None:
@@ -181,4 +258,4 @@ def _pending_error() -> Optional[Error]:
     return None
 
 
-__all__ = ["enable", "disable", "enabled", "counters", "record_stream"]
+__all__ = ["enable", "disable", "enabled", "counters", "record_stream", "share"]

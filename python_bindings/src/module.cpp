@@ -347,6 +347,18 @@ std::optional<Lifetime> lifetime_of(const std::optional<std::string>& lifetime) 
 }
 
 void bind_runtime(py::module_& m) {
+  m.def(
+      "connect",
+      [](const std::string& path) {
+        std::shared_ptr<Runtime> runtime;
+        {
+          py::gil_scoped_release release;
+          runtime = Runtime::connect(path);
+        }
+        return std::make_unique<PyRuntime>(std::move(runtime));
+      },
+      py::arg("path"));
+
   py::class_<PyRuntime>(m, "Runtime")
       .def(py::init([](std::string backend, int devices, std::size_t memory, std::string topology,
                        std::string policy, std::string spill,

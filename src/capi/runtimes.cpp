@@ -175,6 +175,14 @@ salus_status salus_runtime_create_sim(int device_count, size_t device_memory_byt
   return salus_runtime_create(&o, out);
 }
 
+salus_status salus_runtime_connect(const char* socket_path, salus_runtime** out) {
+  return guarded([&] {
+    require(out, "salus_runtime_connect: out");
+    *out = nullptr;
+    *out = salus::capi::wrap(salus::Runtime::connect(socket_path != nullptr ? socket_path : ""));
+  });
+}
+
 salus_status salus_runtime_create_cuda(salus_runtime** out) {
   salus_runtime_options o;
   salus_runtime_options_init(&o);

@@ -147,7 +147,7 @@ namespace salus {
 namespace {
 
 sim::SimBackend& sim_backend_of(DeviceBackend& backend, const char* what) {
-  auto* sim = dynamic_cast<sim::SimBackend*>(&backend);
+  auto* sim = dynamic_cast<sim::SimBackend*>(&backend.underlying());
   if (sim == nullptr) {
     throw InvalidArgument(
         fmt::format("{}: backend '{}' has no simulated kernels", what, backend.name()));

@@ -19,6 +19,7 @@
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_timers.hpp"
 #include "iteration_sched/trace.hpp"
+#include "iteration_sched/turn_gate.hpp"
 #include "salus/runtime.hpp"
 
 namespace salus {
@@ -130,6 +131,12 @@ class DeviceScheduler {
   [[nodiscard]] int device() const { return device_; }
   // Where it was made: in a forked child it is inherited and must not be used (process_fork.hpp).
   [[nodiscard]] const process::Birth& birth() const { return birth_; }
+  // A connected runtime's gate (see turn_gate.hpp), set once before any job is added; else null.
+  void set_gate(std::shared_ptr<TurnGate> gate) { gate_ = std::move(gate); }
+  // The job is about to wait for the gate's turn: as while it waits for this scheduler's, a safe
+  // point at which its pages may move (to make room for another process).
+  void before_gate_wait(JobRecordState& job);
+  [[nodiscard]] TurnGate* gate() const { return gate_.get(); }
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
@@ -226,6 +233,7 @@ class DeviceScheduler {
   const SteadyClock::time_point epoch_;
   const std::shared_ptr<const std::atomic<bool>> host_compute_;
   const process::Birth birth_ = process::birth_now();
+  std::shared_ptr<TurnGate> gate_;
   IterationTimers timers_;  // its own lock
 
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part

@@ -13,6 +13,7 @@
 #include "iteration_sched/attribution.hpp"
 #include "iteration_sched/default_runtime.hpp"
 #include "iteration_sched/device_scheduler.hpp"
+#include "iteration_sched/runtime_access.hpp"
 #include "iteration_sched/trace.hpp"
 #include "salus/cuda.hpp"
 
@@ -38,8 +39,10 @@ JobCancelled::JobCancelled(const std::string& job_name)
     : Error(Errc::cancelled, fmt::format("job '{}' was cancelled", job_name)) {}
 
 struct Runtime::Impl {
-  Impl(std::shared_ptr<DeviceBackend> device_backend, RuntimeOptions options)
-      : backend(std::move(device_backend)),
+  Impl(std::shared_ptr<DeviceBackend> device_backend, RuntimeOptions options,
+       std::shared_ptr<TurnGate> turn_gate = nullptr)
+      : gate(std::move(turn_gate)),
+        backend(std::move(device_backend)),
         memory(std::make_shared<MemoryManager>(backend, options.memory)),
         trace(std::make_shared<TraceRecorder>()),
         policy(options.policy),
@@ -60,6 +63,7 @@ struct Runtime::Impl {
     for (int d = 0; d < memory->device_count(); ++d) {
       schedulers.push_back(std::make_shared<DeviceScheduler>(
           backend, memory, trace, d, options.policies.make(policy), host_compute));
+      schedulers.back()->set_gate(gate);
     }
   }
 
@@ -102,6 +106,8 @@ struct Runtime::Impl {
     return *schedulers[static_cast<std::size_t>(device)];
   }
 
+  // First, so that it is destroyed last: the schedulers' jobs and the backend may still use it.
+  std::shared_ptr<TurnGate> gate;
   std::shared_ptr<DeviceBackend> backend;
   std::shared_ptr<MemoryManager> memory;
   std::shared_ptr<TraceRecorder> trace;
@@ -165,6 +171,15 @@ std::shared_ptr<Runtime> take_default_runtime() {
 Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
     : impl_(std::make_unique<Impl>(std::move(backend), std::move(options))) {}
 
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::shared_ptr<Runtime> RuntimeAccess::make(std::shared_ptr<DeviceBackend> backend,
+                                             RuntimeOptions options,
+                                             std::shared_ptr<TurnGate> gate) {
+  auto impl = std::make_unique<Runtime::Impl>(std::move(backend), std::move(options), std::move(gate));
+  return std::shared_ptr<Runtime>(new Runtime(std::move(impl)));
+}
+
 Runtime::~Runtime() {
   // In a forked child the runtime is the parent's: destroying it would join stream threads that
   // do not exist here, take locks their holders never release, and free the parent's memory.
@@ -188,6 +203,14 @@ Job Runtime::add_job(JobSpec spec) {
   impl_->check_process();
   auto& scheduler = impl_->scheduler(spec.device);
   auto state = scheduler.add(std::move(spec));
+  if (TurnGate* gate = scheduler.gate()) {
+    try {
+      gate->add(state->id, state->spec);
+    } catch (...) {
+      scheduler.finish(*state, false);  // refused there: not a job here either
+      throw;
+    }
+  }
   return Job(impl_->schedulers[static_cast<std::size_t>(scheduler.device())], std::move(state));
 }
 
@@ -345,7 +368,26 @@ DeviceScheduler& Job::scheduler() const {
 }
 
 StreamHandle Job::begin_iteration() {
-  return scheduler().begin(*state_);
+  DeviceScheduler& s = scheduler();
+  TurnGate* gate = s.gate();
+  if (gate == nullptr) return s.begin(*state_);
+  take_gate_turn(*gate, std::nullopt);
+  try {
+    return s.begin(*state_);
+  } catch (...) {
+    gate->release(state_->id);
+    throw;
+  }
+}
+
+bool Job::take_gate_turn(TurnGate& gate, std::optional<SteadyClock::time_point> deadline) {
+  scheduler().before_gate_wait(*state_);
+  try {
+    return gate.acquire(state_->id, deadline);
+  } catch (const Error& e) {
+    if (e.code() == Errc::cancelled) throw JobCancelled(state_->spec.name);
+    throw;
+  }
 }
 
 std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds timeout) {
@@ -356,15 +398,30 @@ std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds ti
   }
   // A deadline past the clock's range waits as long as begin_iteration does.
   const auto now = SteadyClock::now();
-  if (timeout >= SteadyClock::time_point::max() - now) return s.begin(*state_);
-  return s.begin_until(*state_, now + std::chrono::duration_cast<SteadyClock::duration>(timeout));
+  if (timeout >= SteadyClock::time_point::max() - now) return begin_iteration();
+  const auto deadline = now + std::chrono::duration_cast<SteadyClock::duration>(timeout);
+  TurnGate* gate = s.gate();
+  if (gate == nullptr) return s.begin_until(*state_, deadline);
+  if (!take_gate_turn(*gate, deadline)) return std::nullopt;
+  try {
+    // The daemon's turn is held until end_iteration or withdraw, so a local wait that runs out
+    // keeps it: the next try finds it taken and waits here only.
+    return s.begin_until(*state_, deadline);
+  } catch (...) {
+    gate->release(state_->id);
+    throw;
+  }
 }
 
 void Job::withdraw() {
-  scheduler().withdraw(*state_);
+  DeviceScheduler& s = scheduler();
+  s.withdraw(*state_);
+  if (TurnGate* gate = s.gate()) gate->withdraw(state_->id);
 }
 void Job::end_iteration() {
-  scheduler().end(*state_);
+  DeviceScheduler& s = scheduler();
+  s.end(*state_);
+  if (TurnGate* gate = s.gate()) gate->release(state_->id);
 }
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}
@@ -394,11 +451,16 @@ void Job::leave() {
     } catch (const std::exception&) {
       // Leaving must not throw (it runs in destructors); the memory is freed with the runtime.
     }
+    if (TurnGate* gate = scheduler_->gate()) gate->finish(state_->id, false);
   }
 }
 
 void Job::cancel() {
-  scheduler().finish(*state_, true);
+  DeviceScheduler& s = scheduler();
+  s.finish(*state_, true);
+  // After the local cancel: a thread waiting for the daemon's turn then finds the job cancelled
+  // here too, whichever answer it gets.
+  if (TurnGate* gate = s.gate()) gate->finish(state_->id, true);
 }
 
 JobId Job::id() const {

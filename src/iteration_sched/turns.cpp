@@ -57,6 +57,21 @@ std::optional<StreamHandle> DeviceScheduler::begin_turn(
   return job.stream;
 }
 
+void DeviceScheduler::before_gate_wait(JobRecordState& job) {
+  {
+    std::lock_guard lock(mu_);
+    check_usable(job, "begin_iteration");
+    if (job.state != JobState::idle) return;  // already waiting here, or running
+  }
+  if (host_compute_->load(std::memory_order_relaxed)) return;  // see ask_for_turn
+  try {
+    memory::set_job_quiescent(*memory_, job.id);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(job);
+    throw;
+  }
+}
+
 void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   job.state = JobState::waiting;
   job.started = false;

@@ -57,6 +57,7 @@ class MemoryManager::Impl final : public memory::SafePoints {
   std::size_t activate_job(JobId job) override;
   void prefetch(JobId job) override;
   std::size_t demote(JobId job, int device) override;
+  std::size_t demote_quiescent(int device, std::size_t pages) override;
 
   // Declared in the order they must be built; torn down in reverse (see ~Impl).
   std::shared_ptr<DeviceBackend> backend_;

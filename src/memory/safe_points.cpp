@@ -33,4 +33,9 @@ std::size_t MemoryManager::Impl::demote(JobId job, int device) {
   return harvester_->demote(job, heap(device));
 }
 
+std::size_t MemoryManager::Impl::demote_quiescent(int device, std::size_t pages) {
+  if (!tiers_.spills()) return 0;
+  return harvester_->demote_others(heap(device), pages, kUnattributedJob);
+}
+
 }  // namespace salus

@@ -42,6 +42,11 @@ class SafePoints {
   // NotSupported when the spill policy is none.
   virtual std::size_t demote(JobId job, int device) = 0;
 
+  // Up to `pages` pages of the quiescent jobs on `device` go down a tier, each job held quiescent
+  // while its pages move; returns the pages moved (0 when the spill policy is none). Room for
+  // another process (salusd asked this one for pages back).
+  virtual std::size_t demote_quiescent(int device, std::size_t pages) = 0;
+
  protected:
   SafePoints() = default;
   ~SafePoints() = default;  // not owned through this interface
@@ -69,6 +74,9 @@ inline void prefetch(MemoryManager& memory, JobId job) {
 }
 inline std::size_t demote(MemoryManager& memory, JobId job, int device) {
   return safe_points(memory).demote(job, device);
+}
+inline std::size_t demote_quiescent(MemoryManager& memory, int device, std::size_t pages) {
+  return safe_points(memory).demote_quiescent(device, pages);
 }
 
 }  // namespace memory

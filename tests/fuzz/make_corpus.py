@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the C++ fuzz targets under tests/fuzz/corpus/ (deterministic).
 
-fuzz_c_api: one program per call kind (the op byte is `kind mod 16`, see fuzz_c_api.cpp's
+fuzz_salusd: random conversations (every byte is a decision). fuzz_c_api: one program per call kind (the op byte is `kind mod 16`, see fuzz_c_api.cpp's
 Program::step), each opening with jobs and allocations so that the call has something to act on,
 mixed programs, and hand-encoded programs that reach page moves between tiers.
 fuzz_runtime_options: pseudo-random option structs. fuzz_workloads_csv: CSV files covering each
@@ -152,8 +152,18 @@ def py_experiment(out: Path) -> None:
         (out / f"{name}.toml").write_bytes(bytes([i % 2]) + text.encode())
 
 
+def salusd(out: Path) -> None:
+    """Conversations with the coordinator: the target reads every byte as a decision (which
+    client, which message, which fields), so random bytes of a range of lengths are programs."""
+    rng = random.Random(22)
+    for i in range(24):
+        n = rng.choice((16, 48, 120, 300, 600))
+        (out / f"conversation_{i:02d}.bin").write_bytes(bytes(rng.randrange(256) for _ in range(n)))
+
+
 def main() -> None:
     for target, make in (("fuzz_c_api", c_api), ("fuzz_runtime_options", runtime_options),
+                         ("fuzz_salusd", salusd),
                          ("fuzz_workloads_csv", workloads_csv), ("py_experiment", py_experiment),
                          ("py_workloads", py_workloads)):
         out = ROOT / target

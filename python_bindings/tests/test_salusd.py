@@ -1,0 +1,113 @@
+"""salusd with real Python processes: PyTorch training scripts connected with salus.connect take
+turns on one simulated GPU and end where they end alone; errors are typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import salus
+
+CLIENT = Path(__file__).with_name("daemon_client.py")
+
+
+def salusd_binary() -> str:
+    """The salusd that `pip install .` put beside this Python (the wheel's scripts)."""
+    found = shutil.which("salusd", path=sysconfig.get_path("scripts")) or shutil.which("salusd")
+    if found is None:
+        pytest.fail("salusd is not installed beside this Python: the wheel must ship it")
+    return found
+
+
+class Daemon:
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.socket = str(tmp / "salusd.sock")
+        self.log = tmp / "salusd.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [salusd_binary(), "--socket", self.socket, "--backend", "sim", *args],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket):
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "salusd did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, "--policy", "fair", "--memory", "512MiB")
+    yield d
+    assert d.stop() == 0, d.log.read_text()
+
+
+def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str) -> list[dict]:
+    procs = []
+    for name in names:
+        cmd = [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp / f"{name}.json"),
+               *extra]
+        if socket:
+            cmd += ["--socket", socket]
+        procs.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    results = []
+    for name, p in zip(names, procs):
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        results.append(json.loads((tmp / f"{name}.json").read_text()))
+    return results
+
+
+def test_two_torch_processes_take_turns_and_train_as_alone(daemon: Daemon, tmp_path: Path) -> None:
+    shared = run_clients(tmp_path, daemon.socket, ["a", "b"], "--iterations", "6")
+    alone = run_clients(tmp_path, None, ["alone"], "--iterations", "6")[0]
+    for r in shared:
+        assert r["error"] is None, r
+        assert len(r["spans"]) == 6
+        assert r["weights"] == alone["weights"]  # bitwise: the same training, shared or not
+    spans = sorted((s[0], s[1], i) for i, r in enumerate(shared) for s in r["spans"])
+    for (b0, e0, p0), (b1, e1, p1) in zip(spans, spans[1:]):
+        assert e0 <= b1, f"processes {p0} and {p1} ran iterations at once"
+    # Turns alternate rather than one process running to the end first.
+    first_a, last_a = shared[0]["spans"][0][0], shared[0]["spans"][-1][0]
+    first_b, last_b = shared[1]["spans"][0][0], shared[1]["spans"][-1][0]
+    assert first_a < last_b and first_b < last_a
+
+
+def test_connect_without_a_daemon_is_a_device_error(tmp_path: Path) -> None:
+    with pytest.raises(salus.DeviceError) as info:
+        salus.connect(tmp_path / "nobody.sock")
+    assert info.value.call == "connect"
+    assert "is salusd running?" in str(info.value)
+
+
+def test_a_dead_daemon_is_a_device_error_not_a_hang(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "--memory", "64MiB")
+    rt = salus.connect(d.socket)
+    job = rt.add_job("j")
+    with job.iteration():
+        pass
+    d.proc.kill()
+    d.proc.wait(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(salus.DeviceError) as info:
+        with job.iteration():
+            pass
+    assert time.monotonic() - started < 5
+    assert info.value.status == "SALUSD_GONE"
+    job.leave()
+    rt.close()

@@ -1,0 +1,229 @@
+#include "daemon/coordinator.hpp"
+#include "daemon/session.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace salus::daemon {
+
+using remote::MessageType;
+
+namespace {
+
+RuntimeOptions runtime_options(const CoordinatorOptions& o) {
+  RuntimeOptions r;
+  r.policy = o.policy;
+  // The iterations run in the clients: the daemon sees their host time, and counts it as the
+  // GPU time the fair policy shares out.
+  r.host_compute = true;
+  return r;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOptions options)
+    : backend_(std::move(backend)),
+      options_(std::move(options)),
+      runtime_(backend_, runtime_options(options_)),
+      page_bytes_(backend_->granularity(Location::gpu(0))) {
+  for (int d = 0; d < backend_->device_count(); ++d) {
+    banks_.push_back(std::make_unique<PageBank>(*backend_, d, page_bytes_,
+                                                backend_->properties(d).total_memory));
+  }
+}
+
+Coordinator::~Coordinator() {
+  std::vector<SessionId> ids;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, s] : sessions_) ids.push_back(id);
+  }
+  for (const SessionId id : ids) close_session(id);
+}
+
+SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender send) {
+  auto s = std::make_shared<Session>();
+  s->peer = peer;
+  s->send = std::move(send);
+  std::lock_guard lock(mu_);
+  s->id = next_session_++;
+  sessions_.emplace(s->id, s);
+  return s->id;
+}
+
+std::shared_ptr<Coordinator::Session> Coordinator::session(SessionId id) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) throw InvalidArgument(fmt::format("no session {}", id));
+  return it->second;
+}
+
+void Coordinator::reply(Session& s, MessageType type, std::uint64_t seq,
+                        std::span<const std::byte> body, std::span<const int> fds) {
+  if (seq == 0) return;  // posted: nobody waits for an answer
+  try {
+    s.send(remote::encode_body(type, seq, body), fds);
+  } catch (const std::exception& e) {
+    // The process is gone; its connection's reader notices and closes the session.
+    spdlog::debug("session {}: reply {} lost: {}", s.id, to_string(type), e.what());
+  }
+}
+
+void Coordinator::fail(Session& s, std::uint64_t seq, const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  const remote::Failure f =
+      remote::failure_of(error != nullptr ? error->code() : Errc::device_error, e.what());
+  reply(s, MessageType::failure, seq, std::as_bytes(std::span(&f, 1)));
+}
+
+void Coordinator::handle(SessionId id, remote::Received received) {
+  const std::shared_ptr<Session> s = session(id);
+  const remote::Record& record = received.record;
+  {
+    std::lock_guard lock(mu_);
+    if (!s->greeted && record.type() != MessageType::hello) {
+      throw remote::ProtocolError(
+          fmt::format("{} before hello", to_string(record.type())));
+    }
+  }
+  if (!received.fds.empty()) {
+    throw remote::ProtocolError(fmt::format("a client's {} carried {} descriptors",
+                                            to_string(record.type()), received.fds.size()));
+  }
+  try {
+    dispatch(s, record);
+  } catch (const remote::ProtocolError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(*s, record.header.seq, e);
+  }
+}
+
+void Coordinator::dispatch(const std::shared_ptr<Session>& s, const remote::Record& record) {
+  switch (record.type()) {
+    case MessageType::hello:
+      return on_hello(*s, record);
+    case MessageType::add_job:
+      return on_add_job(*s, record);
+    case MessageType::begin_iteration:
+      return on_begin(s, record);
+    case MessageType::end_iteration:
+    case MessageType::withdraw:
+    case MessageType::finish_job:
+      return on_job_call(*s, record);
+    case MessageType::take_pages:
+      return on_take_pages(s, record);
+    case MessageType::give_pages:
+      return on_give_pages(*s, record);
+    case MessageType::status: {
+      std::string text = status_table();
+      constexpr std::size_t kRoom = remote::kMaxRecordBytes - sizeof(remote::Header);
+      if (text.size() > kRoom) text = text.substr(0, kRoom - 16) + "\n... (cut)\n";
+      return reply(*s, MessageType::status_text, record.header.seq, std::as_bytes(std::span(text)));
+    }
+    default:
+      throw remote::ProtocolError(
+          fmt::format("a client may not send {}", to_string(record.type())));
+  }
+}
+
+void Coordinator::on_hello(Session& s, const remote::Record& record) {
+  const auto hello = remote::body_as<remote::Hello>(record);
+  {
+    std::lock_guard lock(mu_);
+    if (s.greeted) throw remote::ProtocolError("a second hello");
+    s.greeted = true;
+    s.name = remote::name_of(hello.name, "hello name");
+  }
+  remote::Welcome w;
+  w.device_count = static_cast<std::uint32_t>(banks_.size());
+  w.backend = backend_->name() == "cuda" ? remote::BackendKind::cuda : remote::BackendKind::sim;
+  w.page_bytes = page_bytes_;
+  w.process_limit_bytes = options_.process_limit_bytes;
+  w.spill = options_.spill;
+  for (std::size_t d = 0; d < banks_.size() && d < remote::kMaxDevices; ++d) {
+    w.device_bytes[d] = banks_[d]->capacity_pages() * page_bytes_;
+  }
+  remote::set_name(w.policy, runtime_.policy());
+  spdlog::info("session {}: '{}' pid {} uid {} connected", s.id, s.name, s.peer.pid, s.peer.uid);
+  reply(s, MessageType::welcome, record.header.seq, std::as_bytes(std::span(&w, 1)));
+}
+
+void Coordinator::on_add_job(Session& s, const remote::Record& record) {
+  const auto a = remote::body_as<remote::AddJob>(record);
+  JobSpec spec;
+  spec.name = remote::name_of(a.name, "job name");
+  if (a.kind > static_cast<std::uint32_t>(JobKind::inference)) {
+    throw InvalidArgument(fmt::format("add_job: job kind {} is not training (0) or inference (1)",
+                                      a.kind));
+  }
+  spec.kind = static_cast<JobKind>(a.kind);
+  spec.priority = a.priority;
+  spec.device = a.device;
+  spec.expected_iterations = a.expected_iterations;
+  spec.hints = {a.persistent_hint, a.ephemeral_hint, a.iteration_seconds_hint};
+  if (a.limit_total != 0) spec.limits.total = a.limit_total;
+  auto job = std::make_shared<Job>(runtime_.add_job(std::move(spec)));
+  const remote::JobAdded added{job->id().value};
+  {
+    std::lock_guard lock(mu_);
+    s.jobs.emplace(added.job, job);
+  }
+  spdlog::info("session {}: job '{}' (id {}) added", s.id, job->name(), added.job);
+  reply(s, MessageType::job_added, record.header.seq, std::as_bytes(std::span(&added, 1)));
+}
+
+std::shared_ptr<Job> Coordinator::job_of(Session& s, std::uint64_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = s.jobs.find(id);
+  // Another process's job is as unknown to this one as a job that never was.
+  if (it == s.jobs.end()) throw UnknownJob(JobId{static_cast<std::uint32_t>(id)});
+  return it->second;
+}
+
+void Coordinator::on_begin(const std::shared_ptr<Session>& s, const remote::Record& record) {
+  const auto call = remote::body_as<remote::JobCall>(record);
+  std::shared_ptr<Job> job = job_of(*s, call.job);
+  const std::uint64_t seq = record.header.seq;
+  s->spawn([this, s, job, call, seq] {
+    try {
+      remote::Turn turn{call.job, 1, 0};
+      if (call.timeout_ns < 0) {
+        (void)job->begin_iteration();
+      } else {
+        turn.admitted = job->try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns)) ? 1 : 0;
+      }
+      reply(*s, MessageType::turn, seq, std::as_bytes(std::span(&turn, 1)));
+    } catch (const std::exception& e) {
+      fail(*s, seq, e);
+    }
+  });
+}
+
+void Coordinator::on_job_call(Session& s, const remote::Record& record) {
+  const auto call = remote::body_as<remote::JobCall>(record);
+  std::shared_ptr<Job> job = job_of(s, call.job);
+  switch (record.type()) {
+    case MessageType::end_iteration:
+      job->end_iteration();
+      break;
+    case MessageType::withdraw:
+      job->withdraw();
+      break;
+    default:  // finish_job
+      if (call.flag != 0) {
+        job->cancel();
+      } else {
+        job->leave();
+        std::lock_guard lock(mu_);
+        s.jobs.erase(call.job);
+      }
+      break;
+  }
+  reply(s, MessageType::done, record.header.seq, {});
+}
+
+}  // namespace salus::daemon

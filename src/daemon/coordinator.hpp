@@ -1,0 +1,99 @@
+// What salusd decides, apart from its sockets: the sessions (one per connected process), their
+// jobs (jobs of the daemon's own runtime, so one policy and decision core orders every process's
+// iterations), the page banks, the limits. The server feeds it records; the fuzz target does too.
+//
+// Lock story: mu_ guards sessions and banks. Nothing that blocks (a job's turn, a reclaim wait, a
+// send) runs under it: handlers look up under the lock, then call the runtime or send after
+// releasing it. A request that may block runs on a worker thread of its session.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/page_bank.hpp"
+#include "remote/channel.hpp"
+#include "remote/protocol.hpp"
+#include "salus/runtime.hpp"
+
+namespace salus::daemon {
+
+struct CoordinatorOptions {
+  std::string policy = "fair";
+  std::size_t process_limit_bytes = 0;  // pages one process may hold; 0: no limit
+  // Whether a waiting process moves its jobs' pages to its host memory when another needs them.
+  remote::Spill spill = remote::Spill::none;
+  std::chrono::milliseconds reclaim_wait{2000};  // how long a short request waits for give-backs
+  std::chrono::milliseconds exit_wait{10000};    // how long a dead client's pages wait for its exit
+};
+
+struct DeviceUse {
+  std::size_t granted_bytes = 0;
+  std::size_t peak_granted_bytes = 0;
+  std::size_t capacity_bytes = 0;
+};
+
+class Coordinator {
+ public:
+  // Delivers a record (and descriptors) to a session's process; may throw when it is gone.
+  using Sender = std::function<void(std::span<const std::byte>, std::span<const int>)>;
+
+  Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOptions options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  SessionId open_session(const remote::PeerCredentials& peer, Sender send);
+  // Handles one record of the session, replying through its sender (a blocking request replies
+  // from a worker thread later). Throws ProtocolError for a record that breaks the protocol: the
+  // caller then drops the client. Every other refusal is a Failure reply.
+  void handle(SessionId session, remote::Received received);
+  // The connection is gone: cancels its jobs, waits for its workers and (when it held pages) for
+  // the process to exit, then takes its pages back.
+  void close_session(SessionId session);
+
+  [[nodiscard]] std::string status_table() const;
+  // "" when every bank is consistent, else what is wrong (tests, fuzz).
+  [[nodiscard]] std::string inconsistency() const;
+  [[nodiscard]] DeviceUse device_use(int device) const;
+  [[nodiscard]] Runtime& runtime() { return runtime_; }
+
+ private:
+  struct Session;
+  std::shared_ptr<Session> session(SessionId id) const;
+  void reply(Session& s, remote::MessageType type, std::uint64_t seq,
+             std::span<const std::byte> body, std::span<const int> fds = {});
+  void fail(Session& s, std::uint64_t seq, const std::exception& e);
+  void dispatch(const std::shared_ptr<Session>& s, const remote::Record& record);
+  void on_hello(Session& s, const remote::Record& record);
+  void on_add_job(Session& s, const remote::Record& record);
+  void on_begin(const std::shared_ptr<Session>& s, const remote::Record& record);
+  void on_job_call(Session& s, const remote::Record& record);
+  void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
+  void on_give_pages(Session& s, const remote::Record& record);
+  std::shared_ptr<Job> job_of(Session& s, std::uint64_t id) const;
+  std::vector<std::uint64_t> grant_or_wait(Session& s, int device, std::size_t count);
+  void ask_others_to_give_back(SessionId asking, int device, std::size_t pages);
+  void wait_for_exit(const Session& s) const;
+
+  const std::shared_ptr<DeviceBackend> backend_;
+  const CoordinatorOptions options_;
+  Runtime runtime_;
+  const std::size_t page_bytes_;
+
+  mutable std::mutex mu_;
+  std::condition_variable pages_back_;
+  std::vector<std::unique_ptr<PageBank>> banks_;
+  std::map<SessionId, std::shared_ptr<Session>> sessions_;
+  SessionId next_session_ = 1;
+};
+
+}  // namespace salus::daemon

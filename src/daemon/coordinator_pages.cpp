@@ -1,0 +1,257 @@
+// The coordinator's pages and sessions' ends: grants, give-backs, reclaims, a dead client's
+// pages, and the status table.
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "daemon/coordinator.hpp"
+#include "daemon/session.hpp"
+
+namespace salus::daemon {
+
+using remote::MessageType;
+
+namespace {
+constexpr auto kReclaimRepeat = std::chrono::milliseconds(50);
+}  // namespace
+
+void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record) {
+  const auto want = remote::body_as<remote::PageCount>(record);
+  if (want.device < 0 || want.device >= static_cast<int>(banks_.size())) {
+    throw InvalidArgument(fmt::format("take_pages: device {} does not exist ({} devices)",
+                                      want.device, banks_.size()));
+  }
+  if (want.count == 0 || want.count > remote::kMaxPagesPerBatch) {
+    throw InvalidArgument(fmt::format("take_pages: {} pages (1 to {} a batch)", want.count,
+                                      remote::kMaxPagesPerBatch));
+  }
+  const std::uint64_t seq = record.header.seq;
+  // May wait for other processes to give pages back: not on the connection's reader.
+  s->spawn([this, s, want, seq] {
+    try {
+      const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
+      if (ids.empty()) {
+        throw Error(Errc::out_of_memory,
+                    fmt::format("no page of device {} is free, and none came back within {} ms",
+                                want.device, options_.reclaim_wait.count()));
+      }
+      PageBank::Batch batch;
+      {
+        std::lock_guard lock(mu_);
+        batch = banks_[static_cast<std::size_t>(want.device)]->export_pages(ids);
+      }
+      std::vector<int> fds;
+      for (const auto& fd : batch.fds) fds.push_back(fd.get());
+      const remote::PageCount head{want.device, static_cast<std::uint32_t>(ids.size())};
+      const auto record_out = remote::encode_list<remote::PageCount, remote::PageEntry>(
+          MessageType::pages, seq, head, batch.entries);
+      s->send(record_out, fds);
+    } catch (const std::exception& e) {
+      fail(*s, seq, e);
+    }
+  });
+}
+
+std::vector<std::uint64_t> Coordinator::grant_or_wait(Session& s, int device, std::size_t count) {
+  std::unique_lock lock(mu_);
+  PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  if (options_.process_limit_bytes != 0) {
+    std::size_t held = 0;
+    for (const auto& b : banks_) held += b->held_by(s.id) * page_bytes_;
+    const std::size_t room = (options_.process_limit_bytes - std::min(held, options_.process_limit_bytes)) / page_bytes_;
+    if (room == 0) {
+      throw Error(Errc::out_of_memory,
+                  fmt::format("process {} holds {} bytes, its limit is {} bytes", s.peer.pid,
+                              held, options_.process_limit_bytes));
+    }
+    count = std::min(count, room);
+  }
+  std::vector<std::uint64_t> ids = bank.grant(s.id, count);
+  const auto deadline = std::chrono::steady_clock::now() + options_.reclaim_wait;
+  // The others are asked again every so often: a process whose jobs were all busy when first
+  // asked may have one waiting for its turn now (whose pages may then move to its host memory).
+  while (ids.empty() && !s.closing && std::chrono::steady_clock::now() < deadline) {
+    lock.unlock();
+    ask_others_to_give_back(s.id, device, count);
+    lock.lock();
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kReclaimRepeat);
+    pages_back_.wait_until(lock, until, [&] {
+      if (s.closing) return true;
+      ids = bank.grant(s.id, count);
+      return !ids.empty();
+    });
+  }
+  return ids;
+}
+
+void Coordinator::ask_others_to_give_back(SessionId asking, int device, std::size_t pages) {
+  std::vector<std::shared_ptr<Session>> holders;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (id != asking && banks_[static_cast<std::size_t>(device)]->held_by(id) > 0) {
+        holders.push_back(s);
+      }
+    }
+  }
+  const remote::PageCount want{device, static_cast<std::uint32_t>(pages)};
+  const auto record = remote::encode(MessageType::reclaim, 0, want);
+  for (const auto& s : holders) {
+    try {
+      s->send(record, {});
+    } catch (const std::exception&) {
+      // Gone: its pages come back when its session closes.
+    }
+  }
+}
+
+void Coordinator::on_give_pages(Session& s, const remote::Record& record) {
+  std::vector<std::uint64_t> ids;
+  const auto head = remote::list_body<remote::PageCount, std::uint64_t>(record, ids);
+  {
+    std::lock_guard lock(mu_);
+    if (head.device < 0 || head.device >= static_cast<int>(banks_.size())) {
+      throw InvalidArgument(fmt::format("give_pages: device {} does not exist", head.device));
+    }
+    PageBank& bank = *banks_[static_cast<std::size_t>(head.device)];
+    // All or nothing: one page that is not the sender's refuses the whole batch.
+    if (!bank.all_held_by(s.id, ids)) {
+      throw InvalidArgument(fmt::format(
+          "give_pages: a page of the batch is not held by this process (or is named twice)"));
+    }
+    bank.take_back(ids);
+  }
+  pages_back_.notify_all();
+  reply(s, MessageType::done, record.header.seq, {});
+}
+
+void Coordinator::wait_for_exit(const Session& s) const {
+  // A process that dies closes its socket before its last mapping is gone only in the sense that
+  // both happen at its exit; until the kernel says it has exited, its pages may still be mapped
+  // (and on CUDA, its context may still run work on them). A pidfd becomes readable at exit.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, s.peer.pid, 0));
+  if (pidfd < 0) {
+    if (errno == ESRCH) return;  // already gone
+    const auto deadline = std::chrono::steady_clock::now() + options_.exit_wait;
+    while (::kill(s.peer.pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return;
+  }
+  pollfd p{pidfd, POLLIN, 0};
+  const int ready = ::poll(&p, 1, static_cast<int>(options_.exit_wait.count()));
+  ::close(pidfd);
+  if (ready == 0) {
+    spdlog::warn("session {}: pid {} closed its connection holding pages and has not exited "
+                 "after {} ms; its pages are reused now",
+                 s.id, s.peer.pid, options_.exit_wait.count());
+  }
+}
+
+void Coordinator::close_session(SessionId id) {
+  std::shared_ptr<Session> s;
+  std::map<std::uint64_t, std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    s = it->second;
+    s->closing = true;
+    jobs.swap(s->jobs);
+  }
+  pages_back_.notify_all();
+  // Its waiting turns end with the cancel; its running iteration ends with it.
+  for (auto& [job_id, job] : jobs) {
+    try {
+      job->cancel();
+    } catch (const std::exception&) {
+    }
+  }
+  s->join_workers();
+  jobs.clear();
+  std::size_t held = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& bank : banks_) held += bank->held_by(id);
+  }
+  if (held > 0) wait_for_exit(*s);
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& bank : banks_) bank->take_back_all(id);
+    sessions_.erase(id);
+  }
+  pages_back_.notify_all();
+  spdlog::info("session {}: '{}' pid {} gone; {} pages taken back", id, s->name, s->peer.pid,
+               held);
+}
+
+std::string Coordinator::inconsistency() const {
+  std::lock_guard lock(mu_);
+  for (std::size_t d = 0; d < banks_.size(); ++d) {
+    if (std::string why = banks_[d]->inconsistency(); !why.empty()) {
+      return fmt::format("device {}: {}", d, why);
+    }
+  }
+  return "";
+}
+
+DeviceUse Coordinator::device_use(int device) const {
+  std::lock_guard lock(mu_);
+  const PageBank& bank = *banks_.at(static_cast<std::size_t>(device));
+  return {bank.granted_pages() * page_bytes_, bank.peak_granted_pages() * page_bytes_,
+          bank.capacity_pages() * page_bytes_};
+}
+
+std::string Coordinator::status_table() const {
+  // Who holds what, under the lock; the jobs' own state from the runtime, after it.
+  std::vector<std::pair<std::string, std::shared_ptr<Job>>> jobs;  // process name, job
+  std::string out = fmt::format("policy {}  page {} KiB  spill {}\n\n", runtime_.policy(),
+                                page_bytes_ / 1024,
+                                options_.spill == remote::Spill::host ? "host" : "none");
+  {
+    std::lock_guard lock(mu_);
+    out += fmt::format("{:<7} {:>10} {:>14} {:>14} {:>14}\n", "device", "pages", "granted MiB",
+                       "peak MiB", "capacity MiB");
+    for (std::size_t d = 0; d < banks_.size(); ++d) {
+      const PageBank& b = *banks_[d];
+      out += fmt::format("{:<7} {:>10} {:>14.1f} {:>14.1f} {:>14.1f}\n", d, b.granted_pages(),
+                         b.granted_pages() * page_bytes_ / 1048576.0,
+                         b.peak_granted_pages() * page_bytes_ / 1048576.0,
+                         b.capacity_pages() * page_bytes_ / 1048576.0);
+    }
+    out += fmt::format("\n{:<8} {:>8} {:<20} {:>5} {:>12} {:>12}\n", "session", "pid",
+                       "process", "jobs", "held MiB", "limit MiB");
+    for (const auto& [id, s] : sessions_) {
+      std::size_t held = 0;
+      for (const auto& b : banks_) held += b->held_by(id);
+      out += fmt::format("{:<8} {:>8} {:<20} {:>5} {:>12.1f} {:>12}\n", id, s->peer.pid,
+                         s->name.substr(0, 20), s->jobs.size(), held * page_bytes_ / 1048576.0,
+                         options_.process_limit_bytes == 0
+                             ? std::string("-")
+                             : fmt::format("{:.1f}", options_.process_limit_bytes / 1048576.0));
+      for (const auto& [job_id, job] : s->jobs) jobs.emplace_back(s->name, job);
+    }
+  }
+  out += fmt::format("\n{:<20} {:<20} {:<9} {:>6} {:>10} {:>10}\n", "job", "process", "state",
+                     "turns", "held s", "waited s");
+  for (const auto& [process, job] : jobs) {
+    try {
+      const JobStats st = job->stats();
+      out += fmt::format("{:<20} {:<20} {:<9} {:>6} {:>10.2f} {:>10.2f}\n", st.name.substr(0, 20),
+                         process.substr(0, 20), to_string(st.state), st.iterations,
+                         st.attained_seconds, st.waiting_seconds);
+    } catch (const Error&) {
+      // Gone since the list was made.
+    }
+  }
+  return out;
+}
+
+}  // namespace salus::daemon

@@ -1,0 +1,160 @@
+// salusd: one per node and user. Owns each GPU's physical pages and runs the iteration scheduler
+// for the jobs of every connected process (see DESIGN.md, "Processes").
+#include <grp.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "daemon/coordinator.hpp"
+#include "daemon/server.hpp"
+#include "remote/channel.hpp"
+#include "remote/daemon_link.hpp"
+#include "salus/cuda.hpp"
+#include "salus/sim.hpp"
+
+namespace {
+
+// "8GiB", "512MiB", "1.5G", "1048576": bytes.
+std::size_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  const double number = std::stod(text, &used);
+  std::string unit = text.substr(used);
+  std::erase(unit, ' ');
+  double scale = 1;
+  if (unit == "K" || unit == "KiB" || unit == "k") scale = 1024.0;
+  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw CLI::ValidationError("size", "unknown unit '" + unit + "' in '" + text + "'");
+  if (number < 0) throw CLI::ValidationError("size", "'" + text + "' is negative");
+  return static_cast<std::size_t>(number * scale);
+}
+
+std::shared_ptr<salus::DeviceBackend> make_backend(const std::string& kind, int devices,
+                                                   std::size_t memory) {
+  salus::SimConfig sim = salus::SimConfig::uniform(devices, memory);
+  if (kind == "sim") return salus::make_sim_backend(std::move(sim));
+  if (kind == "cuda") return salus::make_cuda_backend();
+  return salus::make_default_backend(std::move(sim));
+}
+
+// What the command line asked for.
+struct Args {
+  std::string socket_path = salus::remote::default_socket_path();
+  std::string backend = "auto";
+  int devices = 1;
+  std::string memory = "8GiB";
+  std::string process_limit = "0";
+  std::string spill = "none";
+  std::string group;
+  std::string trace;
+  std::string log_level = "info";
+  bool status = false;
+  salus::daemon::CoordinatorOptions options;
+};
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--socket", a.socket_path, "Unix socket to serve ($SALUS_SOCKET or per-user default)");
+  app.add_option("--backend", a.backend, "auto (CUDA when a GPU is present), cuda or sim")
+      ->check(CLI::IsMember({"auto", "cuda", "sim"}));
+  app.add_option("--devices", a.devices, "simulated GPUs (sim backend)")->check(CLI::Range(1, 16));
+  app.add_option("--memory", a.memory, "memory of each simulated GPU, e.g. 8GiB");
+  app.add_option("--policy", a.options.policy,
+                 "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
+  app.add_option("--process-limit", a.process_limit, "GPU bytes one process may hold (0: no limit)");
+  app.add_option("--spill", a.spill,
+                 "host: a waiting process's pages go to its host memory when another needs them")
+      ->check(CLI::IsMember({"none", "host"}));
+  app.add_option("--group", a.group, "also serve members of this group (socket mode 0660)");
+  app.add_option("--trace", a.trace, "write a Perfetto trace of every process's iterations here at exit");
+  app.add_option("--log-level", a.log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_flag("--status", a.status, "print the running daemon's processes, jobs and memory, and exit");
+}
+
+// salusd --status: asks the running daemon for its table.
+int print_status(const std::string& socket_path) {
+  try {
+    salus::remote::DaemonLink link(socket_path);
+    const auto reply = link.call(salus::remote::MessageType::status, std::span<const std::byte>{});
+    const auto& body = reply.record.body;
+    std::fwrite(body.data(), 1, body.size(), stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "salusd --status: %s\n", e.what());
+    return 1;
+  }
+}
+
+salus::daemon::ServerOptions server_options(const Args& a) {
+  salus::daemon::ServerOptions o{a.socket_path, std::nullopt};
+  if (!a.group.empty()) {
+    const struct group* g = ::getgrnam(a.group.c_str());
+    if (g == nullptr) throw salus::InvalidArgument(fmt::format("--group: no group '{}'", a.group));
+    o.group = g->gr_gid;
+  }
+  return o;
+}
+
+// Serves until SIGTERM or SIGINT, which `stop_signals` holds blocked in every thread: one thread
+// takes them (sigwait), so that no other thread is interrupted by them.
+int serve(Args a, const sigset_t& stop_signals) {
+  a.options.process_limit_bytes = parse_size(a.process_limit);
+  a.options.spill = a.spill == "host" ? salus::remote::Spill::host : salus::remote::Spill::none;
+  salus::daemon::Coordinator coordinator(make_backend(a.backend, a.devices, parse_size(a.memory)),
+                                         a.options);
+  salus::daemon::Server server(coordinator, server_options(a));
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    server.stop();
+  });
+  spdlog::info("serving '{}': {} backend, {} device(s), policy {}, pid {}", a.socket_path,
+               coordinator.runtime().backend().name(), coordinator.runtime().device_count(),
+               coordinator.runtime().policy(), ::getpid());
+  try {
+    server.run();  // returns once the signal thread has called stop()
+  } catch (...) {
+    ::kill(::getpid(), SIGTERM);  // the signal thread must end before it is destroyed
+    signals.join();
+    throw;
+  }
+  signals.join();
+  if (!a.trace.empty()) coordinator.runtime().write_trace(a.trace);
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"salusd: the Salus coordinator; processes connected to it share this node's GPUs"};
+  Args args;
+  add_options(app, args);
+  CLI11_PARSE(app, argc, argv);
+  if (args.status) return print_status(args.socket_path);
+  // The log goes to standard error; standard output is for what was asked (--status).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("salusd"));
+  spdlog::set_level(spdlog::level::from_str(args.log_level));
+  spdlog::set_pattern("[salusd %H:%M:%S.%e] %^%l%$ %v");
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
+  signal(SIGPIPE, SIG_IGN);
+  try {
+    return serve(std::move(args), stop_signals);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}

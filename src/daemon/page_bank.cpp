@@ -1,0 +1,122 @@
+#include "daemon/page_bank.hpp"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+namespace salus::daemon {
+
+PageBank::PageBank(DeviceBackend& backend, int device, std::size_t page_bytes,
+                   std::size_t capacity_bytes)
+    : backend_(backend),
+      device_(device),
+      page_bytes_(page_bytes),
+      capacity_pages_(capacity_bytes / page_bytes) {}
+
+PageBank::~PageBank() {
+  for (const auto& [id, slot] : pages_) {
+    try {
+      backend_.release_chunk(slot.chunk);
+    } catch (const std::exception&) {
+      // The daemon is going: the driver frees what is left at exit.
+    }
+  }
+}
+
+std::vector<std::uint64_t> PageBank::grant(SessionId owner, std::size_t count) {
+  std::vector<std::uint64_t> out;
+  while (out.size() < count && !free_.empty()) {
+    out.push_back(free_.back());
+    free_.pop_back();
+  }
+  while (out.size() < count && pages_.size() < capacity_pages_) {
+    ChunkHandle chunk;
+    try {
+      chunk = backend_.create_chunk(Location::gpu(device_), page_bytes_);
+    } catch (const DeviceError&) {
+      break;  // the device has less than it said (another user): what was granted stands
+    }
+    const std::uint64_t id = remote::page_id(device_, next_serial_++);
+    pages_.emplace(id, Slot{chunk, 0});
+    out.push_back(id);
+  }
+  for (const std::uint64_t id : out) pages_.at(id).owner = owner;
+  granted_ += out.size();
+  peak_granted_ = std::max(peak_granted_, granted_);
+  return out;
+}
+
+bool PageBank::all_held_by(SessionId owner, const std::vector<std::uint64_t>& ids) const {
+  std::vector<std::uint64_t> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+  return std::all_of(ids.begin(), ids.end(), [&](std::uint64_t id) {
+    auto it = pages_.find(id);
+    return it != pages_.end() && it->second.owner == owner;
+  });
+}
+
+void PageBank::take_back(const std::vector<std::uint64_t>& ids) {
+  for (const std::uint64_t id : ids) {
+    pages_.at(id).owner = 0;
+    free_.push_back(id);
+  }
+  granted_ -= ids.size();
+}
+
+std::size_t PageBank::take_back_all(SessionId owner) {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, slot] : pages_) {
+    if (slot.owner == owner) ids.push_back(id);
+  }
+  take_back(ids);
+  return ids.size();
+}
+
+std::size_t PageBank::held_by(SessionId owner) const {
+  return static_cast<std::size_t>(std::count_if(
+      pages_.begin(), pages_.end(), [&](const auto& entry) { return entry.second.owner == owner; }));
+}
+
+std::string PageBank::inconsistency() const {
+  std::vector<std::uint64_t> free = free_;
+  std::sort(free.begin(), free.end());
+  if (std::adjacent_find(free.begin(), free.end()) != free.end()) return "a page is free twice";
+  for (const std::uint64_t id : free) {
+    auto it = pages_.find(id);
+    if (it == pages_.end()) return fmt::format("free page {:#x} does not exist", id);
+    if (it->second.owner != 0) return fmt::format("page {:#x} is free and held", id);
+  }
+  const auto held = static_cast<std::size_t>(std::count_if(
+      pages_.begin(), pages_.end(), [](const auto& entry) { return entry.second.owner != 0; }));
+  if (held != granted_) return fmt::format("{} pages held, {} counted granted", held, granted_);
+  if (held + free_.size() != pages_.size()) {
+    return fmt::format("{} held + {} free != {} pages", held, free_.size(), pages_.size());
+  }
+  return "";
+}
+
+PageBank::Batch PageBank::export_pages(const std::vector<std::uint64_t>& ids) {
+  Batch batch;
+  std::map<std::pair<dev_t, ino_t>, std::uint32_t> index_of_file;
+  for (const std::uint64_t id : ids) {
+    SharedChunk shared = backend_.export_chunk(pages_.at(id).chunk);
+    remote::UniqueFd fd(shared.fd);
+    struct stat st {};
+    std::uint32_t index = static_cast<std::uint32_t>(batch.fds.size());
+    if (::fstat(fd.get(), &st) == 0) {
+      auto [it, added] = index_of_file.emplace(std::pair(st.st_dev, st.st_ino), index);
+      index = it->second;
+      if (added) batch.fds.push_back(std::move(fd));
+    } else {
+      batch.fds.push_back(std::move(fd));
+    }
+    batch.entries.push_back({id, shared.offset, index, 0});
+  }
+  return batch;
+}
+
+}  // namespace salus::daemon

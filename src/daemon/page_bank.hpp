@@ -1,0 +1,71 @@
+// The daemon's physical pages: one bank per device. A page is a chunk of the device granularity,
+// made on demand up to the device's capacity and kept once made; each is free or held by one
+// session (a connected process). Lock story: the bank has no lock of its own; the coordinator
+// calls it under its lock (and it calls only down, into the backend).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "remote/channel.hpp"
+#include "remote/protocol.hpp"
+#include "salus/device.hpp"
+
+namespace salus::daemon {
+
+using SessionId = std::uint64_t;
+
+class PageBank {
+ public:
+  PageBank(DeviceBackend& backend, int device, std::size_t page_bytes, std::size_t capacity_bytes);
+  ~PageBank();
+  PageBank(const PageBank&) = delete;
+  PageBank& operator=(const PageBank&) = delete;
+
+  // Hands up to `count` pages to `owner` (free ones first, then new ones while the device has
+  // room); returns their ids.
+  std::vector<std::uint64_t> grant(SessionId owner, std::size_t count);
+  // True when every id is a page `owner` holds (nothing changes either way).
+  [[nodiscard]] bool all_held_by(SessionId owner, const std::vector<std::uint64_t>& ids) const;
+  // The pages go back to the free list; ids must have passed all_held_by.
+  void take_back(const std::vector<std::uint64_t>& ids);
+  // Every page `owner` holds goes back; returns how many.
+  std::size_t take_back_all(SessionId owner);
+
+  // A batch as it travels: entries naming descriptors, one descriptor per distinct file (a
+  // simulated device's pages share its memfd; each CUDA page has its own).
+  struct Batch {
+    std::vector<remote::PageEntry> entries;
+    std::vector<remote::UniqueFd> fds;
+  };
+  Batch export_pages(const std::vector<std::uint64_t>& ids);
+
+  [[nodiscard]] std::size_t page_bytes() const { return page_bytes_; }
+  [[nodiscard]] std::size_t granted_pages() const { return granted_; }
+  [[nodiscard]] std::size_t peak_granted_pages() const { return peak_granted_; }
+  [[nodiscard]] std::size_t capacity_pages() const { return capacity_pages_; }
+  [[nodiscard]] std::size_t held_by(SessionId owner) const;
+  // "" when the bank is consistent (each page free or held by one session, the free list without
+  // repeats, the count of granted pages right); else what is wrong. For tests and the fuzz target.
+  [[nodiscard]] std::string inconsistency() const;
+
+ private:
+  struct Slot {
+    ChunkHandle chunk{};
+    SessionId owner = 0;  // 0: free
+  };
+  DeviceBackend& backend_;
+  const int device_;
+  const std::size_t page_bytes_;
+  const std::size_t capacity_pages_;
+  std::unordered_map<std::uint64_t, Slot> pages_;
+  std::vector<std::uint64_t> free_;
+  std::uint64_t next_serial_ = 1;
+  std::size_t granted_ = 0;
+  std::size_t peak_granted_ = 0;
+};
+
+}  // namespace salus::daemon

@@ -1,0 +1,133 @@
+#include "daemon/server.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace salus::daemon {
+namespace {
+
+// Holds PATH.lock for the daemon's life: the kernel drops the lock when the process dies, so a
+// crashed daemon's socket does not block the next one.
+remote::UniqueFd take_lock(const std::string& socket_path) {
+  const std::string path = socket_path + ".lock";
+  remote::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) sim::throw_errno("open", errno, path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
+    throw DeviceError("flock", "EWOULDBLOCK", EWOULDBLOCK,
+                      fmt::format("another salusd (pid {}) already serves '{}'",
+                                  n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "?",
+                                  socket_path));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    sim::throw_errno("write", errno, path);
+  }
+  return fd;
+}
+
+}  // namespace
+
+Server::Server(Coordinator& coordinator, ServerOptions options)
+    : coordinator_(coordinator), options_(std::move(options)) {
+  lock_file_ = take_lock(options_.socket_path);
+  ::unlink(options_.socket_path.c_str());  // a dead daemon's socket: the lock says it is dead
+  listener_ = remote::listen_at(options_.socket_path, options_.group ? 0660 : 0600);
+  if (options_.group && ::chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), *options_.group) != 0) {
+    sim::throw_errno("chown", errno, options_.socket_path);
+  }
+  wake_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (wake_.get() < 0) sim::throw_errno("eventfd", errno, "salusd");
+}
+
+Server::~Server() {
+  stop();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+  ::unlink(options_.socket_path.c_str());
+}
+
+void Server::stop() {
+  std::vector<std::shared_ptr<remote::Channel>> channels;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    channels = channels_;
+  }
+  const std::uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+  for (const auto& c : channels) c->shutdown();
+}
+
+void Server::run() {
+  for (;;) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      sim::throw_errno("poll", errno, "salusd");
+    }
+    if (fds[1].revents != 0) return;
+    remote::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (fd.get() < 0) continue;  // the peer gave up meanwhile
+    auto channel = std::make_shared<remote::Channel>(std::move(fd));
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    channels_.push_back(channel);
+    threads_.emplace_back([this, channel] { serve(channel); });
+  }
+}
+
+std::optional<std::string> Server::refusal(const remote::PeerCredentials& peer) const {
+  if (peer.uid == ::getuid()) return std::nullopt;
+  if (options_.group && peer.gid == *options_.group) return std::nullopt;
+  return fmt::format("uid {} (pid {}) may not use this salusd: it serves uid {}{}", peer.uid,
+                     peer.pid, ::getuid(),
+                     options_.group ? fmt::format(" and gid {}", *options_.group) : "");
+}
+
+void Server::serve(std::shared_ptr<remote::Channel> channel) {
+  const remote::PeerCredentials peer = channel->peer();
+  if (auto why = refusal(peer)) {
+    spdlog::warn("refused a connection: {}", *why);
+    try {
+      // The answer goes to its hello, so that the client reports the reason.
+      if (auto first = channel->receive()) {
+        const remote::Failure f = remote::failure_of(Errc::invalid_argument, *why);
+        channel->send(remote::encode(remote::MessageType::failure, first->record.header.seq, f));
+      }
+    } catch (const std::exception&) {
+    }
+  } else {
+    const SessionId id = coordinator_.open_session(
+        peer, [channel](std::span<const std::byte> record, std::span<const int> fds) {
+          channel->send(record, fds);
+        });
+    try {
+      while (auto received = channel->receive()) coordinator_.handle(id, std::move(*received));
+    } catch (const std::exception& e) {
+      spdlog::warn("session {}: dropped: {}", id, e.what());
+    }
+    channel->shutdown();
+    coordinator_.close_session(id);
+  }
+  std::lock_guard lock(mu_);
+  std::erase(channels_, channel);
+}
+
+}  // namespace salus::daemon

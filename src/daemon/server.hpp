@@ -1,0 +1,55 @@
+// salusd's sockets: one listening socket, one reader thread per connected process. Each
+// connection is a session of the coordinator; a peer that is not the daemon's user (or group,
+// with --group) is refused with a reason before it becomes one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/coordinator.hpp"
+#include "remote/channel.hpp"
+
+namespace salus::daemon {
+
+struct ServerOptions {
+  std::string socket_path;
+  std::optional<gid_t> group;  // also serve this group's members (the socket is then 0660)
+};
+
+class Server {
+ public:
+  // Takes `socket_path`.lock (a second daemon on the same socket stops here, with a message that
+  // names the first one's pid), then binds the socket. Throws DeviceError naming what failed.
+  Server(Coordinator& coordinator, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Accepts connections until stop().
+  void run();
+  // Ends run() and every connection (their sessions close). Safe from any thread.
+  void stop();
+
+ private:
+  void serve(std::shared_ptr<remote::Channel> channel);
+  [[nodiscard]] std::optional<std::string> refusal(const remote::PeerCredentials& peer) const;
+
+  Coordinator& coordinator_;
+  const ServerOptions options_;
+  remote::UniqueFd lock_file_;
+  remote::UniqueFd listener_;
+  remote::UniqueFd wake_;  // an eventfd: stop() writes it, run() polls it
+
+  std::mutex mu_;  // guards the two below
+  std::vector<std::shared_ptr<remote::Channel>> channels_;
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+};
+
+}  // namespace salus::daemon

@@ -1,0 +1,91 @@
+// One connected process, as the coordinator sees it: who it is, how to reach it, its jobs, and
+// the worker threads that run its blocking requests.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/coordinator.hpp"
+
+namespace salus::daemon {
+
+// Runs a session's blocking requests (a wait for a turn, for pages), each on a thread of the
+// pool: a request blocks only its own thread, never the connection's reader. Threads stay for
+// the next request (a turn a round costs no thread creation) and grow in number only while
+// that many requests block at once (one per job waiting for its turn, plus page requests).
+class Workers {
+ public:
+  Workers() = default;
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+  ~Workers() { join(); }
+
+  void run(std::function<void()> task) {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (idle_ == 0) {
+      threads_.emplace_back([this] { loop(); });
+    } else {
+      cv_.notify_one();
+    }
+  }
+  // Runs what is queued, then ends every thread.
+  void join() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      threads.swap(threads_);
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      --idle_;
+      if (tasks_.empty()) return;  // stopping, nothing left
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;  // what it captured goes before the lock is taken again
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;  // a leaf lock
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  bool stopping_ = false;
+};
+
+struct Coordinator::Session {
+  SessionId id = 0;
+  remote::PeerCredentials peer;
+  Sender send;
+  std::string name;
+  // Guarded by the coordinator's mu_.
+  bool greeted = false;
+  bool closing = false;
+  std::map<std::uint64_t, std::shared_ptr<Job>> jobs;  // by the daemon's job id
+
+  Workers workers;
+  void spawn(std::function<void()> fn) { workers.run(std::move(fn)); }
+  void join_workers() { workers.join(); }
+};
+
+}  // namespace salus::daemon

@@ -1,0 +1,19 @@
+// How a layer above the scheduler builds a runtime with parts the public constructor does not
+// take: a turn gate (a runtime connected to salusd).
+#pragma once
+
+#include <memory>
+
+#include "iteration_sched/turn_gate.hpp"
+#include "salus/runtime.hpp"
+
+namespace salus {
+
+struct RuntimeAccess {
+  // A runtime over `backend` whose jobs take the gate's turn before their scheduler's. The gate
+  // outlives everything else in the runtime.
+  static std::shared_ptr<Runtime> make(std::shared_ptr<DeviceBackend> backend,
+                                       RuntimeOptions options, std::shared_ptr<TurnGate> gate);
+};
+
+}  // namespace salus

@@ -1,0 +1,33 @@
+// Turns decided elsewhere: a runtime connected to salusd asks the daemon for each turn before its
+// own scheduler's, so that jobs of every process on the node take turns under one policy. An
+// in-process runtime has no gate.
+//
+// Order: a job takes the gate's turn first and its scheduler's second, and gives them back in the
+// other order, so that no thread waits for the daemon while it holds a local turn.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+#include "salus/runtime.hpp"
+
+namespace salus {
+
+class TurnGate {
+ public:
+  virtual ~TurnGate() = default;
+  // A new job: the gate may refuse it (the error is the caller's).
+  virtual void add(JobId job, const JobSpec& spec) = 0;
+  // Waits for the job's turn; false when `deadline` passed first (the job stays queued there, as
+  // in-process). A job already holding its turn returns true at once. Throws Error(cancelled)
+  // when the job was cancelled, DeviceError when the gate's keeper is gone.
+  virtual bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) = 0;
+  // The iteration ended (or never started here after acquire): the turn goes back.
+  virtual void release(JobId job) = 0;
+  // Stops waiting (after an acquire that timed out); a held turn goes back.
+  virtual void withdraw(JobId job) = 0;
+  // The job left or was cancelled: the keeper forgets it. Never throws.
+  virtual void finish(JobId job, bool cancelled) noexcept = 0;
+};
+
+}  // namespace salus

@@ -1,0 +1,163 @@
+#include "remote/channel.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace salus::remote {
+namespace {
+
+constexpr std::size_t kMaxFds = 253;  // SCM_MAX_FD
+
+sockaddr_un address_of(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    throw InvalidArgument(fmt::format("socket path '{}' is empty or longer than {} bytes", path,
+                                      sizeof(addr.sun_path) - 1));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+UniqueFd seqpacket_socket() {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) sim::throw_errno("socket", errno, "salusd socket");
+  return fd;
+}
+
+// Takes ownership of every descriptor in the control messages of `msg`.
+std::vector<UniqueFd> take_fds(msghdr& msg) {
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < n; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  return fds;
+}
+
+}  // namespace
+
+void Channel::send(std::span<const std::byte> record, std::span<const int> fds) const {
+  if (fds.size() > kMaxFds) {
+    throw InvalidArgument(fmt::format("a record may carry {} descriptors, not {}", kMaxFds,
+                                      fds.size()));
+  }
+  iovec iov{const_cast<std::byte*>(record.data()), record.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control;
+  if (!fds.empty()) {
+    control.resize(CMSG_SPACE(fds.size_bytes()));
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size_bytes());
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size_bytes());
+  }
+  for (;;) {
+    if (::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL) >= 0) return;
+    if (errno != EINTR) sim::throw_errno("sendmsg", errno, "salusd connection");
+  }
+}
+
+std::optional<Received> Channel::receive() const {
+  std::vector<std::byte> buffer(kMaxRecordBytes);
+  std::array<char, CMSG_SPACE(kMaxFds * sizeof(int))> control{};
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  ssize_t n = -1;
+  do {
+    n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == ECONNRESET || errno == EBADF || errno == ENOTCONN) return std::nullopt;
+    sim::throw_errno("recvmsg", errno, "salusd connection");
+  }
+  std::vector<UniqueFd> fds = take_fds(msg);  // owned now: closed on any throw below
+  if (n == 0) return std::nullopt;  // records are never empty: the peer is gone
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    throw ProtocolError(fmt::format("a record longer than {} bytes or with more than {} "
+                                    "descriptors was cut",
+                                    kMaxRecordBytes, kMaxFds));
+  }
+  buffer.resize(static_cast<std::size_t>(n));
+  Received out;
+  out.record.header = decode_header(buffer);
+  out.record.body.assign(buffer.begin() + sizeof(Header), buffer.end());
+  out.fds = std::move(fds);
+  return out;
+}
+
+void Channel::shutdown() const noexcept {
+  (void)::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+PeerCredentials Channel::peer() const {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    sim::throw_errno("getsockopt(SO_PEERCRED)", errno, "salusd connection");
+  }
+  return {cred.pid, cred.uid, cred.gid};
+}
+
+UniqueFd connect_to(const std::string& path) {
+  const sockaddr_un addr = address_of(path);
+  UniqueFd fd = seqpacket_socket();
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    const char* hint = err == ENOENT || err == ECONNREFUSED ? "is salusd running?"
+                       : err == EACCES                      ? "the socket is not yours"
+                                                            : "";
+    throw DeviceError("connect", fmt::format("errno {}", err), err,
+                      fmt::format("cannot reach salusd at '{}': {} ({})", path,
+                                  std::strerror(err), hint));
+  }
+  return fd;
+}
+
+UniqueFd listen_at(const std::string& path, unsigned mode) {
+  const sockaddr_un addr = address_of(path);
+  UniqueFd fd = seqpacket_socket();
+  // Created owner-only (umask), then widened if asked: never briefly open to others.
+  const mode_t old = ::umask(0077);
+  const int bound = ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::umask(old);
+  if (bound != 0) sim::throw_errno("bind", err, path);
+  if (::chmod(path.c_str(), mode) != 0) sim::throw_errno("chmod", errno, path);
+  if (::listen(fd.get(), 64) != 0) sim::throw_errno("listen", errno, path);
+  return fd;
+}
+
+std::string default_socket_path() {
+  if (const char* env = std::getenv("SALUS_SOCKET"); env != nullptr && *env != '\0') return env;
+  if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run != nullptr && *run != '\0') {
+    return fmt::format("{}/salusd.sock", run);
+  }
+  return fmt::format("/tmp/salusd-{}.sock", ::getuid());
+}
+
+}  // namespace salus::remote

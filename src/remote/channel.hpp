@@ -1,0 +1,61 @@
+// Unix sockets for salusd and its clients: SOCK_SEQPACKET, so a record arrives whole or not at
+// all and its descriptors (SCM_RIGHTS) arrive with it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/sim_backend.hpp"  // UniqueFd
+#include "remote/protocol.hpp"
+
+namespace salus::remote {
+
+using sim::UniqueFd;
+
+struct Received {
+  Record record;
+  std::vector<UniqueFd> fds;
+};
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// One connected socket. send() may be called from several threads at once (a record is sent in
+// one sendmsg, which the kernel keeps whole); receive() from one thread at a time.
+class Channel {
+ public:
+  explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+
+  // Sends one record with `fds` attached (the kernel duplicates them; the caller still owns them).
+  // Throws DeviceError naming the errno when the peer is gone or the socket fails.
+  void send(std::span<const std::byte> record, std::span<const int> fds = {}) const;
+  // The next record, or nullopt when the peer closed the connection. A malformed record (too
+  // long, cut, bad header) throws ProtocolError; its descriptors are closed.
+  std::optional<Received> receive() const;
+  // Ends both directions: a receive() blocked on another thread returns nullopt.
+  void shutdown() const noexcept;
+  [[nodiscard]] PeerCredentials peer() const;
+  [[nodiscard]] int fd() const noexcept { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+};
+
+// A client's socket connected to `path`. Throws DeviceError naming the path and the reason.
+UniqueFd connect_to(const std::string& path);
+// A listening socket bound at `path` (which must not exist) with permissions `mode`.
+UniqueFd listen_at(const std::string& path, unsigned mode);
+
+// The per-user default socket: $SALUS_SOCKET, else $XDG_RUNTIME_DIR/salusd.sock, else
+// /tmp/salusd-<uid>.sock.
+std::string default_socket_path();
+
+}  // namespace salus::remote

@@ -1,0 +1,73 @@
+// Runtime::connect: a runtime of this process whose turns and GPU pages come from salusd.
+#include <fmt/format.h>
+
+#include "iteration_sched/runtime_access.hpp"
+#include "memory/safe_points.hpp"
+#include "remote/channel.hpp"
+#include "remote/daemon_link.hpp"
+#include "remote/remote_backend.hpp"
+#include "remote/remote_turns.hpp"
+#include "salus/cuda.hpp"
+#include "salus/runtime.hpp"
+#include "salus/sim.hpp"
+
+namespace salus {
+namespace {
+
+// This process's own backend, of the daemon's kind: its GPU memory will be the daemon's pages.
+std::shared_ptr<DeviceBackend> local_backend(const remote::Welcome& welcome) {
+  if (welcome.device_count == 0 || welcome.device_count > remote::kMaxDevices) {
+    throw DeviceError("salusd", "SALUSD_PROTOCOL", 0,
+                      fmt::format("salusd reports {} devices", welcome.device_count));
+  }
+  if (welcome.backend == remote::BackendKind::cuda) return make_cuda_backend();
+  SimConfig config = SimConfig::uniform(static_cast<int>(welcome.device_count));
+  for (std::size_t d = 0; d < config.devices.size(); ++d) {
+    config.devices[d].memory_bytes = welcome.device_bytes[d];
+    config.devices[d].granularity = welcome.page_bytes;
+  }
+  return make_sim_backend(std::move(config));
+}
+
+// Another process is short of pages on `want.device`: this one gives back what it holds and
+// does not use (cached and spare pages); with spilling on, and while that is not enough, the
+// pages of its jobs that wait for a turn go to its host memory first (they come home when the
+// job's turn comes, in its begin_iteration).
+void give_back(Runtime& runtime, remote::RemoteBackend& backend, const remote::PageCount& want,
+               bool spill) {
+  if (want.device < 0 || want.device >= runtime.device_count()) return;
+  (void)runtime.memory().trim(want.device);
+  std::size_t given = backend.give_back(want.device);
+  if (!spill || given >= want.count) return;
+  if (memory::demote_quiescent(runtime.memory(), want.device, want.count - given) == 0) return;
+  (void)runtime.memory().trim(want.device);
+  (void)backend.give_back(want.device);
+}
+
+}  // namespace
+
+std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
+  auto link = std::make_shared<remote::DaemonLink>(
+      socket_path.empty() ? remote::default_socket_path() : socket_path);
+  const remote::Welcome& welcome = link->welcome();
+  auto backend = std::make_shared<remote::RemoteBackend>(local_backend(welcome), link);
+  RuntimeOptions options;
+  // The daemon decides between processes; this process's own scheduler orders its own jobs
+  // within the turns it is given, by the same policy.
+  options.policy = remote::name_of(welcome.policy, "welcome policy");
+  const bool spill = welcome.spill == remote::Spill::host;
+  if (spill) options.memory.harvest.spill = SpillPolicy::host_only;
+  auto runtime =
+      RuntimeAccess::make(backend, std::move(options), std::make_shared<remote::RemoteTurns>(link));
+  // Weak references: the link's handler thread must not keep the runtime alive.
+  link->on_reclaim([weak_runtime = std::weak_ptr<Runtime>(runtime),
+                    weak_backend = std::weak_ptr<remote::RemoteBackend>(backend),
+                    spill](const remote::PageCount& want) {
+    auto runtime_now = weak_runtime.lock();
+    auto backend_now = weak_backend.lock();
+    if (runtime_now && backend_now) give_back(*runtime_now, *backend_now, want, spill);
+  });
+  return runtime;
+}
+
+}  // namespace salus

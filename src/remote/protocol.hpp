@@ -1,0 +1,215 @@
+// The wire protocol between salusd and its clients.
+//
+// One message is one SOCK_SEQPACKET record: a fixed Header, then the body of its type. Bodies are
+// fixed-size structs of fixed-width fields; the two page lists are a fixed part followed by
+// `count` entries. File descriptors (pages) ride on the record as SCM_RIGHTS.
+//
+// Why structs and not a serialization library (CBOR, protobuf, flatbuffers): every message is a
+// handful of integers and one short name, both ends are this library at one version on one
+// machine (the daemon refuses any other version at hello), and the decoder must be small enough to
+// fuzz to exhaustion. A struct is checked by its exact size, one bounds check per string and the
+// page count; there is no parse tree to get wrong. The same reasons made the C ABI use sized structs.
+// Both ends are one host, so the byte order is the host's.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "salus/error.hpp"
+
+namespace salus::remote {
+
+inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order: a salus record
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kMaxRecordBytes = 16 * 1024;
+// Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD).
+inline constexpr std::uint32_t kMaxPagesPerBatch = 240;
+inline constexpr std::size_t kMaxDevices = 16;
+inline constexpr std::size_t kNameBytes = 64;
+inline constexpr std::size_t kMessageBytes = 480;
+
+enum class MessageType : std::uint16_t {
+  hello = 1,        // client -> daemon, first: Hello
+  welcome,          // reply: Welcome
+  add_job,          // AddJob -> JobAdded
+  job_added,
+  begin_iteration,  // JobCall (timeout_ns < 0: wait as long as it takes) -> Turn
+  turn,
+  end_iteration,    // JobCall -> Done
+  withdraw,         // JobCall -> Done
+  finish_job,       // JobCall (flag: cancelled) -> Done
+  take_pages,       // PageCount -> Pages (with one descriptor per distinct file)
+  pages,
+  give_pages,       // PageIds + ids -> Done
+  reclaim,          // daemon -> client, unasked (seq 0): PageCount it would like back
+  status,           // empty -> StatusText
+  status_text,
+  done,             // empty
+  failure,          // Failure: the request was refused
+};
+inline constexpr std::uint16_t kLastMessageType = static_cast<std::uint16_t>(MessageType::failure);
+
+[[nodiscard]] std::string_view to_string(MessageType type) noexcept;
+
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kProtocolVersion;
+  std::uint16_t type = 0;
+  std::uint64_t seq = 0;  // a reply carries its request's; an unasked message 0
+  std::uint32_t body_bytes = 0;
+  std::uint32_t reserved = 0;
+};
+
+struct Hello {
+  std::uint32_t pid = 0;  // for the log only: the daemon believes SO_PEERCRED
+  std::uint32_t reserved = 0;
+  std::array<char, kNameBytes> name{};
+};
+
+enum class BackendKind : std::uint32_t { sim = 0, cuda = 1 };
+
+// What a waiting process does with its pages when another one needs them (salusd --spill).
+enum class Spill : std::uint32_t { none = 0, host = 1 };
+
+struct Welcome {
+  std::uint32_t device_count = 0;
+  BackendKind backend = BackendKind::sim;
+  std::uint64_t page_bytes = 0;
+  Spill spill = Spill::none;
+  std::uint32_t reserved = 0;
+  std::uint64_t process_limit_bytes = 0;  // 0: none
+  std::array<std::uint64_t, kMaxDevices> device_bytes{};
+  std::array<char, kNameBytes> policy{};
+};
+
+struct AddJob {
+  std::array<char, kNameBytes> name{};
+  std::uint32_t kind = 0;  // JobKind
+  std::int32_t priority = 0;
+  std::int32_t device = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t expected_iterations = 0;
+  std::uint64_t persistent_hint = 0;
+  std::uint64_t ephemeral_hint = 0;
+  double iteration_seconds_hint = 0.0;
+  std::uint64_t limit_total = 0;  // 0: none
+};
+
+struct JobAdded {
+  std::uint64_t job = 0;  // the daemon's id of the job
+};
+
+struct JobCall {
+  std::uint64_t job = 0;
+  std::int64_t timeout_ns = -1;
+  std::uint32_t flag = 0;
+  std::uint32_t reserved = 0;
+};
+
+struct Turn {
+  std::uint64_t job = 0;
+  std::uint32_t admitted = 0;  // 0: the timeout passed first
+  std::uint32_t reserved = 0;
+};
+
+struct PageCount {
+  std::int32_t device = 0;
+  std::uint32_t count = 0;
+};
+
+// A page id names its device in the top byte (the daemon numbers each device's pages apart).
+constexpr std::uint64_t page_id(int device, std::uint64_t serial) {
+  return (static_cast<std::uint64_t>(device) << 56) | (serial & ((std::uint64_t{1} << 56) - 1));
+}
+constexpr int device_of_page(std::uint64_t id) { return static_cast<int>(id >> 56); }
+
+// One page of a Pages message: page `id` lies at `offset` of descriptor `fd_index` of the record.
+struct PageEntry {
+  std::uint64_t id = 0;
+  std::uint64_t offset = 0;
+  std::uint32_t fd_index = 0;
+  std::uint32_t reserved = 0;
+};
+
+struct Failure {
+  std::uint32_t code = 0;  // salus::Errc
+  std::uint32_t reserved = 0;
+  std::array<char, kMessageBytes> message{};
+};
+
+// A protocol violation: what was wrong with a record. The daemon answers it with a Failure or
+// drops the client; a client treats it as the daemon's failure.
+class ProtocolError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+// A record as received: its header, its body bytes and the descriptors that came with it.
+struct Record {
+  Header header;
+  std::vector<std::byte> body;
+  [[nodiscard]] MessageType type() const { return static_cast<MessageType>(header.type); }
+};
+
+// Checks a received record's header against its length: magic, version, a known type, and a body
+// of the size its type allows. Throws ProtocolError naming what is wrong.
+Header decode_header(std::span<const std::byte> record);
+
+// The body of `record` as T, which must be its exact size (ProtocolError otherwise).
+template <class T>
+T body_as(const Record& record) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T out;
+  if (record.body.size() != sizeof(T)) {
+    throw ProtocolError(std::string(to_string(record.type())) + ": body of " +
+                        std::to_string(record.body.size()) + " bytes, expected " +
+                        std::to_string(sizeof(T)));
+  }
+  std::memcpy(&out, record.body.data(), sizeof(T));
+  return out;
+}
+
+// A list message: the fixed part T, then its count's entries E. Checks count <= the batch limit
+// and the body's size against it.
+template <class T, class E>
+T list_body(const Record& record, std::vector<E>& entries);
+
+// A fixed-size name field as a string: it must hold a NUL (ProtocolError naming `what`).
+std::string name_of(std::span<const char> field, std::string_view what);
+// Copies `text` into a fixed-size field, cut to fit with its NUL.
+void set_name(std::span<char> field, std::string_view text);
+
+// Encodes a record: header (seq, type, body size) and body.
+std::vector<std::byte> encode_body(MessageType type, std::uint64_t seq,
+                                  std::span<const std::byte> body);
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+std::vector<std::byte> encode(MessageType type, std::uint64_t seq, const T& body) {
+  return encode_body(type, seq, std::as_bytes(std::span(&body, 1)));
+}
+// A list message's body: the fixed part, then the entries.
+template <class T, class E>
+std::vector<std::byte> pack_list(const T& head, std::span<const E> entries) {
+  std::vector<std::byte> body(sizeof(T) + entries.size_bytes());
+  std::memcpy(body.data(), &head, sizeof(T));
+  if (!entries.empty()) std::memcpy(body.data() + sizeof(T), entries.data(), entries.size_bytes());
+  return body;
+}
+template <class T, class E>
+std::vector<std::byte> encode_list(MessageType type, std::uint64_t seq, const T& head,
+                                   std::span<const E> entries) {
+  return encode_body(type, seq, pack_list(head, entries));
+}
+
+// A Failure for `code` and `message`; and back again, as the typed exception it stands for.
+Failure failure_of(Errc code, std::string_view message);
+[[noreturn]] void throw_failure(const Failure& failure, std::string_view call);
+
+}  // namespace salus::remote

@@ -1,0 +1,167 @@
+// A client process for the salusd tests: connects, adds one job, runs iterations that allocate,
+// write a pattern through work queued on its stream, free on the host while that work is still
+// queued, and check every byte afterwards. It writes one line per event to --log, so that the test
+// can tell when its iterations ran (and kill it at a chosen moment).
+//
+//   salus_client --socket S --name N [--iterations K] [--persistent-mib P] [--ephemeral-mib E]
+//                [--priority Q] [--iteration-ms T] --log FILE
+// Exit status: 0 all iterations done and every byte checked; 2 a byte was wrong; 3 an error
+// (its message on stderr and in the log as "error <code> <text>").
+#include <fmt/format.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "salus/runtime.hpp"
+
+namespace {
+
+struct Args {
+  std::string socket, name = "client", log;
+  int iterations = 5, priority = 0, iteration_ms = 20;
+  std::size_t persistent_mib = 4, ephemeral_mib = 8;
+  bool weights_in_iteration = false;  // made in the first iteration (as optimizer state is)
+  bool empty = false;  // iterations that do nothing: turns only (the switch benchmark's partner)
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--socket") a.socket = v;
+    else if (k == "--name") a.name = v;
+    else if (k == "--log") a.log = v;
+    else if (k == "--iterations") a.iterations = std::stoi(v);
+    else if (k == "--priority") a.priority = std::stoi(v);
+    else if (k == "--iteration-ms") a.iteration_ms = std::stoi(v);
+    else if (k == "--persistent-mib") a.persistent_mib = std::stoul(v);
+    else if (k == "--ephemeral-mib") a.ephemeral_mib = std::stoul(v);
+    else if (k == "--weights-in-iteration") a.weights_in_iteration = v == "1";
+    else if (k == "--empty") a.empty = v == "1";
+  }
+  return a;
+}
+
+double now_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+std::FILE* g_log = nullptr;
+void note(const std::string& line) {
+  std::fprintf(g_log, "%.6f %s\n", now_seconds(), line.c_str());
+  std::fflush(g_log);
+}
+
+unsigned char pattern(unsigned seed, std::size_t i) {
+  return static_cast<unsigned char>((seed * 131u + i * 7u) & 0xff);
+}
+
+// Writes the pattern into [p, p + n) from the stream, after a pause: the write is still queued
+// when the host frees the block.
+void queue_fill(salus::Runtime& rt, salus::StreamHandle s, salus::DevicePtr p, std::size_t n,
+                unsigned seed) {
+  rt.backend().launch_host_func(s, [p, n, seed] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    auto* bytes = reinterpret_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = pattern(seed, i);
+  });
+}
+
+bool check(salus::DevicePtr p, std::size_t n, unsigned seed) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bytes[i] != pattern(seed, i)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  g_log = std::fopen(a.log.c_str(), "a");
+  if (g_log == nullptr) return 3;
+  constexpr std::size_t MiB = 1 << 20;
+  try {
+    auto rt = salus::Runtime::connect(a.socket);
+    note("connected");
+    salus::JobSpec spec;
+    spec.name = a.name;
+    spec.priority = a.priority;
+    salus::Job job = rt->add_job(spec);
+    if (a.empty) {
+      for (int it = 0; it < a.iterations; ++it) {
+        (void)job.begin_iteration();
+        job.end_iteration();
+      }
+      note("done");
+      return 0;
+    }
+    // Persistent state, filled once and checked at the end: made before the first iteration, or
+    // in it (where it takes a turn: memory the other processes give up for it).
+    unsigned seed = static_cast<unsigned>(::getpid());
+    const std::size_t weight_bytes = a.persistent_mib * MiB;
+    salus::DevicePtr weights = 0;
+    auto make_weights = [&] {
+      weights = job.allocate(weight_bytes, salus::Lifetime::persistent);
+      auto* bytes = reinterpret_cast<unsigned char*>(weights);
+      for (std::size_t i = 0; i < weight_bytes; ++i) bytes[i] = pattern(seed, i);
+    };
+    if (!a.weights_in_iteration) make_weights();
+    for (int it = 0; it < a.iterations; ++it) {
+      const salus::StreamHandle s = job.begin_iteration();
+      note(fmt::format("begin {}", it));
+      if (weights == 0) make_weights();
+      // The weights must be intact at every turn, wherever their pages spent the wait.
+      if (!check(weights, weight_bytes, seed)) {
+        note(fmt::format("corrupt weights at {}", it));
+        return 2;
+      }
+      // Ephemeral: two halves live at once (the iteration's peak); the first is freed with its
+      // fill still queued and its space taken again at once by a third block, whose fill is
+      // ordered behind the first's on the stream. Both survivors are checked once it has run.
+      const std::size_t half = a.ephemeral_mib * MiB / 2;
+      const salus::DevicePtr first = job.allocate(half);
+      queue_fill(*rt, s, first, half, seed + 1000);
+      const salus::DevicePtr act = job.allocate(half);
+      queue_fill(*rt, s, act, half, seed + it);
+      job.deallocate(first);  // its fill is still queued
+      const salus::DevicePtr again = job.allocate(half);
+      queue_fill(*rt, s, again, half, seed + 2000 + it);
+      queue_fill(*rt, s, weights, weight_bytes, seed);
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.iteration_ms));
+      rt->backend().synchronize_stream(s);
+      if (!check(act, half, seed + it) || !check(again, half, seed + 2000 + it)) {
+        note("corrupt activation");
+        return 2;
+      }
+      job.deallocate(act);
+      job.deallocate(again);
+      note(fmt::format("end {}", it));
+      job.end_iteration();
+    }
+    if (!check(weights, weight_bytes, seed)) {
+      note("corrupt weights");
+      return 2;
+    }
+    const salus::JobStats stats = job.stats();
+    note(fmt::format("moves fetched {} activations_after_move {}", stats.memory.fetched_bytes,
+                     stats.memory.activations_after_move));
+    job.deallocate(weights);
+    note("done");
+    return 0;
+  } catch (const salus::Error& e) {
+    note(fmt::format("error {} {}", salus::to_string(e.code()), e.what()));
+    std::fprintf(stderr, "salus_client %s: %s\n", a.name.c_str(), e.what());
+    return 3;
+  }
+}
