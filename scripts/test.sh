@@ -153,7 +153,11 @@ else
 fi
 
 # --- 4. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
-SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF -DSALUS_BUILD_TORCH=OFF)
+# -O1 and line tables only (the usual sanitizer build): about half the compile time of -O2 -g
+# under ASan+UBSan (27.7 s -> 13.7 s for tests/test_runtime.cpp), with file:line in every report.
+SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF -DSALUS_BUILD_TORCH=OFF
+                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+                "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
   log "build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer"
   mkdir -p build-asan
@@ -188,7 +192,7 @@ if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
     mkdir -p build-tsan
     if configure_and_build build-tsan "${SANITIZER_ARGS[@]}" -DSALUS_SANITIZE=thread; then
       TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime|CApi|CProgram|FrameworkStream|CudaStreamRules|Soak|Salusd'
+        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime|CApi|CProgram|FrameworkStream|CudaStreamRules|Soak|Salusd\.(TwoProcesses|ProcessesLarger|AClientKilledInside|ADeadDaemon)'
     else
       fail "build-tsan/ did not build"
     fi

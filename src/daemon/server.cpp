@@ -54,12 +54,12 @@ Server::Server(Coordinator& coordinator, ServerOptions options)
 
 Server::~Server() {
   stop();
-  std::vector<std::thread> threads;
+  std::vector<Connection> connections;
   {
     std::lock_guard lock(mu_);
-    threads.swap(threads_);
+    connections.swap(connections_);
   }
-  for (std::thread& t : threads) t.join();
+  for (Connection& c : connections) c.thread.join();
   ::unlink(options_.socket_path.c_str());
 }
 
@@ -68,7 +68,7 @@ void Server::stop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
-    channels = channels_;
+    for (const Connection& c : connections_) channels.push_back(c.channel);
   }
   const std::uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
@@ -86,11 +86,26 @@ void Server::run() {
     remote::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (fd.get() < 0) continue;  // the peer gave up meanwhile
     auto channel = std::make_shared<remote::Channel>(std::move(fd));
+    auto done = std::make_shared<std::atomic<bool>>(false);
     std::lock_guard lock(mu_);
     if (stopping_) return;
-    channels_.push_back(channel);
-    threads_.emplace_back([this, channel] { serve(channel); });
+    reap_finished();
+    connections_.push_back({channel, std::thread([this, channel, done] {
+                              serve(channel);
+                              done->store(true);
+                            }),
+                            done});
   }
+}
+
+void Server::reap_finished() {
+  // A long-lived daemon sees many connections come and go (a trial a process): their threads
+  // are joined here, not kept until shutdown.
+  std::erase_if(connections_, [](Connection& c) {
+    if (!c.done->load()) return false;
+    c.thread.join();
+    return true;
+  });
 }
 
 std::optional<std::string> Server::refusal(const remote::PeerCredentials& peer) const {
@@ -102,7 +117,13 @@ std::optional<std::string> Server::refusal(const remote::PeerCredentials& peer) 
 }
 
 void Server::serve(std::shared_ptr<remote::Channel> channel) {
-  const remote::PeerCredentials peer = channel->peer();
+  remote::PeerCredentials peer;
+  try {
+    peer = channel->peer();
+  } catch (const std::exception& e) {
+    spdlog::warn("a connection without credentials was dropped: {}", e.what());
+    return;
+  }
   if (auto why = refusal(peer)) {
     spdlog::warn("refused a connection: {}", *why);
     try {
@@ -126,8 +147,6 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
     channel->shutdown();
     coordinator_.close_session(id);
   }
-  std::lock_guard lock(mu_);
-  std::erase(channels_, channel);
 }
 
 }  // namespace salus::daemon

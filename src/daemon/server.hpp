@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,9 +47,15 @@ class Server {
   remote::UniqueFd listener_;
   remote::UniqueFd wake_;  // an eventfd: stop() writes it, run() polls it
 
+  struct Connection {
+    std::shared_ptr<remote::Channel> channel;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;  // its thread has returned: join it
+  };
+  void reap_finished();  // with mu_ held
+
   std::mutex mu_;  // guards the two below
-  std::vector<std::shared_ptr<remote::Channel>> channels_;
-  std::vector<std::thread> threads_;
+  std::vector<Connection> connections_;
   bool stopping_ = false;
 };
 
