@@ -71,8 +71,13 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
       // The device may hold less than its nominal size (other processes, fragmentation in the
       // driver): treat its refusal as the real limit and let the caller reclaim or fail cleanly.
       if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") {
-        t_driver_refusal = fmt::format("the driver refused {} at {}: {}", e.call(),
-                                       to_string(where_), e.status());
+        // With the refusal's own detail where it has one (salusd says why it had no page).
+        const std::string what = e.what();
+        const std::size_t head =
+            fmt::format("{} failed: {} ({})", e.call(), e.status(), e.status_code()).size();
+        t_driver_refusal = fmt::format("the driver refused {} at {}: {}{}", e.call(),
+                                       to_string(where_), e.status(),
+                                       what.size() > head ? what.substr(head) : "");
         break;
       }
       throw;

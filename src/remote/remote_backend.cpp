@@ -99,13 +99,23 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
     Received reply = link_->call(MessageType::take_pages, PageCount{device, kFetchBatch});
     std::vector<PageEntry> entries;
     (void)list_body<PageCount, PageEntry>(reply.record, entries);
-    for (const PageEntry& e : entries) {
-      if (e.fd_index >= reply.fds.size()) {
-        throw ProtocolError(fmt::format("page {} names descriptor {} of {}", e.id, e.fd_index,
-                                        reply.fds.size()));
+    std::size_t imported = 0;
+    try {
+      for (const PageEntry& e : entries) {
+        if (e.fd_index >= reply.fds.size()) {
+          throw ProtocolError(fmt::format("page {} names descriptor {} of {}", e.id, e.fd_index,
+                                          reply.fds.size()));
+        }
+        const SharedChunk shared{reply.fds[e.fd_index].get(), e.offset, page_bytes_};
+        got.emplace_back(local_->import_chunk(Location::gpu(device), shared), e.id);
+        ++imported;
       }
-      const SharedChunk shared{reply.fds[e.fd_index].get(), e.offset, page_bytes_};
-      got.emplace_back(local_->import_chunk(Location::gpu(device), shared), e.id);
+    } catch (const Error&) {
+      // The pages this process could not take are the daemon's again at once.
+      std::vector<std::uint64_t> back;
+      for (std::size_t i = imported; i < entries.size(); ++i) back.push_back(entries[i].id);
+      send_returns(device, back, false);
+      if (got.empty()) throw;
     }
   } catch (const Error& e) {
     refusal = e.what();

@@ -373,6 +373,9 @@ TEST_F(Salusd, TheProcessLimitHolds) {
   const pid_t c = client("c", {"--persistent-mib", "16"});
   EXPECT_EQ(wait_for(c), 3);
   EXPECT_NE(read_file(log("c")).find("error out of memory"), std::string::npos) << read_file(log("c"));
+  // The error says which limit: the daemon's reason reaches the client's OutOfMemory.
+  EXPECT_NE(read_file(log("c")).find("its limit is 8388608 bytes"), std::string::npos)
+      << read_file(log("c"));
   // Within its limit, a process works.
   const pid_t d = client("d", {"--persistent-mib", "2", "--ephemeral-mib", "4"});
   EXPECT_EQ(wait_for(d), 0) << read_file(log("d"));
