@@ -13,6 +13,8 @@ using remote::MessageType;
 
 namespace {
 
+constexpr std::size_t kMaxJobsPerProcess = 256;
+
 RuntimeOptions runtime_options(const CoordinatorOptions& o) {
   RuntimeOptions r;
   r.policy = o.policy;
@@ -166,6 +168,14 @@ void Coordinator::on_add_job(Session& s, const remote::Record& record) {
   spec.expected_iterations = a.expected_iterations;
   spec.hints = {a.persistent_hint, a.ephemeral_hint, a.iteration_seconds_hint};
   if (a.limit_total != 0) spec.limits.total = a.limit_total;
+  {
+    // Each job costs the daemon a record for good: one process may not make it keep unbounded.
+    std::lock_guard lock(mu_);
+    if (s.jobs.size() >= kMaxJobsPerProcess) {
+      throw InvalidArgument(fmt::format("add_job: a process may have {} jobs at once",
+                                        kMaxJobsPerProcess));
+    }
+  }
   auto job = std::make_shared<Job>(runtime_.add_job(std::move(spec)));
   const remote::JobAdded added{job->id().value};
   {
