@@ -7,12 +7,16 @@
 # examples/pytorch_sharing.py) through .venv. Ends with the summary lines again.
 # Without a GPU it says so and exits 0. Exits non-zero if any step failed.
 #
-# Environment: SALUS_JOBS (build parallelism, default 2).
+# Environment: SALUS_JOBS (build parallelism, default 2). SALUS_GPU_PREBUILT=1 skips set-up and
+# the build and uses the build-gpu/ that is there (a GPU machine with no network, given a tree
+# built elsewhere); SALUS_GPU_PYTHON names the Python to use (default .venv/bin/python), which
+# must import salus and a CUDA build of torch.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 JOBS=${SALUS_JOBS:-2}
 BUILD=build-gpu
-PY=.venv/bin/python
+PY=${SALUS_GPU_PYTHON:-.venv/bin/python}
+PREBUILT=${SALUS_GPU_PREBUILT:-0}
 
 log() { printf '\n[gpu-check] %s\n' "$*"; }
 
@@ -37,19 +41,24 @@ step() {
   fi
 }
 
-./scripts/setup.sh </dev/null
-
+if [[ $PREBUILT == 1 ]]; then
+  [[ -x $BUILD/tests/salus_tests ]] || { echo "[gpu-check] SALUS_GPU_PREBUILT=1 but no $BUILD/"; exit 1; }
+  log "using the prebuilt $BUILD/ (no set-up, no build)"
+else
+  ./scripts/setup.sh </dev/null
+  log "configure and build $BUILD/"
+  mkdir -p "$BUILD"
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSALUS_BUILD_BENCHMARKS=OFF \
+    >"$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+  cmake --build "$BUILD" -j "$JOBS"
+fi
 rm -f "$BUILD/gpu_checks.txt"
-log "configure and build $BUILD/"
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSALUS_BUILD_BENCHMARKS=OFF \
-  >"$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
-cmake --build "$BUILD" -j "$JOBS"
 
 # The CUDA backend's tests run against a fake driver (tests/support/fake_driver), so they check the
 # backend's logic, not the GPU; on a machine with a driver, the "no driver here" test skips itself
 # and the loader and linkage tests see the real libcuda.
 export SALUS_LIBSALUS_PATH=$PWD/$BUILD/src/libsalus.so
+export SALUSD=${SALUSD:-$PWD/$BUILD/src/salusd}  # the two_processes check and example use it
 step "C++ CUDA backend tests" ctest --test-dir "$BUILD" --output-on-failure --timeout 900 -R 'Cuda'
 
 # The C++ demos on the real GPU.
@@ -61,6 +70,10 @@ step "two_jobs_demo --cuda" "./$BUILD/examples/two_jobs_demo" --cuda --iteration
 # allocations exported as POSIX file descriptors and imported in each process.
 step "salusd: C programs take turns on the GPU" env SALUS_TEST_DAEMON_BACKEND=cuda \
   "./$BUILD/tests/salus_daemon_tests" --gtest_filter='Salusd.CProgramsTakeTurnsThroughTheCAbi'
+# The rest of the cross-process suite on the GPU: turns under fair and priority, activation pages
+# handed between processes, spilling to the host, clients killed at chosen moments, limits.
+step "salusd: the cross-process tests on the GPU" env SALUS_TEST_DAEMON_BACKEND=cuda \
+  "./$BUILD/tests/salus_daemon_tests" --gtest_filter='Salusd.*-Salusd.CProgramsTakeTurnsThroughTheCAbi'
 
 # PyTorch on the GPU through Salus: needs the project's venv with a CUDA build of torch.
 if [[ ! -x $PY ]] || ! "$PY" -c 'import salus.torch, torch' 2>/dev/null; then
@@ -78,6 +91,8 @@ else
     "$PY" -m pytest python_bindings/tests/test_gpu.py -v
   step "examples/pytorch_sharing.py on the GPU" "$PY" examples/pytorch_sharing.py \
     --iterations 20 --trace "$BUILD/salus_pytorch_trace_gpu.json"
+  # Two PyTorch scripts in two processes, CUDA tensors in pages salusd exported to them.
+  step "examples/two_processes on the GPU" env PYTHON="$PY" examples/two_processes/run.sh
 fi
 
 echo

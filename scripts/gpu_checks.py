@@ -32,6 +32,47 @@ class Check:
     needs_gpus: int = 1
 
 
+# The training script of the two_processes check: alone (argv[1] "alone") or a process of the
+# salusd at the socket argv[1]. Prints its weights' digest and its iterations' spans.
+TWO_PROCESS_TRAINER = """
+import hashlib, sys, time, torch
+from torch import nn
+import salus, salus.torch
+mode, steps = sys.argv[1], 12
+if mode != "alone":
+    rt = salus.connect(mode)
+    salus.torch.enable(rt)
+    job = rt.add_job("trainer")
+torch.manual_seed(0)
+torch.backends.cudnn.deterministic = True
+torch.backends.cudnn.benchmark = False
+model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(16 * 32 * 32, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(32, 3, 32, 32, generator=g).cuda()
+y = torch.randint(0, 10, (32,), generator=g).cuda()
+spans = []
+for _ in range(steps):
+    it = job.iteration() if mode != "alone" else None
+    if it is not None:
+        it.__enter__()
+    t0 = time.monotonic()
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    torch.cuda.current_stream().synchronize()
+    spans.append((t0, time.monotonic()))
+    if it is not None:
+        it.__exit__(None, None, None)
+d = hashlib.sha256()
+for p in model.parameters():
+    d.update(p.detach().cpu().numpy().tobytes())
+print(d.hexdigest(), ";".join(f"{a:.6f},{b:.6f}" for a, b in spans))
+"""
+
+
 CHECKS = [
     Check("kernels", """
         # PyTorch kernels write and read Salus memory; results match the CPU's.
@@ -148,6 +189,46 @@ CHECKS = [
         assert rt.device_stats(0).mapped == 0, rt.device_stats(0)
         print(f"memory_allocated {s.allocated} == Salus's; empty_cache unmapped everything")
     """),
+    Check("two_processes", """
+        # Two processes share the GPU through salusd (SALUSD, else the salusd beside this Python):
+        # their CUDA tensors live in pages the daemon exported to them, they take turns, and each
+        # trains to the same weights, bit for bit, as the same script alone without Salus.
+        import os, shutil, subprocess, sys, sysconfig, tempfile, time
+        salusd = (os.environ.get("SALUSD") or shutil.which("salusd", path=sysconfig.get_path("scripts"))
+                  or shutil.which("salusd"))
+        assert salusd, "no salusd binary: set SALUSD or pip install ."
+        train = TWO_PROCESS_TRAINER
+        tmp = tempfile.mkdtemp()
+        sock = os.path.join(tmp, "salusd.sock")
+        log = open(os.path.join(tmp, "salusd.log"), "w")
+        daemon = subprocess.Popen([salusd, "--socket", sock, "--backend", "cuda", "--memory",
+                                   "1GiB", "--policy", "fair", "--log-level", "warn"],
+                                  stdout=log, stderr=log)
+        try:
+            for _ in range(200):
+                if os.path.exists(sock): break
+                time.sleep(0.05)
+            alone = subprocess.run([sys.executable, "-c", train, "alone"], capture_output=True,
+                                   text=True, timeout=120)
+            assert alone.returncode == 0, alone.stderr
+            procs = [subprocess.Popen([sys.executable, "-c", train, sock], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            outs = [p.communicate(timeout=180) for p in procs]
+            for p, (out, err) in zip(procs, outs):
+                assert p.returncode == 0, err
+            want = alone.stdout.split()[0]
+            got = [out.split()[0] for out, _ in outs]
+            assert got == [want, want], (want, got)
+            spans = sorted(tuple(map(float, s.split(","))) for out, _ in outs
+                           for s in out.split()[1].split(";"))
+            for a, b in zip(spans, spans[1:]):
+                assert a[1] <= b[0], "two processes ran iterations at once"
+        finally:
+            daemon.terminate()
+            assert daemon.wait(timeout=20) == 0, open(os.path.join(tmp, "salusd.log")).read()
+        print("2 processes through salusd on the GPU: turns exclusive, weights equal to alone "
+              f"({want[:12]})")
+    """.replace("TWO_PROCESS_TRAINER", repr(TWO_PROCESS_TRAINER))),
     Check("two_gpus", """
         # Salus memory on GPU 0 read by GPU 1 (peer access grants) and copied back.
         rt = salus.Runtime("cuda", policy="fair", devices=2)

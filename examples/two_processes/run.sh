@@ -6,7 +6,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-$here/../../.venv/bin/python}
-salusd=$(dirname "$py")/salusd
+salusd=${SALUSD:-$(dirname "$py")/salusd}
 export SALUS_SOCKET=$(mktemp -u /tmp/salusd-example-XXXXXX.sock)
 "$salusd" --socket "$SALUS_SOCKET" --memory 2GiB --policy fair --log-level warn &
 daemon=$!
@@ -18,6 +18,9 @@ cnn=$!
 lstm=$!
 sleep 6  # both scripts have imported torch and are training by now
 "$salusd" --socket "$SALUS_SOCKET" --status || true
-wait $cnn
-wait $lstm
-echo "both scripts finished"
+# Each script's exit status counts; one that fails does not stop the other (nor its daemon).
+status=0
+wait $cnn || { status=$?; echo "train_cnn.py failed ($status)" >&2; }
+wait $lstm || { status=$?; echo "train_lstm.py failed ($status)" >&2; }
+((status == 0)) && echo "both scripts finished"
+exit $status

@@ -32,8 +32,9 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
       runtime_(backend_, runtime_options(options_)),
       page_bytes_(backend_->granularity(Location::gpu(0))) {
   for (int d = 0; d < backend_->device_count(); ++d) {
-    banks_.push_back(std::make_unique<PageBank>(*backend_, d, page_bytes_,
-                                                backend_->properties(d).total_memory));
+    std::size_t capacity = backend_->properties(d).total_memory;
+    if (options_.device_limit_bytes != 0) capacity = std::min(capacity, options_.device_limit_bytes);
+    banks_.push_back(std::make_unique<PageBank>(*backend_, d, page_bytes_, capacity));
   }
 }
 

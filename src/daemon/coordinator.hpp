@@ -29,6 +29,9 @@ namespace salus::daemon {
 struct CoordinatorOptions {
   std::string policy = "fair";
   std::size_t process_limit_bytes = 0;  // pages one process may hold; 0: no limit
+  // The most of each device the daemon hands out (a GPU it shares with programs that are not its
+  // clients); 0: all of it.
+  std::size_t device_limit_bytes = 0;
   // Whether a waiting process moves its jobs' pages to its host memory when another needs them.
   remote::Spill spill = remote::Spill::none;
   std::chrono::milliseconds reclaim_wait{2000};  // how long a short request waits for give-backs

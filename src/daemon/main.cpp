@@ -50,7 +50,7 @@ struct Args {
   std::string socket_path = salus::remote::default_socket_path();
   std::string backend = "auto";
   int devices = 1;
-  std::string memory = "8GiB";
+  std::string memory;  // "": 8GiB for a simulated GPU, all of a real one
   std::string process_limit = "0";
   std::string spill = "none";
   std::string group;
@@ -65,7 +65,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--backend", a.backend, "auto (CUDA when a GPU is present), cuda or sim")
       ->check(CLI::IsMember({"auto", "cuda", "sim"}));
   app.add_option("--devices", a.devices, "simulated GPUs (sim backend)")->check(CLI::Range(1, 16));
-  app.add_option("--memory", a.memory, "memory of each simulated GPU, e.g. 8GiB");
+  app.add_option("--memory", a.memory,
+                 "memory of each GPU the daemon hands out, e.g. 8GiB: a simulated GPU's size "
+                 "(default 8GiB), or the most of each real GPU (default all of it)");
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
   app.add_option("--process-limit", a.process_limit, "GPU bytes one process may hold (0: no limit)");
@@ -108,8 +110,15 @@ salus::daemon::ServerOptions server_options(const Args& a) {
 int serve(Args a, const sigset_t& stop_signals) {
   a.options.process_limit_bytes = parse_size(a.process_limit);
   a.options.spill = a.spill == "host" ? salus::remote::Spill::host : salus::remote::Spill::none;
-  salus::daemon::Coordinator coordinator(make_backend(a.backend, a.devices, parse_size(a.memory)),
-                                         a.options);
+  const std::size_t memory = a.memory.empty() ? 0 : parse_size(a.memory);
+  if (a.memory.empty() == false && memory == 0) {
+    throw salus::InvalidArgument(fmt::format("--memory '{}': a daemon with no memory serves nobody",
+                                             a.memory));
+  }
+  auto backend = make_backend(a.backend, a.devices, memory != 0 ? memory : 8 * salus::GiB);
+  // On a real GPU --memory caps what the daemon hands out (a simulated one is that size already).
+  if (backend->name() != "sim") a.options.device_limit_bytes = memory;
+  salus::daemon::Coordinator coordinator(std::move(backend), a.options);
   salus::daemon::Server server(coordinator, server_options(a));
   std::thread signals([&] {
     int sig = 0;

@@ -1,10 +1,8 @@
 #include "daemon/page_bank.hpp"
 
 #include <fmt/format.h>
-#include <sys/stat.h>
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 namespace salus::daemon {
@@ -99,22 +97,21 @@ std::string PageBank::inconsistency() const {
   return "";
 }
 
+// One descriptor per page, never shared between pages. The descriptors of one simulated device
+// are slices of one memfd, and sending each once would save descriptors; but a descriptor's file
+// (fstat's device and inode) does not tell which memory it names: every CUDA export is a
+// descriptor of the driver's control device, one inode for all of them (seen on an H100,
+// driver 580), so merging descriptors by file handed a process one physical page for a whole
+// batch. The importing process keeps one duplicate per file where the backend maps files
+// (the simulated backend's import), so the count it keeps stays small either way.
 PageBank::Batch PageBank::export_pages(const std::vector<std::uint64_t>& ids) {
   Batch batch;
-  std::map<std::pair<dev_t, ino_t>, std::uint32_t> index_of_file;
+  batch.entries.reserve(ids.size());
+  batch.fds.reserve(ids.size());
   for (const std::uint64_t id : ids) {
-    SharedChunk shared = backend_.export_chunk(pages_.at(id).chunk);
-    remote::UniqueFd fd(shared.fd);
-    struct stat st {};
-    std::uint32_t index = static_cast<std::uint32_t>(batch.fds.size());
-    if (::fstat(fd.get(), &st) == 0) {
-      auto [it, added] = index_of_file.emplace(std::pair(st.st_dev, st.st_ino), index);
-      index = it->second;
-      if (added) batch.fds.push_back(std::move(fd));
-    } else {
-      batch.fds.push_back(std::move(fd));
-    }
-    batch.entries.push_back({id, shared.offset, index, 0});
+    const SharedChunk shared = backend_.export_chunk(pages_.at(id).chunk);
+    batch.fds.emplace_back(shared.fd);
+    batch.entries.push_back({id, shared.offset, static_cast<std::uint32_t>(batch.fds.size() - 1), 0});
   }
   return batch;
 }

@@ -55,6 +55,11 @@ std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
   // The daemon decides between processes; this process's own scheduler orders its own jobs
   // within the turns it is given, by the same policy.
   options.policy = remote::name_of(welcome.policy, "welcome policy");
+  // What the daemon hands out of each device is this process's ceiling too (a simulated device
+  // is that size already; a real one may be larger than the daemon's --memory).
+  for (std::uint32_t d = 0; d < welcome.device_count; ++d) {
+    options.memory.device_limits.push_back(welcome.device_bytes[d]);
+  }
   const bool spill = welcome.spill == remote::Spill::host;
   if (spill) options.memory.harvest.spill = SpillPolicy::host_only;
   auto runtime =

@@ -18,6 +18,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <deque>
+#include <algorithm>
 
 #include "salus/runtime.hpp"
 
@@ -61,28 +63,66 @@ void note(const std::string& line) {
   std::fflush(g_log);
 }
 
+// The pattern repeats every kTile bytes: a fill writes one tile and copies it across the block.
+constexpr std::size_t kTile = 64 * 1024;
+
 unsigned char pattern(unsigned seed, std::size_t i) {
-  return static_cast<unsigned char>((seed * 131u + i * 7u) & 0xff);
+  return static_cast<unsigned char>((seed * 131u + (i % kTile) * 7u) & 0xff);
 }
 
-// Writes the pattern into [p, p + n) from the stream, after a pause: the write is still queued
-// when the host frees the block.
-void queue_fill(salus::Runtime& rt, salus::StreamHandle s, salus::DevicePtr p, std::size_t n,
-                unsigned seed) {
-  rt.backend().launch_host_func(s, [p, n, seed] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    auto* bytes = reinterpret_cast<unsigned char*>(p);
-    for (std::size_t i = 0; i < n; ++i) bytes[i] = pattern(seed, i);
-  });
-}
+// The job's bytes, written and read the same way on both backends. A fill is work queued on the
+// stream (a 2 ms pause, the pattern's first tile, then copies that double it across the block),
+// so that the host can free a block while its fill is still queued. Only the first tile crosses
+// from the host: on the simulated GPU, whose memory is the host's, a host function writes it; on
+// CUDA a copy from a host buffer does (small, so the driver stages it at once). A check reads the
+// block back once its stream has drained.
+class Bytes {
+ public:
+  explicit Bytes(salus::Runtime& rt) : rt_(rt), host_view_(rt.backend().name() == "sim") {}
 
-bool check(salus::DevicePtr p, std::size_t n, unsigned seed) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (bytes[i] != pattern(seed, i)) return false;
+  void fill(salus::StreamHandle s, salus::DevicePtr p, std::size_t n, unsigned seed) {
+    salus::DeviceBackend& b = rt_.backend();
+    const std::size_t first = std::min(n, kTile);
+    b.launch_host_func(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
+    if (host_view_) {
+      b.launch_host_func(s, [p, first, seed] {
+        auto* bytes = reinterpret_cast<unsigned char*>(p);
+        for (std::size_t i = 0; i < first; ++i) bytes[i] = pattern(seed, i);
+      });
+    } else {
+      auto& tile = tiles_.emplace_back(first);
+      for (std::size_t i = 0; i < first; ++i) tile[i] = pattern(seed, i);
+      b.copy_async(p, reinterpret_cast<salus::DevicePtr>(tile.data()), first, s);
+    }
+    for (std::size_t done = first; done < n; done *= 2) {
+      b.copy_async(p + done, p, std::min(done, n - done), s);
+    }
   }
-  return true;
-}
+
+  // Waits for the stream, then compares [p, p + n) with the pattern.
+  bool check(salus::StreamHandle s, salus::DevicePtr p, std::size_t n, unsigned seed) {
+    salus::DeviceBackend& b = rt_.backend();
+    b.synchronize_stream(s);
+    tiles_.clear();  // no copy reads them any more
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(p);
+    std::vector<unsigned char> back;
+    if (!host_view_) {
+      back.resize(n);
+      b.copy_async(reinterpret_cast<salus::DevicePtr>(back.data()), p, n, s);
+      b.synchronize_stream(s);
+      bytes = back.data();
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (bytes[i] != pattern(seed, i)) return false;
+    }
+    return true;
+  }
+
+ private:
+  salus::Runtime& rt_;
+  const bool host_view_;
+  std::deque<std::vector<unsigned char>> tiles_;  // host tiles that queued copies may still read
+};
 
 }  // namespace
 
@@ -110,11 +150,14 @@ int main(int argc, char** argv) {
     // in it (where it takes a turn: memory the other processes give up for it).
     unsigned seed = static_cast<unsigned>(::getpid());
     const std::size_t weight_bytes = a.persistent_mib * MiB;
+    Bytes bytes(*rt);
+    // Outside iterations the client's own stream fills and checks the weights.
+    const salus::StreamHandle side = rt->backend().create_stream(0, 0);
     salus::DevicePtr weights = 0;
     auto make_weights = [&] {
       weights = job.allocate(weight_bytes, salus::Lifetime::persistent);
-      auto* bytes = reinterpret_cast<unsigned char*>(weights);
-      for (std::size_t i = 0; i < weight_bytes; ++i) bytes[i] = pattern(seed, i);
+      bytes.fill(side, weights, weight_bytes, seed);
+      rt->backend().synchronize_stream(side);
     };
     if (!a.weights_in_iteration) make_weights();
     for (int it = 0; it < a.iterations; ++it) {
@@ -122,7 +165,7 @@ int main(int argc, char** argv) {
       note(fmt::format("begin {}", it));
       if (weights == 0) make_weights();
       // The weights must be intact at every turn, wherever their pages spent the wait.
-      if (!check(weights, weight_bytes, seed)) {
+      if (!bytes.check(s, weights, weight_bytes, seed)) {
         note(fmt::format("corrupt weights at {}", it));
         return 2;
       }
@@ -131,16 +174,15 @@ int main(int argc, char** argv) {
       // ordered behind the first's on the stream. Both survivors are checked once it has run.
       const std::size_t half = a.ephemeral_mib * MiB / 2;
       const salus::DevicePtr first = job.allocate(half);
-      queue_fill(*rt, s, first, half, seed + 1000);
+      bytes.fill(s, first, half, seed + 1000);
       const salus::DevicePtr act = job.allocate(half);
-      queue_fill(*rt, s, act, half, seed + it);
+      bytes.fill(s, act, half, seed + it);
       job.deallocate(first);  // its fill is still queued
       const salus::DevicePtr again = job.allocate(half);
-      queue_fill(*rt, s, again, half, seed + 2000 + it);
-      queue_fill(*rt, s, weights, weight_bytes, seed);
+      bytes.fill(s, again, half, seed + 2000 + it);
+      bytes.fill(s, weights, weight_bytes, seed);
       std::this_thread::sleep_for(std::chrono::milliseconds(a.iteration_ms));
-      rt->backend().synchronize_stream(s);
-      if (!check(act, half, seed + it) || !check(again, half, seed + 2000 + it)) {
+      if (!bytes.check(s, act, half, seed + it) || !bytes.check(s, again, half, seed + 2000 + it)) {
         note("corrupt activation");
         return 2;
       }
@@ -149,7 +191,7 @@ int main(int argc, char** argv) {
       note(fmt::format("end {}", it));
       job.end_iteration();
     }
-    if (!check(weights, weight_bytes, seed)) {
+    if (!bytes.check(side, weights, weight_bytes, seed)) {
       note("corrupt weights");
       return 2;
     }
@@ -157,6 +199,7 @@ int main(int argc, char** argv) {
     note(fmt::format("moves fetched {} activations_after_move {}", stats.memory.fetched_bytes,
                      stats.memory.activations_after_move));
     job.deallocate(weights);
+    rt->backend().destroy_stream(side);
     note("done");
     return 0;
   } catch (const salus::Error& e) {

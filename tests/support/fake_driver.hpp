@@ -51,9 +51,14 @@
 //
 // Sharing chunks (cuMemExportToShareableHandle, cuMemImportFromShareableHandle) uses real file
 // descriptors, so that they can be passed around (dup, SCM_RIGHTS, fork) like the driver's:
-//  - The first export of an allocation makes a memfd standing for it; every export returns a new
-//    duplicate of that memfd (the caller closes it). An import finds the allocation by the
-//    descriptor's file (fstat: st_dev, st_ino) and gives a new handle for it (or, with
+//  - Every exported descriptor is an open of one file, as every export of the driver is a
+//    descriptor of its control device: fstat (st_dev, st_ino) is the same for all of them and
+//    says nothing of which memory a descriptor names (a receiver that merged descriptors by file
+//    would map one allocation for many). The first export of an allocation opens that file anew
+//    and sets the new description's position to a serial of the allocation's; every export
+//    returns a duplicate of that description (the caller closes it), which keeps its position
+//    through dup, SCM_RIGHTS and fork. An import finds the allocation by that position and gives
+//    a new handle for it (or, with
 //    import_returns_held_handle, the allocation's own handle once more while that is live: the
 //    driver promises neither). Each handle needs its own cuMemRelease; the allocation is freed
 //    once every handle is released and the last mapping is gone. Mappings, bytes and chunk_at()

@@ -12,6 +12,7 @@
 // capture fails with CUDA_ERROR_STREAM_CAPTURE_ISOLATION; either invalidates the capture, and
 // end_capture then says so.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -47,6 +48,7 @@ FakeDriver::State::~State() {
   host_cv_.notify_all();
   host_thread_.join();
   for (auto& [handle, chunk] : chunks_) forget_export(chunk);  // leaked chunks leak no descriptor
+  if (export_file_ >= 0) ::close(export_file_);
 }
 
 void FakeDriver::State::dispatch(std::uint64_t id, Item& item) {

@@ -1,7 +1,8 @@
-// The fake driver's shareable handles (see "Sharing chunks" at the top of fake_driver.hpp): an
-// exported allocation is stood for by a memfd of the fake's, every export is a duplicate of it,
-// and an import finds the allocation again by the descriptor's file, so descriptors can travel as
-// real ones do (dup, SCM_RIGHTS, fork) and still name their allocation.
+// The fake driver's shareable handles (see "Sharing chunks" at the top of fake_driver.hpp): every
+// exported descriptor is an open of one memfd of the fake's, an exported allocation is stood for
+// by one open description whose position is its serial, every export is a duplicate of that
+// description, and an import finds the allocation again by the position. So descriptors travel as
+// real ones do (dup, SCM_RIGHTS, fork), name their allocation, and all look like one file.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <string>
 
 #include "support/fake_driver_state.hpp"
 
@@ -41,15 +43,16 @@ CUresult FakeDriver::State::mem_export_to_shareable_handle(void* shareable,
                // Only a handle type asked for at cuMemCreate can be exported.
                if (!chunk.exportable) return CUDA_ERROR_INVALID_VALUE;
                if (chunk.export_fd < 0) {
-                 const int fd = ::memfd_create("salus-fake-export", MFD_CLOEXEC);
-                 const auto id = file_of(fd);
-                 if (!id) {
-                   if (fd >= 0) ::close(fd);
+                 const int fd = open_export();
+                 if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+                 const std::uint64_t serial = next_export_serial_++;
+                 if (::lseek(fd, static_cast<off_t>(serial), SEEK_SET) < 0) {
+                   ::close(fd);
                    return CUDA_ERROR_OUT_OF_MEMORY;
                  }
                  chunk.export_fd = fd;
-                 chunk.export_id = *id;
-                 exports_[*id] = allocation;
+                 chunk.export_serial = serial;
+                 exports_[serial] = allocation;
                }
                const int fd = ::fcntl(chunk.export_fd, F_DUPFD_CLOEXEC, 0);
                if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -70,7 +73,12 @@ CUresult FakeDriver::State::mem_import_from_shareable_handle(CUmemGenericAllocat
                  return CUDA_ERROR_NOT_SUPPORTED;
                }
                const auto id = file_of(fd);
-               const auto found = id ? exports_.find(*id) : exports_.end();
+               if (!id || export_file_ < 0 || *id != export_file_id_) {
+                 return CUDA_ERROR_INVALID_VALUE;  // not one of ours
+               }
+               const off_t serial = ::lseek(fd, 0, SEEK_CUR);
+               const auto found =
+                   serial > 0 ? exports_.find(static_cast<std::uint64_t>(serial)) : exports_.end();
                if (found == exports_.end()) return CUDA_ERROR_INVALID_VALUE;
                const CUmemGenericAllocationHandle allocation = found->second;
                Chunk& chunk = chunks_.at(allocation);
@@ -86,10 +94,28 @@ CUresult FakeDriver::State::mem_import_from_shareable_handle(CUmemGenericAllocat
              });
 }
 
+// A new open description of the export file (made at the first export), or -1.
+int FakeDriver::State::open_export() {
+  if (export_file_ < 0) {
+    const int fd = ::memfd_create("salus-fake-nvidiactl", MFD_CLOEXEC);
+    const auto id = file_of(fd);
+    if (!id) {
+      if (fd >= 0) ::close(fd);
+      return -1;
+    }
+    export_file_ = fd;
+    export_file_id_ = *id;
+  }
+  // Opening the memfd again through /proc gives a description of its own (its own position),
+  // of the same file.
+  const std::string path = "/proc/self/fd/" + std::to_string(export_file_);
+  return ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+}
+
 void FakeDriver::State::forget_export(Chunk& chunk) {
   if (chunk.export_fd < 0) return;
   // Descriptors exported earlier stay open where they went, but name no allocation any more.
-  exports_.erase(chunk.export_id);
+  exports_.erase(chunk.export_serial);
   ::close(chunk.export_fd);
   chunk.export_fd = -1;
 }

@@ -134,8 +134,10 @@ class FakeDriver::State {
     int references = 1;
     int imports = 0;          // handles of its own that imports gave (aliases_)
     bool exportable = false;  // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    int export_fd = -1;       // the memfd its exported descriptors duplicate, from the first export
-    std::pair<std::uint64_t, std::uint64_t> export_id{};  // that memfd's st_dev and st_ino
+    // Its own open description of the export file, positioned at export_serial; every export of
+    // it is a duplicate. -1 until the first export.
+    int export_fd = -1;
+    std::uint64_t export_serial = 0;
     [[nodiscard]] bool released() const { return references == 0; }
   };
   struct Mapping {
@@ -229,6 +231,7 @@ class FakeDriver::State {
       CUmemGenericAllocationHandle handle) const;
   void free_chunk_if_done(CUmemGenericAllocationHandle handle);
   // Closes an allocation's export memfd (fake_driver_sharing.cpp).
+  int open_export();
   void forget_export(Chunk& chunk);
 
   // The queue model (fake_driver_work.cpp); all with the lock held.
@@ -288,8 +291,13 @@ class FakeDriver::State {
   CUmemGenericAllocationHandle next_handle_ = 0x1000;
   // Handles imports gave that are not cuMemCreate's: handle -> allocation.
   std::map<CUmemGenericAllocationHandle, CUmemGenericAllocationHandle> aliases_;
-  // Exported allocations by their memfd's (st_dev, st_ino), which imports look descriptors up by.
-  std::map<std::pair<std::uint64_t, std::uint64_t>, CUmemGenericAllocationHandle> exports_;
+  // The one file every exported descriptor is an open of (the driver's control device stands
+  // for all its exports the same way), its (st_dev, st_ino), and the exported allocations by the
+  // position of their description in it, which imports look descriptors up by.
+  int export_file_ = -1;
+  std::pair<std::uint64_t, std::uint64_t> export_file_id_{};
+  std::uint64_t next_export_serial_ = 1;
+  std::map<std::uint64_t, CUmemGenericAllocationHandle> exports_;
   std::vector<std::size_t> device_used_;
   std::size_t host_used_ = 0;
   std::map<CUdeviceptr, std::size_t> reservations_;  // base -> size
