@@ -99,10 +99,9 @@ std::string PageBank::inconsistency() const {
 
 // One descriptor per page, never shared between pages. The descriptors of one simulated device
 // are slices of one memfd, and sending each once would save descriptors; but a descriptor's file
-// (fstat's device and inode) does not tell which memory it names: every CUDA export is a
-// descriptor of the driver's control device, one inode for all of them (seen on an H100,
-// driver 580), so merging descriptors by file handed a process one physical page for a whole
-// batch. The importing process keeps one duplicate per file where the backend maps files
+// (fstat's device and inode) does not tell which memory it names: the CUDA driver's exports
+// are all one file (seen on an H100, driver 580: four exports, one inode), so merging
+// descriptors by file handed a process one physical page for a whole batch. The importing process keeps one duplicate per file where the backend maps files
 // (the simulated backend's import), so the count it keeps stays small either way.
 PageBank::Batch PageBank::export_pages(const std::vector<std::uint64_t>& ids) {
   Batch batch;
@@ -111,7 +110,8 @@ PageBank::Batch PageBank::export_pages(const std::vector<std::uint64_t>& ids) {
   for (const std::uint64_t id : ids) {
     const SharedChunk shared = backend_.export_chunk(pages_.at(id).chunk);
     batch.fds.emplace_back(shared.fd);
-    batch.entries.push_back({id, shared.offset, static_cast<std::uint32_t>(batch.fds.size() - 1), 0});
+    const auto index = static_cast<std::uint32_t>(batch.fds.size() - 1);
+    batch.entries.push_back({id, shared.offset, index, 0});
   }
   return batch;
 }
