@@ -146,12 +146,12 @@ void BM_PageBatch(benchmark::State& state) {
   for (auto _ : state) {
     Received got = link.call(MessageType::take_pages, PageCount{0, 16});
     std::vector<PageEntry> entries;
-    (void)list_body<PageCount, PageEntry>(got.record, entries);
+    std::vector<FenceEntry> fences;
+    (void)pages_body(got.record, entries, fences);
     std::vector<std::uint64_t> ids;
     for (const PageEntry& e : entries) ids.push_back(e.id);
-    (void)link.call(MessageType::give_pages,
-                    pack_list(PageCount{0, static_cast<std::uint32_t>(ids.size())},
-                              std::span<const std::uint64_t>(ids)));
+    const GiveHead head{0, static_cast<std::uint32_t>(ids.size()), GiveFence::settled, 0};
+    (void)link.call(MessageType::give_pages, give_pages_body(head, ids, nullptr));
   }
   state.SetItemsProcessed(state.iterations() * 16);
 }

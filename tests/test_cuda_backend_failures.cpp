@@ -96,6 +96,20 @@ void share_fresh_chunk(Env& env) {
   env.backend.release_chunk(chunk);
 }
 
+// Makes a shareable event, exports and opens it (the fake opens its own exports); every event goes
+// even when a call fails.
+void share_fresh_event(Env& env) {
+  const EventHandle made = env.backend.create_shareable_event(0);
+  try {
+    const EventHandle opened = env.backend.import_event(0, env.backend.export_event(made));
+    env.backend.destroy_event(opened);
+  } catch (...) {
+    env.backend.destroy_event(made);
+    throw;
+  }
+  env.backend.destroy_event(made);
+}
+
 void construct(Env& env) {
   CudaBackend another(env.fake.api());
 }
@@ -164,6 +178,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { static_cast<void>(e.backend.stream_capturing(e.stream)); }},
       {"cuMemExportToShareableHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_chunk},
       {"cuMemImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_chunk},
+      {"cuIpcGetEventHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_event},
+      {"cuIpcOpenEventHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_event},
   };
 }
 

@@ -102,9 +102,14 @@ TEST(CudaDriverApi, MissingOptionalSymbolsStayNull) {
     cuda::DriverApi api;
     ASSERT_NO_THROW(api = cuda::resolve_driver_api(&fake_get_proc, nullptr)) << optional;
     EXPECT_EQ(g_requests.size(), cuda::kDriverEntryNames.size()) << "every entry was asked for";
-    const bool export_missing = std::string(optional) == "cuMemExportToShareableHandle";
-    EXPECT_EQ(api.cuMemExportToShareableHandle == nullptr, export_missing) << optional;
-    EXPECT_EQ(api.cuMemImportFromShareableHandle == nullptr, !export_missing) << optional;
+    // Only the missing one is null.
+    const std::string missing = optional;
+    EXPECT_EQ(api.cuMemExportToShareableHandle == nullptr,
+              missing == "cuMemExportToShareableHandle");
+    EXPECT_EQ(api.cuMemImportFromShareableHandle == nullptr,
+              missing == "cuMemImportFromShareableHandle");
+    EXPECT_EQ(api.cuIpcGetEventHandle == nullptr, missing == "cuIpcGetEventHandle");
+    EXPECT_EQ(api.cuIpcOpenEventHandle == nullptr, missing == "cuIpcOpenEventHandle");
     EXPECT_NE(api.cuMemMap, nullptr);
   }
   g_missing.clear();

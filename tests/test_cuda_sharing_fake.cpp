@@ -255,5 +255,85 @@ TEST_F(FakeDriverSharing, InjectedFailuresReachTheNewEntryPoints) {
   EXPECT_EQ(api_.cuMemRelease(handle), CUDA_SUCCESS);
 }
 
+// --- interprocess events -------------------------------------------------------------------------
+
+TEST(CudaSharingFake, ShareableEventsAreInterprocessEventsOfTheDriver) {
+  FakeDriver fake(FakeDriverConfig::uniform(2, 1 * GiB));
+  cuda::CudaBackend backend(fake.api());
+  fake.clear_calls();
+  const EventHandle made = backend.create_shareable_event(1);
+  const auto creates = fake.calls("cuEventCreate");
+  ASSERT_EQ(creates.size(), 1u);
+  EXPECT_EQ(creates[0].args.at(0),
+            static_cast<std::uint64_t>(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+  EXPECT_EQ(creates[0].context_device, 1);
+  const SharedEvent shared = backend.export_event(made);
+  EXPECT_EQ(shared.fd, -1) << "a CUDA event travels as bytes";
+  EXPECT_EQ(fake.count("cuIpcGetEventHandle"), 1u);
+  const EventHandle opened = backend.import_event(1, shared);
+  EXPECT_NE(opened, made);
+  const auto opens = fake.calls("cuIpcOpenEventHandle");
+  ASSERT_EQ(opens.size(), 1u);
+  EXPECT_EQ(opens[0].context_device, 1);
+  backend.destroy_event(opened);
+  backend.destroy_event(made);
+  EXPECT_EQ(fake.live_events(), 0u);
+}
+
+TEST(CudaSharingFake, ADriverWithoutInterprocessEventsSaysNotSupported) {
+  FakeDriver fake(FakeDriverConfig::uniform(1, 1 * GiB));
+  cuda::DriverApi api = fake.api();
+  api.cuIpcGetEventHandle = nullptr;
+  api.cuIpcOpenEventHandle = nullptr;
+  cuda::CudaBackend backend(api);
+  expect_throw_with<NotSupported>([&] { (void)backend.create_shareable_event(0); },
+                                  "no interprocess events");
+  expect_throw_with<NotSupported>([&] { (void)backend.import_event(0, SharedEvent{}); },
+                                  "no interprocess events");
+}
+
+// Two processes' mappings of one page (two handles of one allocation): the second's work must
+// wait for the first's interprocess event, or the fake records a page used before its fence.
+TEST(CudaSharingFake, APageUsedBeforeItsInterprocessFenceIsAViolation) {
+  for (const bool wait : {false, true}) {
+    SCOPED_TRACE(wait ? "waiting for the fence" : "not waiting");
+    FakeDriver fake(FakeDriverConfig::uniform(1, 1 * GiB));
+    cuda::CudaBackend backend(fake.api());
+    const ChunkHandle chunk = backend.create_chunk(Location::gpu(0), kPage);
+    const SharedChunk exported = backend.export_chunk(chunk);
+    const ChunkHandle theirs = backend.import_chunk(Location::gpu(0), exported);
+    ::close(exported.fd);
+    const DevicePtr a = map_rw(backend, chunk);
+    const DevicePtr b = map_rw(backend, theirs);
+    const StreamHandle sa = backend.create_stream(0, 0);
+    const StreamHandle sb = backend.create_stream(0, 0);
+    const std::uint64_t giver = fake.enqueue_work(sa, a, kPage);
+    const EventHandle made = backend.create_shareable_event(0);
+    backend.record_event(made, sa);
+    const EventHandle opened = backend.import_event(0, backend.export_event(made));
+    if (wait) backend.stream_wait_event(sb, opened, 0);
+    (void)fake.enqueue_work(sb, b, kPage);
+    const auto violations = fake.violations();
+    if (wait) {
+      EXPECT_TRUE(violations.empty()) << violations.front();
+      EXPECT_FALSE(fake.work_finished(giver));
+    } else {
+      ASSERT_EQ(violations.size(), 1u);
+      EXPECT_NE(violations[0].find("before its interprocess fence"), std::string::npos)
+          << violations[0];
+    }
+    fake.clear_violations();
+    fake.finish_all_work();
+    backend.destroy_event(opened);
+    backend.destroy_event(made);
+    backend.destroy_stream(sa);
+    backend.destroy_stream(sb);
+    unmap_free(backend, a);
+    unmap_free(backend, b);
+    backend.release_chunk(theirs);
+    backend.release_chunk(chunk);
+  }
+}
+
 }  // namespace
 }  // namespace salus

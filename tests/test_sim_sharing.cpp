@@ -139,6 +139,52 @@ TEST(SimSharing, AForkedChildWritesThroughItsImportAndTheParentReads) {
   EXPECT_EQ(parent->chunk_bytes(kGpu0), 0u);
 }
 
+// An event another process exported completes when that process exits with its record still
+// queued (its work is gone with it), before anyone reaps it: a waiter must not hang on a zombie.
+TEST(SimSharing, AnEventOfAProcessThatExitedCountsAsComplete) {
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const std::shared_ptr<sim::SimBackend> mine = make_sim(SimConfig::uniform(1, 64 * MiB));
+    const StreamHandle stream = mine->create_stream(0, 0);
+    mine->launch_host_func(stream, [] { std::this_thread::sleep_for(30s); });
+    const EventHandle event = mine->create_shareable_event(0);
+    mine->record_event(event, stream);  // queued behind 30 s of work
+    const SharedEvent shared = mine->export_event(event);
+    char go = 0;
+    if (::write(to_parent[1], &shared.fd, sizeof(shared.fd)) != sizeof(shared.fd) ||
+        ::read(to_child[0], &go, 1) != 1) {
+      ::_exit(2);
+    }
+    ::_exit(0);  // with the record still queued
+  }
+  int fd_there = -1;
+  ASSERT_EQ(::read(to_parent[0], &fd_there, sizeof(fd_there)), static_cast<ssize_t>(sizeof(int)));
+  const std::string path = fmt::format("/proc/{}/fd/{}", child, fd_there);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  const std::shared_ptr<sim::SimBackend> parent = make_sim(SimConfig::uniform(1, 64 * MiB));
+  SharedEvent shared;
+  shared.fd = fd;
+  const EventHandle opened = parent->import_event(0, shared);
+  ::close(fd);
+  EXPECT_FALSE(parent->query_event(opened)) << "complete while its work is queued";
+  const char go = 1;
+  ASSERT_EQ(::write(to_child[1], &go, 1), 1);
+  // Not reaped yet: a zombie, which kill(pid, 0) still finds.
+  const auto started = std::chrono::steady_clock::now();
+  parent->synchronize_event(opened);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  EXPECT_TRUE(parent->query_event(opened));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  parent->destroy_event(opened);
+  for (int end : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(end);
+}
+
 TEST(SimSharing, ImportsKeepOneDescriptorPerExportedFile) {
   const std::shared_ptr<sim::SimBackend> exporter = make_sim(small_pages(2));
   const std::shared_ptr<sim::SimBackend> importer = make_sim(small_pages(2));

@@ -13,6 +13,7 @@
 //  - Handles are plain values: the owner (usually an RAII wrapper below) releases them.
 #pragma once
 
+#include <array>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,15 @@ struct SharedChunk {
   std::size_t bytes = 0;
 };
 
+class Event;
+
+// An event as another process can wait for it. CUDA: the 64 bytes of cuIpcGetEventHandle (fd
+// -1). Simulated: a descriptor of the shared memory that holds the event's state (handle unused).
+struct SharedEvent {
+  int fd = -1;  // owned by whoever holds the struct; close it when done
+  std::array<std::byte, 64> handle{};
+};
+
 // Stream priorities follow CUDA: numerically lower is more urgent. `greatest` <= `least`.
 struct StreamPriorityRange {
   int least = 0;
@@ -160,6 +170,22 @@ class SALUS_API DeviceBackend {
   // allocation may return a handle already held, which then needs one release per import.
   ChunkHandle import_chunk(Location where, const SharedChunk& shared);
 
+  // Work of another process that may still touch `chunk`, which create_chunk has just returned
+  // (a page salusd handed over behind that work): an event to order this process's work after
+  // before the chunk's first use, or null. Taken once per chunk. Backends whose chunks are
+  // always new memory return null.
+  [[nodiscard]] std::shared_ptr<const Event> take_arrival(ChunkHandle chunk);
+  // Releases `chunks` once the work of `work` (events of this backend) has finished; the caller
+  // does not use them again. A backend of this process's own waits for that work, then releases
+  // each. A process connected to salusd hands the pages back at once instead, behind an
+  // interprocess event recorded after that work (the next process's streams wait for it), and
+  // keeps its own reference to each until the event has completed.
+  void release_chunks_after(std::span<const ChunkHandle> chunks,
+                            std::span<const std::shared_ptr<const Event>> work);
+  // True when release_chunks_after returns without waiting for the work (a process connected to
+  // salusd): whoever gives pages up then need not wait for their work first.
+  [[nodiscard]] bool defers_release() const noexcept { return do_defers_release(); }
+
   // Virtual address space shared by all devices (unified addressing).
   DevicePtr reserve_address(std::size_t bytes, std::size_t alignment);
   void free_address(DevicePtr base, std::size_t bytes);
@@ -194,6 +220,18 @@ class SALUS_API DeviceBackend {
   // Work enqueued on `stream` after this call waits for the event's captured work. `device` says
   // whose default stream a handle of 0 is; the event may belong to any device.
   void stream_wait_event(StreamHandle stream, EventHandle event, int device);
+  // Events another process can wait for. create_shareable_event makes one (CUDA:
+  // CU_EVENT_INTERPROCESS, no timing), recorded like any event. export_event describes it for
+  // another process (the simulated backend returns a NEW descriptor; the caller closes it). There,
+  // import_event gives an event of that process's backend that stands for the same event:
+  // query_event, synchronize_event and stream_wait_event see the record the exporter made before
+  // exporting. Record a shared event once, before exporting it. CUDA refuses an import in the
+  // exporting process itself; the simulated backend allows it. An imported event whose exporter
+  // has exited counts as complete on the simulated backend (its work is gone with it); destroy it
+  // with destroy_event. NotSupported where the driver has no interprocess events.
+  EventHandle create_shareable_event(int device);
+  [[nodiscard]] SharedEvent export_event(EventHandle event);
+  EventHandle import_event(int device, const SharedEvent& shared);
   // Runs `fn` on a host thread once prior work on `stream` has finished; later work waits for it.
   // `fn` must not call the backend (CUDA forbids driver calls inside a host function).
   void launch_host_func(StreamHandle stream, std::function<void()> fn);
@@ -243,6 +281,13 @@ class SALUS_API DeviceBackend {
   virtual void do_release_chunk(ChunkHandle chunk) = 0;
   [[nodiscard]] virtual SharedChunk do_export_chunk(ChunkHandle chunk) = 0;
   virtual ChunkHandle do_import_chunk(Location where, const SharedChunk& shared) = 0;
+  // Defaults: nothing arrives with work behind it; release waits for the work, then releases.
+  [[nodiscard]] virtual std::shared_ptr<const Event> do_take_arrival(ChunkHandle /*chunk*/) {
+    return nullptr;
+  }
+  virtual void do_release_chunks_after(std::span<const ChunkHandle> chunks,
+                                       std::span<const std::shared_ptr<const Event>> work);
+  [[nodiscard]] virtual bool do_defers_release() const noexcept { return false; }
   virtual DevicePtr do_reserve_address(std::size_t bytes, std::size_t alignment) = 0;
   virtual void do_free_address(DevicePtr base, std::size_t bytes) = 0;
   virtual void do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
@@ -264,6 +309,9 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] virtual bool do_query_event(EventHandle event) = 0;
   virtual void do_synchronize_event(EventHandle event) = 0;
   virtual void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;
+  virtual EventHandle do_create_shareable_event(int device) = 0;
+  [[nodiscard]] virtual SharedEvent do_export_event(EventHandle event) = 0;
+  virtual EventHandle do_import_event(int device, const SharedEvent& shared) = 0;
   virtual void do_launch_host_func(StreamHandle stream, std::function<void()> fn) = 0;
   virtual EventHandle do_create_timing_event(int device) = 0;
   [[nodiscard]] virtual double do_elapsed_seconds(EventHandle start, EventHandle end) = 0;
@@ -302,6 +350,8 @@ class SALUS_API Event {
   Event() = default;
   Event(std::shared_ptr<DeviceBackend> backend, int device,
         EventTiming timing = EventTiming::disabled);
+  // Owns `adopted`, an event `backend` made (create_shareable_event, import_event).
+  Event(std::shared_ptr<DeviceBackend> backend, EventHandle adopted) noexcept;
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
   Event(const Event&) = delete;

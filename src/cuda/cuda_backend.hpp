@@ -14,6 +14,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cuda/driver_api.hpp"
@@ -84,6 +85,9 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] bool do_query_event(EventHandle event) override;
   void do_synchronize_event(EventHandle event) override;
   void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
+  EventHandle do_create_shareable_event(int device) override;
+  [[nodiscard]] SharedEvent do_export_event(EventHandle event) override;
+  EventHandle do_import_event(int device, const SharedEvent& shared) override;
   void do_launch_host_func(StreamHandle stream, std::function<void()> fn) override;
   void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                      StreamHandle stream) override;
@@ -196,6 +200,7 @@ class CudaBackend final : public DeviceBackend {
   std::unordered_map<std::uint64_t, ChunkInfo> chunks_;
   std::unordered_map<std::uint64_t, int> streams_;
   std::unordered_map<std::uint64_t, int> events_;
+  std::unordered_set<std::uint64_t> shareable_events_;  // made by create_shareable_event
 };
 
 

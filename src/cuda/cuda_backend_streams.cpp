@@ -1,6 +1,8 @@
 // CudaBackend: streams, events, host functions and copies.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include <bit>
 #include <exception>
 #include <memory>
@@ -214,6 +216,59 @@ void CudaBackend::do_destroy_event(EventHandle event) {
   SALUS_CU(api_, cuEventDestroy, to_cu(event));
   const std::scoped_lock lock(mutex_);
   events_.erase(event.value);
+  shareable_events_.erase(event.value);
+}
+
+// --- interprocess events ---------------------------------------------------------------------
+
+EventHandle CudaBackend::do_create_shareable_event(int device) {
+  if (api_.cuIpcGetEventHandle == nullptr || api_.cuIpcOpenEventHandle == nullptr) {
+    throw NotSupported("create_shareable_event: this CUDA driver has no interprocess events");
+  }
+  // The driver demands no timing for an interprocess event.
+  const EventHandle event = make_event(device, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+  const std::scoped_lock lock(mutex_);
+  shareable_events_.insert(event.value);
+  return event;
+}
+
+SharedEvent CudaBackend::do_export_event(EventHandle event) {
+  const int device = device_of(event);
+  {
+    const std::scoped_lock lock(mutex_);
+    if (!shareable_events_.contains(event.value)) {
+      throw InvalidArgument(fmt::format(
+          "export_event: event {:#x} is not shareable (make it with create_shareable_event)",
+          event.value));
+    }
+  }
+  const auto scope = bind(device);
+  CUipcEventHandle handle{};
+  SALUS_CU(api_, cuIpcGetEventHandle, &handle, to_cu(event));
+  SharedEvent out;
+  static_assert(sizeof(handle.reserved) == std::tuple_size_v<decltype(out.handle)>);
+  std::memcpy(out.handle.data(), handle.reserved, sizeof(handle.reserved));
+  return out;
+}
+
+EventHandle CudaBackend::do_import_event(int device, const SharedEvent& shared) {
+  if (api_.cuIpcOpenEventHandle == nullptr) {
+    throw NotSupported("import_event: this CUDA driver has no interprocess events");
+  }
+  const auto scope = bind(device);
+  CUipcEventHandle handle{};
+  std::memcpy(handle.reserved, shared.handle.data(), sizeof(handle.reserved));
+  CUevent event = nullptr;
+  SALUS_CU(api_, cuIpcOpenEventHandle, &event, handle);
+  const EventHandle out{std::bit_cast<std::uint64_t>(event)};
+  try {
+    const std::scoped_lock lock(mutex_);
+    events_.emplace(out.value, device);
+  } catch (...) {
+    api_.cuEventDestroy(event);
+    throw;
+  }
+  return out;
 }
 
 void CudaBackend::do_record_event(EventHandle event, StreamHandle stream) {

@@ -62,6 +62,9 @@ Event::Event(std::shared_ptr<DeviceBackend> backend, int device, EventTiming tim
                                            : backend_->create_event(device);
 }
 
+Event::Event(std::shared_ptr<DeviceBackend> backend, EventHandle adopted) noexcept
+    : backend_(std::move(backend)), handle_(adopted) {}
+
 Event::Event(Event&& other) noexcept
     : backend_(std::move(other.backend_)), handle_(std::exchange(other.handle_, {})) {}
 

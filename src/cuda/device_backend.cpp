@@ -159,6 +159,32 @@ ChunkHandle DeviceBackend::import_chunk(Location where, const SharedChunk& share
   return do_import_chunk(where, shared);
 }
 
+std::shared_ptr<const Event> DeviceBackend::take_arrival(ChunkHandle chunk) {
+  if (chunk.value == 0) throw InvalidArgument("take_arrival: chunk handle 0 is no chunk");
+  return do_take_arrival(chunk);
+}
+
+void DeviceBackend::release_chunks_after(std::span<const ChunkHandle> chunks,
+                                         std::span<const std::shared_ptr<const Event>> work) {
+  for (const ChunkHandle chunk : chunks) {
+    if (chunk.value == 0) throw InvalidArgument("release_chunks_after: chunk handle 0 is no chunk");
+  }
+  for (const auto& event : work) {
+    if (event == nullptr || event->handle().value == 0) {
+      throw InvalidArgument("release_chunks_after: a null event is no work to wait for");
+    }
+  }
+  if (!chunks.empty()) do_release_chunks_after(chunks, work);
+}
+
+// A backend of this process's own: the memory is free for its next user only once the work is
+// done, so wait here.
+void DeviceBackend::do_release_chunks_after(std::span<const ChunkHandle> chunks,
+                                            std::span<const std::shared_ptr<const Event>> work) {
+  for (const auto& event : work) event->synchronize();
+  for (const ChunkHandle chunk : chunks) do_release_chunk(chunk);
+}
+
 DevicePtr DeviceBackend::reserve_address(std::size_t bytes, std::size_t alignment) {
   detail::check_size("reserve_address", bytes, do_address_granularity());
   if (alignment != 0 && !std::has_single_bit(alignment)) {
@@ -277,6 +303,21 @@ bool DeviceBackend::query_event(EventHandle event) {
 void DeviceBackend::synchronize_event(EventHandle event) {
   check_event(event, "synchronize_event");
   do_synchronize_event(event);
+}
+
+EventHandle DeviceBackend::create_shareable_event(int device) {
+  check_device(device, "create_shareable_event");
+  return do_create_shareable_event(device);
+}
+
+SharedEvent DeviceBackend::export_event(EventHandle event) {
+  check_event(event, "export_event");
+  return do_export_event(event);
+}
+
+EventHandle DeviceBackend::import_event(int device, const SharedEvent& shared) {
+  check_device(device, "import_event");
+  return do_import_event(device, shared);
 }
 
 void DeviceBackend::stream_wait_event(StreamHandle stream, EventHandle event, int device) {

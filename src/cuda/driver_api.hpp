@@ -59,10 +59,12 @@
 
 // Entry points the backend can do without: resolved like the others, but a driver that lacks one
 // leaves its member null instead of failing the load, and only what needs it throws NotSupported
-// (sharing chunks between processes).
+// (sharing chunks and events between processes).
 #define SALUS_CUDA_OPTIONAL_DRIVER_ENTRIES(X) \
   X(cuMemExportToShareableHandle)             \
-  X(cuMemImportFromShareableHandle)
+  X(cuMemImportFromShareableHandle)           \
+  X(cuIpcGetEventHandle)                      \
+  X(cuIpcOpenEventHandle)
 
 namespace salus::cuda {
 

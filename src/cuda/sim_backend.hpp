@@ -141,6 +141,9 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] bool do_query_event(EventHandle event) override;
   void do_synchronize_event(EventHandle event) override;
   void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
+  EventHandle do_create_shareable_event(int device) override;
+  [[nodiscard]] SharedEvent do_export_event(EventHandle event) override;
+  EventHandle do_import_event(int device, const SharedEvent& shared) override;
   void do_launch_host_func(StreamHandle stream, std::function<void()> fn) override;
   void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                      StreamHandle stream) override;
@@ -182,6 +185,7 @@ class SimBackend final : public DeviceBackend {
   struct Stream;
   struct Event;
   struct EventCapture;
+  struct SharedEventMemory;
   using Task = std::function<void(std::stop_token)>;
 
   using PageIt = std::map<DevicePtr, Page>::iterator;
@@ -212,6 +216,7 @@ class SimBackend final : public DeviceBackend {
   std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
   std::shared_ptr<Event> event_for(EventHandle event) const;
   EventHandle make_event(int device, bool timing);  // `device` is in range
+  EventHandle add_event(std::shared_ptr<Event> event);
   // The newest completed record of a timing event, or the error elapsed_seconds raises; `role`
   // ("start" or "end") names the event in messages.
   static EventCapture timing_capture(const std::shared_ptr<Event>& ev, EventHandle handle,

@@ -41,10 +41,14 @@ std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) cons
 }
 
 EventHandle SimBackend::make_event(int device, bool timing) {
+  return add_event(std::make_shared<Event>(device, timing));
+}
+
+EventHandle SimBackend::add_event(std::shared_ptr<Event> event) {
   check_process("this simulated GPU");
   std::lock_guard lock(stream_mutex_);
   const std::uint64_t id = next_event_++;
-  events_.emplace(id, std::make_shared<Event>(device, timing));
+  events_.emplace(id, std::move(event));
   return EventHandle{id};
 }
 
@@ -66,6 +70,11 @@ void SimBackend::do_destroy_event(EventHandle event) {
 
 void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
   auto ev = event_for(event);
+  if (ev->imported) {
+    throw InvalidArgument(fmt::format(
+        "record_event: event {} was imported: only the process that made it records it",
+        event.value));
+  }
   auto target = stream_for(stream, ev->device);
   // Holding the event lock across push keeps generations in record order and lets a refused
   // push leave the event untouched.
@@ -84,9 +93,11 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
         ev->last = capture;
       }
     }
+    if (ev->shared) ev->shared->publish_completed(generation);
     ev->cv.notify_all();
   });
   ev->recorded = generation;
+  if (ev->shared) ev->shared->publish_recorded(generation);
 }
 
 bool SimBackend::do_query_event(EventHandle event) {
@@ -97,6 +108,10 @@ bool SimBackend::do_query_event(EventHandle event) {
 
 void SimBackend::do_synchronize_event(EventHandle event) {
   auto ev = event_for(event);
+  if (ev->imported) {
+    ev->shared->wait(ev->shared->recorded(), std::stop_token{});
+    return;
+  }
   std::unique_lock lock(ev->mutex);
   const std::uint64_t target = ev->recorded;
   ev->cv.wait(lock, [&] { return ev->completed >= target; });
@@ -105,6 +120,13 @@ void SimBackend::do_synchronize_event(EventHandle event) {
 void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   auto ev = event_for(event);
   auto waiter = stream_for(stream, device);
+  if (ev->imported) {
+    // Another process records it: the wait is for the record it had made by now.
+    const std::uint64_t target = ev->shared->recorded();
+    if (ev->shared->reached(target)) return;
+    waiter->push([shared = ev->shared, target](std::stop_token st) { shared->wait(target, st); });
+    return;
+  }
   std::lock_guard lock(ev->mutex);
   // The wait is for the record captured now; later records must not move it (as in CUDA).
   const std::uint64_t target = ev->recorded;

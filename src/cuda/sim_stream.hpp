@@ -59,13 +59,41 @@ struct SimBackend::EventCapture {
   std::chrono::steady_clock::time_point at{};
 };
 
-// Generation counters: each record bumps `recorded`; the marker's task raises `completed`.
+// A shareable event's state, in shared memory (sim_shared_events.cpp): the generation counters
+// as another process sees them, and who records them.
+struct SimBackend::SharedEventMemory {
+  SharedEventMemory(int fd, void* mapping);
+  ~SharedEventMemory();
+  SharedEventMemory(const SharedEventMemory&) = delete;
+  SharedEventMemory& operator=(const SharedEventMemory&) = delete;
+  void publish_recorded(std::uint64_t generation);
+  void publish_completed(std::uint64_t generation);
+  [[nodiscard]] std::uint64_t recorded() const;
+  // Reached `generation`, or the exporting process has exited (its work is gone with it).
+  [[nodiscard]] bool reached(std::uint64_t generation) const;
+  // Polls until reached(generation) or a stop request.
+  void wait(std::uint64_t generation, const std::stop_token& st) const;
+
+  struct State;  // sim_shared_events.cpp
+  const int fd;  // owned: export_event duplicates it
+
+ private:
+  State* const state;
+};
+
+// Generation counters: each record bumps `recorded`; the marker's task raises `completed`. A
+// shareable event also publishes both to its shared memory; an imported one has only that memory
+// (another process records it), which every query and wait reads.
 struct SimBackend::Event {
   Event(int device_index, bool timing_event) : device(device_index), timing(timing_event) {}
-  [[nodiscard]] bool done() const { return completed >= recorded; }
+  [[nodiscard]] bool done() const {
+    return imported ? shared->reached(shared->recorded()) : completed >= recorded;
+  }
 
   const int device;
   const bool timing;  // made by create_timing_event: elapsed_seconds may read it
+  std::shared_ptr<SharedEventMemory> shared;  // set once, before the event is listed
+  bool imported = false;                      // set once, before the event is listed
   std::mutex mutex;   // guards everything below
   std::condition_variable_any cv;
   std::uint64_t recorded = 0;

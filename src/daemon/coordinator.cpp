@@ -1,5 +1,6 @@
 #include "daemon/coordinator.hpp"
 #include "daemon/session.hpp"
+#include "iteration_sched/runtime_access.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -30,7 +31,8 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
     : backend_(std::move(backend)),
       options_(std::move(options)),
       runtime_(backend_, runtime_options(options_)),
-      page_bytes_(backend_->granularity(Location::gpu(0))) {
+      page_bytes_(backend_->granularity(Location::gpu(0))),
+      trace_(RuntimeAccess::trace(runtime_)) {
   for (int d = 0; d < backend_->device_count(); ++d) {
     std::size_t capacity = backend_->properties(d).total_memory;
     if (options_.device_limit_bytes != 0) capacity = std::min(capacity, options_.device_limit_bytes);
@@ -92,11 +94,12 @@ void Coordinator::handle(SessionId id, remote::Received received) {
           fmt::format("{} before hello", to_string(record.type())));
     }
   }
-  if (!received.fds.empty()) {
+  if (!received.fds.empty() && record.type() != MessageType::give_pages) {
     throw remote::ProtocolError(fmt::format("a client's {} carried {} descriptors",
                                             to_string(record.type()), received.fds.size()));
   }
   try {
+    if (record.type() == MessageType::give_pages) return on_give_pages(*s, received);
     dispatch(s, record);
   } catch (const remote::ProtocolError&) {
     throw;
@@ -119,8 +122,6 @@ void Coordinator::dispatch(const std::shared_ptr<Session>& s, const remote::Reco
       return on_job_call(*s, record);
     case MessageType::take_pages:
       return on_take_pages(s, record);
-    case MessageType::give_pages:
-      return on_give_pages(*s, record);
     case MessageType::status: {
       std::string text = status_table();
       constexpr std::size_t kRoom = remote::kMaxRecordBytes - sizeof(remote::Header);
@@ -182,6 +183,7 @@ void Coordinator::on_add_job(Session& s, const remote::Record& record) {
   {
     std::lock_guard lock(mu_);
     s.jobs.emplace(added.job, job);
+    s.job_limits.emplace(added.job, a.limit_total);
   }
   spdlog::info("session {}: job '{}' (id {}) added", s.id, job->name(), added.job);
   reply(s, MessageType::job_added, record.header.seq, std::as_bytes(std::span(&added, 1)));
@@ -231,6 +233,7 @@ void Coordinator::on_job_call(Session& s, const remote::Record& record) {
         job->leave();
         std::lock_guard lock(mu_);
         s.jobs.erase(call.job);
+        s.job_limits.erase(call.job);
       }
       break;
   }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "daemon/page_bank.hpp"
+#include "iteration_sched/trace.hpp"
 #include "remote/channel.hpp"
 #include "remote/protocol.hpp"
 #include "salus/runtime.hpp"
@@ -81,16 +82,27 @@ class Coordinator {
   void on_begin(const std::shared_ptr<Session>& s, const remote::Record& record);
   void on_job_call(Session& s, const remote::Record& record);
   void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
-  void on_give_pages(Session& s, const remote::Record& record);
+  // A give-back may carry one descriptor: a simulated fence's.
+  void on_give_pages(Session& s, remote::Received& received);
   std::shared_ptr<Job> job_of(Session& s, std::uint64_t id) const;
   std::vector<std::uint64_t> grant_or_wait(Session& s, int device, std::size_t count);
+  // What `s` may hold (with mu_ held): the process limit, or the sum of its jobs' limits when
+  // every job has one and that is less; 0: no limit. room_of: pages it may still take.
+  [[nodiscard]] std::size_t held_bytes(const Session& s) const;
+  [[nodiscard]] std::size_t limit_bytes(const Session& s) const;
+  [[nodiscard]] std::size_t room_of(const Session& s) const;
+  [[nodiscard]] std::string limit_reason(const Session& s) const;
   void ask_others_to_give_back(SessionId asking, int device, std::size_t pages);
   void wait_for_exit(const Session& s) const;
+  // The timeline of every process's pages (salusd --trace): a move per grant and per give-back,
+  // and each device's pages per process as a counter. With mu_ held.
+  void trace_pages(const std::string& what, int device, double begin_us, std::size_t pages);
 
   const std::shared_ptr<DeviceBackend> backend_;
   const CoordinatorOptions options_;
   Runtime runtime_;
   const std::size_t page_bytes_;
+  const std::shared_ptr<TraceRecorder> trace_;
 
   mutable std::mutex mu_;
   std::condition_variable pages_back_;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 
 #include "daemon/coordinator.hpp"
 #include "daemon/session.hpp"
@@ -33,8 +34,9 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
                                       remote::kMaxPagesPerBatch));
   }
   const std::uint64_t seq = record.header.seq;
+  const double asked_us = trace_->micros(std::chrono::steady_clock::now());
   // May wait for other processes to give pages back: not on the connection's reader.
-  s->spawn([this, s, want, seq] {
+  s->spawn([this, s, want, seq, asked_us] {
     try {
       const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
       if (ids.empty()) {
@@ -46,33 +48,62 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
       {
         std::lock_guard lock(mu_);
         batch = banks_[static_cast<std::size_t>(want.device)]->export_pages(ids);
+        // From the ask to the grant: a span as long as the wait for others' give-backs.
+        trace_pages(fmt::format("grant -> {} {}", s->name, s->peer.pid), want.device, asked_us,
+                    ids.size());
       }
       std::vector<int> fds;
       for (const auto& fd : batch.fds) fds.push_back(fd.get());
-      const remote::PageCount head{want.device, static_cast<std::uint32_t>(ids.size())};
-      const auto record_out = remote::encode_list<remote::PageCount, remote::PageEntry>(
-          MessageType::pages, seq, head, batch.entries);
-      s->send(record_out, fds);
+      const remote::PagesHead head{want.device, static_cast<std::uint32_t>(ids.size()),
+                                   static_cast<std::uint32_t>(batch.fences.size()), 0};
+      s->send(remote::encode_pages(seq, head, batch.entries, batch.fences), fds);
     } catch (const std::exception& e) {
       fail(*s, seq, e);
     }
   });
 }
 
+std::size_t Coordinator::held_bytes(const Session& s) const {
+  std::size_t held = 0;
+  for (const auto& b : banks_) held += b->held_by(s.id) * page_bytes_;
+  return held;
+}
+
+std::size_t Coordinator::limit_bytes(const Session& s) const {
+  std::size_t limit = options_.process_limit_bytes;
+  std::size_t jobs = 0;
+  bool every_job = !s.job_limits.empty();
+  for (const auto& [job, bytes] : s.job_limits) {
+    every_job = every_job && bytes != 0;
+    jobs = bytes > std::numeric_limits<std::size_t>::max() - jobs
+               ? std::numeric_limits<std::size_t>::max()
+               : jobs + bytes;
+  }
+  if (every_job && (limit == 0 || jobs < limit)) limit = jobs;
+  return limit;
+}
+
+std::size_t Coordinator::room_of(const Session& s) const {
+  const std::size_t limit = limit_bytes(s);
+  if (limit == 0) return std::numeric_limits<std::size_t>::max();
+  // A job's limit counts in whole pages: a limit below a page still allows one.
+  const std::size_t pages = std::max<std::size_t>(1, (limit + page_bytes_ - 1) / page_bytes_);
+  const std::size_t held = held_bytes(s) / page_bytes_;
+  return pages - std::min(pages, held);
+}
+
+std::string Coordinator::limit_reason(const Session& s) const {
+  const std::size_t limit = limit_bytes(s);
+  const bool by_jobs = limit != options_.process_limit_bytes;
+  return fmt::format("process {} holds {} bytes, its limit is {} bytes{}", s.peer.pid,
+                     held_bytes(s), limit, by_jobs ? " (the sum of its jobs' limits)" : "");
+}
+
 std::vector<std::uint64_t> Coordinator::grant_or_wait(Session& s, int device, std::size_t count) {
   std::unique_lock lock(mu_);
   PageBank& bank = *banks_[static_cast<std::size_t>(device)];
-  if (options_.process_limit_bytes != 0) {
-    std::size_t held = 0;
-    for (const auto& b : banks_) held += b->held_by(s.id) * page_bytes_;
-    const std::size_t room = (options_.process_limit_bytes - std::min(held, options_.process_limit_bytes)) / page_bytes_;
-    if (room == 0) {
-      throw Error(Errc::out_of_memory,
-                  fmt::format("process {} holds {} bytes, its limit is {} bytes", s.peer.pid,
-                              held, options_.process_limit_bytes));
-    }
-    count = std::min(count, room);
-  }
+  count = std::min(count, room_of(s));
+  if (count == 0) throw Error(Errc::out_of_memory, limit_reason(s));
   std::vector<std::uint64_t> ids = bank.grant(s.id, count);
   const auto deadline = std::chrono::steady_clock::now() + options_.reclaim_wait;
   // The others are asked again every so often: a process whose jobs were all busy when first
@@ -112,9 +143,37 @@ void Coordinator::ask_others_to_give_back(SessionId asking, int device, std::siz
   }
 }
 
-void Coordinator::on_give_pages(Session& s, const remote::Record& record) {
+namespace {
+
+// What a give-back's fence is, as the bank keeps it; null when the pages are not fenced.
+PageBank::FencePtr fence_of(SessionId from, remote::GiveFence mode, const remote::FenceEntry& entry,
+                            std::vector<remote::UniqueFd>& fds) {
+  const std::size_t carried = fds.size();
+  const bool with_fd = mode == remote::GiveFence::fenced && entry.fd_index >= 0;
+  if (with_fd && entry.fd_index != 0) {
+    throw remote::ProtocolError(
+        fmt::format("give_pages: the fence names descriptor {} of {}", entry.fd_index, carried));
+  }
+  if (carried != (with_fd ? 1u : 0u)) {
+    throw remote::ProtocolError(fmt::format(
+        "give_pages carried {} descriptors, its fence {}", carried, with_fd ? "one" : "none"));
+  }
+  if (mode != remote::GiveFence::fenced) return nullptr;
+  auto fence = std::make_shared<PageBank::Fence>();
+  fence->entry = entry;
+  fence->from = from;
+  if (with_fd) fence->fd = std::move(fds.front());
+  return fence;
+}
+
+}  // namespace
+
+void Coordinator::on_give_pages(Session& s, remote::Received& received) {
+  const remote::Record& record = received.record;
   std::vector<std::uint64_t> ids;
-  const auto head = remote::list_body<remote::PageCount, std::uint64_t>(record, ids);
+  remote::FenceEntry entry;
+  const auto head = remote::give_body(record, ids, entry);
+  const PageBank::FencePtr fence = fence_of(s.id, head.fence, entry, received.fds);
   {
     std::lock_guard lock(mu_);
     if (head.device < 0 || head.device >= static_cast<int>(banks_.size())) {
@@ -126,10 +185,26 @@ void Coordinator::on_give_pages(Session& s, const remote::Record& record) {
       throw InvalidArgument(fmt::format(
           "give_pages: a page of the batch is not held by this process (or is named twice)"));
     }
-    bank.take_back(ids);
+    bank.take_back(ids, head.fence, fence);
+    trace_pages(fmt::format("give back <- {} {}{}", s.name, s.peer.pid,
+                            head.fence == remote::GiveFence::fenced ? " (behind work)" : ""),
+                head.device, trace_->micros(std::chrono::steady_clock::now()), ids.size());
   }
   pages_back_.notify_all();
   reply(s, MessageType::done, record.header.seq, {});
+}
+
+void Coordinator::trace_pages(const std::string& what, int device, double begin_us,
+                              std::size_t pages) {
+  const double now_us = trace_->micros(std::chrono::steady_clock::now());
+  trace_->move({what, device, begin_us, now_us, pages, pages * page_bytes_});
+  TraceRecorder::Counter held{fmt::format("salusd pages gpu{}", device), device, now_us, {}};
+  const PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  for (const auto& [id, session] : sessions_) {
+    held.values.emplace_back(fmt::format("{} {}", session->name, session->peer.pid),
+                             static_cast<double>(bank.held_by(id)));
+  }
+  trace_->counter(std::move(held));
 }
 
 void Coordinator::wait_for_exit(const Session& s) const {
@@ -184,7 +259,16 @@ void Coordinator::close_session(SessionId id) {
   if (held > 0) wait_for_exit(*s);
   {
     std::lock_guard lock(mu_);
-    for (const auto& bank : banks_) bank->take_back_all(id);
+    for (std::size_t d = 0; d < banks_.size(); ++d) {
+      const std::size_t taken = banks_[d]->take_back_all(id);
+      // Its exit (waited for above when it held pages) ended the work its fences stand for.
+      banks_[d]->forget_fences_of(id);
+      if (taken > 0) {
+        trace_pages(fmt::format("taken back <- {} {} (gone)", s->name, s->peer.pid),
+                    static_cast<int>(d),
+                    trace_->micros(std::chrono::steady_clock::now()), taken);
+      }
+    }
     sessions_.erase(id);
   }
   pages_back_.notify_all();
@@ -217,14 +301,17 @@ std::string Coordinator::status_table() const {
                                 options_.spill == remote::Spill::host ? "host" : "none");
   {
     std::lock_guard lock(mu_);
-    out += fmt::format("{:<7} {:>10} {:>14} {:>14} {:>14}\n", "device", "pages", "granted MiB",
-                       "peak MiB", "capacity MiB");
+    // fenced: pages whose last holder's work may still run; behind work: pages given back
+    // behind queued work (an interprocess event) since the start.
+    out += fmt::format("{:<7} {:>10} {:>14} {:>14} {:>14} {:>8} {:>12}\n", "device", "pages",
+                       "granted MiB", "peak MiB", "capacity MiB", "fenced", "behind work");
     for (std::size_t d = 0; d < banks_.size(); ++d) {
       const PageBank& b = *banks_[d];
-      out += fmt::format("{:<7} {:>10} {:>14.1f} {:>14.1f} {:>14.1f}\n", d, b.granted_pages(),
-                         b.granted_pages() * page_bytes_ / 1048576.0,
+      out += fmt::format("{:<7} {:>10} {:>14.1f} {:>14.1f} {:>14.1f} {:>8} {:>12}\n", d,
+                         b.granted_pages(), b.granted_pages() * page_bytes_ / 1048576.0,
                          b.peak_granted_pages() * page_bytes_ / 1048576.0,
-                         b.capacity_pages() * page_bytes_ / 1048576.0);
+                         b.capacity_pages() * page_bytes_ / 1048576.0, b.fenced_pages(),
+                         b.fenced_returns());
     }
     out += fmt::format("\n{:<8} {:>8} {:<20} {:>5} {:>12} {:>12}\n", "session", "pid",
                        "process", "jobs", "held MiB", "limit MiB");
@@ -233,9 +320,9 @@ std::string Coordinator::status_table() const {
       for (const auto& b : banks_) held += b->held_by(id);
       out += fmt::format("{:<8} {:>8} {:<20} {:>5} {:>12.1f} {:>12}\n", id, s->peer.pid,
                          s->name.substr(0, 20), s->jobs.size(), held * page_bytes_ / 1048576.0,
-                         options_.process_limit_bytes == 0
+                         limit_bytes(*s) == 0
                              ? std::string("-")
-                             : fmt::format("{:.1f}", options_.process_limit_bytes / 1048576.0));
+                             : fmt::format("{:.1f}", limit_bytes(*s) / 1048576.0));
       for (const auto& [job_id, job] : s->jobs) jobs.emplace_back(s->name, job);
     }
   }

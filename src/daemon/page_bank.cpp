@@ -1,6 +1,9 @@
 #include "daemon/page_bank.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <utility>
@@ -38,7 +41,7 @@ std::vector<std::uint64_t> PageBank::grant(SessionId owner, std::size_t count) {
       break;  // the device has less than it said (another user): what was granted stands
     }
     const std::uint64_t id = remote::page_id(device_, next_serial_++);
-    pages_.emplace(id, Slot{chunk, 0});
+    pages_.emplace(id, Slot{chunk, 0, nullptr});
     out.push_back(id);
   }
   for (const std::uint64_t id : out) pages_.at(id).owner = owner;
@@ -57,12 +60,17 @@ bool PageBank::all_held_by(SessionId owner, const std::vector<std::uint64_t>& id
   });
 }
 
-void PageBank::take_back(const std::vector<std::uint64_t>& ids) {
+void PageBank::take_back(const std::vector<std::uint64_t>& ids, remote::GiveFence mode,
+                         FencePtr fence) {
   for (const std::uint64_t id : ids) {
-    pages_.at(id).owner = 0;
+    Slot& slot = pages_.at(id);
+    slot.owner = 0;
+    if (mode == remote::GiveFence::settled) slot.fence = nullptr;
+    if (mode == remote::GiveFence::fenced) slot.fence = fence;
     free_.push_back(id);
   }
   granted_ -= ids.size();
+  if (mode == remote::GiveFence::fenced) fenced_returns_ += ids.size();
 }
 
 std::size_t PageBank::take_back_all(SessionId owner) {
@@ -70,8 +78,21 @@ std::size_t PageBank::take_back_all(SessionId owner) {
   for (const auto& [id, slot] : pages_) {
     if (slot.owner == owner) ids.push_back(id);
   }
-  take_back(ids);
+  // The holder's own work ended with it (the coordinator waits for its exit first); a fence of
+  // another process's work it was granted with may still hold.
+  take_back(ids, remote::GiveFence::untouched);
   return ids.size();
+}
+
+void PageBank::forget_fences_of(SessionId session) {
+  for (auto& [id, slot] : pages_) {
+    if (slot.fence && slot.fence->from == session) slot.fence = nullptr;
+  }
+}
+
+std::size_t PageBank::fenced_pages() const {
+  return static_cast<std::size_t>(std::count_if(
+      pages_.begin(), pages_.end(), [](const auto& entry) { return entry.second.fence != nullptr; }));
 }
 
 std::size_t PageBank::held_by(SessionId owner) const {
@@ -107,11 +128,34 @@ PageBank::Batch PageBank::export_pages(const std::vector<std::uint64_t>& ids) {
   Batch batch;
   batch.entries.reserve(ids.size());
   batch.fds.reserve(ids.size());
+  std::vector<const Fence*> fences;  // distinct, in batch.fences' order
   for (const std::uint64_t id : ids) {
-    const SharedChunk shared = backend_.export_chunk(pages_.at(id).chunk);
+    const Slot& slot = pages_.at(id);
+    const SharedChunk shared = backend_.export_chunk(slot.chunk);
     batch.fds.emplace_back(shared.fd);
     const auto index = static_cast<std::uint32_t>(batch.fds.size() - 1);
-    batch.entries.push_back({id, shared.offset, index, 0});
+    std::uint32_t fence = 0;
+    if (slot.fence) {
+      const auto at = std::find(fences.begin(), fences.end(), slot.fence.get());
+      fence = static_cast<std::uint32_t>(at - fences.begin()) + 1;
+      if (at == fences.end()) fences.push_back(slot.fence.get());
+    }
+    batch.entries.push_back({id, shared.offset, index, fence});
+  }
+  for (const Fence* f : fences) {
+    remote::FenceEntry entry = f->entry;
+    entry.fd_index = -1;
+    if (f->fd.get() >= 0) {
+      const int fd = ::fcntl(f->fd.get(), F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) {
+        throw DeviceError("fcntl", "SALUSD_FDS", errno,
+                          fmt::format("salusd could not duplicate a fence's descriptor: errno {}",
+                                      errno));
+      }
+      batch.fds.emplace_back(fd);
+      entry.fd_index = static_cast<std::int32_t>(batch.fds.size() - 1);
+    }
+    batch.fences.push_back(entry);
   }
   return batch;
 }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,15 +31,29 @@ class PageBank {
   std::vector<std::uint64_t> grant(SessionId owner, std::size_t count);
   // True when every id is a page `owner` holds (nothing changes either way).
   [[nodiscard]] bool all_held_by(SessionId owner, const std::vector<std::uint64_t>& ids) const;
-  // The pages go back to the free list; ids must have passed all_held_by.
-  void take_back(const std::vector<std::uint64_t>& ids);
-  // Every page `owner` holds goes back; returns how many.
-  std::size_t take_back_all(SessionId owner);
+  // GPU work a page may still be under: the interprocess fence it came back with, as received (a
+  // simulated event's descriptor is kept open here), and the session whose work it is.
+  struct Fence {
+    remote::FenceEntry entry;
+    remote::UniqueFd fd;  // the simulated event's memory; empty on CUDA
+    SessionId from = 0;
+  };
+  using FencePtr = std::shared_ptr<const Fence>;
 
-  // A batch as it travels: entries naming descriptors, one descriptor per distinct file (a
-  // simulated device's pages share its memfd; each CUDA page has its own).
+  // The pages go back to the free list; ids must have passed all_held_by. Their fence: none
+  // (settled), `fence` (fenced), or the one they were granted with (untouched).
+  void take_back(const std::vector<std::uint64_t>& ids,
+                 remote::GiveFence mode = remote::GiveFence::settled, FencePtr fence = nullptr);
+  // Every page `owner` holds goes back, its fence kept; returns how many.
+  std::size_t take_back_all(SessionId owner);
+  // `session` has exited: the work its fences stand for is gone with it.
+  void forget_fences_of(SessionId session);
+
+  // A batch as it travels: entries naming descriptors (one a page), and the fences of the pages
+  // granted behind work (a simulated fence's descriptor among the fds, after the pages').
   struct Batch {
     std::vector<remote::PageEntry> entries;
+    std::vector<remote::FenceEntry> fences;
     std::vector<remote::UniqueFd> fds;
   };
   Batch export_pages(const std::vector<std::uint64_t>& ids);
@@ -48,6 +63,10 @@ class PageBank {
   [[nodiscard]] std::size_t peak_granted_pages() const { return peak_granted_; }
   [[nodiscard]] std::size_t capacity_pages() const { return capacity_pages_; }
   [[nodiscard]] std::size_t held_by(SessionId owner) const;
+  // Pages with a fence (work of their last holder that may not have finished).
+  [[nodiscard]] std::size_t fenced_pages() const;
+  // Pages given back behind work, since the daemon started.
+  [[nodiscard]] std::uint64_t fenced_returns() const { return fenced_returns_; }
   // "" when the bank is consistent (each page free or held by one session, the free list without
   // repeats, the count of granted pages right); else what is wrong. For tests and the fuzz target.
   [[nodiscard]] std::string inconsistency() const;
@@ -56,6 +75,7 @@ class PageBank {
   struct Slot {
     ChunkHandle chunk{};
     SessionId owner = 0;  // 0: free
+    FencePtr fence;       // null: nothing pending
   };
   DeviceBackend& backend_;
   const int device_;
@@ -66,6 +86,7 @@ class PageBank {
   std::uint64_t next_serial_ = 1;
   std::size_t granted_ = 0;
   std::size_t peak_granted_ = 0;
+  std::uint64_t fenced_returns_ = 0;
 };
 
 }  // namespace salus::daemon

@@ -82,6 +82,10 @@ struct Coordinator::Session {
   bool greeted = false;
   bool closing = false;
   std::map<std::uint64_t, std::shared_ptr<Job>> jobs;  // by the daemon's job id
+  // Each job's byte limit (AddJob.limit_total; 0: none). While every job has one, the process
+  // may hold no more pages than their sum: the daemon's bound on what a process's jobs take,
+  // whatever the process itself counts.
+  std::map<std::uint64_t, std::size_t> job_limits;
 
   Workers workers;
   void spawn(std::function<void()> fn) { workers.run(std::move(fn)); }

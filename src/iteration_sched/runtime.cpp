@@ -180,6 +180,10 @@ std::shared_ptr<Runtime> RuntimeAccess::make(std::shared_ptr<DeviceBackend> back
   return std::shared_ptr<Runtime>(new Runtime(std::move(impl)));
 }
 
+std::shared_ptr<TraceRecorder> RuntimeAccess::trace(Runtime& runtime) {
+  return runtime.impl_->trace;
+}
+
 Runtime::~Runtime() {
   // In a forked child the runtime is the parent's: destroying it would join stream threads that
   // do not exist here, take locks their holders never release, and free the parent's memory.

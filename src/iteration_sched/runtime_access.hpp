@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "iteration_sched/trace.hpp"
 #include "iteration_sched/turn_gate.hpp"
 #include "salus/runtime.hpp"
 
@@ -14,6 +15,8 @@ struct RuntimeAccess {
   // outlives everything else in the runtime.
   static std::shared_ptr<Runtime> make(std::shared_ptr<DeviceBackend> backend,
                                        RuntimeOptions options, std::shared_ptr<TurnGate> gate);
+  // The runtime's timeline, for a layer above that adds to it (salusd's page grants).
+  static std::shared_ptr<TraceRecorder> trace(Runtime& runtime);
 };
 
 }  // namespace salus

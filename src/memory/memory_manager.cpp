@@ -183,18 +183,23 @@ std::size_t MemoryManager::Impl::promote(JobId id) {
 std::size_t MemoryManager::Impl::trim(DeviceHeap& device) {
   // A prefetch round's pages are in no pool until it has moved them: trim would miss them.
   const auto rounds = harvester_->hold_prefetches();
-  settle_all();  // blocks set aside while their addresses retired are free again
+  // A backend that gives pages back behind their work (a process of salusd: the next process
+  // waits for it on the GPU) needs no wait here; the old addresses of pages given up that way
+  // are unmapped by a later settle, once their work has finished. Others wait, so that a page
+  // released to the driver is mapped nowhere.
+  const bool wait = !device.backend().defers_release();
+  settle_all(wait);  // blocks set aside while their addresses retired are free again
   device.for_each_stream_heap(
       [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
-  settle_all();
+  settle_all(wait);
   return device.pool().trim();
 }
 
 // Old addresses of handed-off pages go once their work has finished (waiting for it), so that
 // a page released to the driver is mapped nowhere. A page of one device may be retiring in
 // another device's range (it was lent), so every device settles.
-void MemoryManager::Impl::settle_all() {
-  for (const auto& device : heaps_) device->settle(true);
+void MemoryManager::Impl::settle_all(bool wait) {
+  for (const auto& device : heaps_) device->settle(wait);
 }
 
 JobMemoryStats MemoryManager::Impl::job_stats(const JobRecord& job) const {

@@ -49,7 +49,7 @@ class MemoryManager::Impl final : public memory::SafePoints {
   void orphan_job(JobId id);
   std::size_t promote(JobId id);
   std::size_t trim(memory::DeviceHeap& device);
-  void settle_all();  // see memory_manager.cpp
+  void settle_all(bool wait = true);  // see memory_manager.cpp
   JobMemoryStats job_stats(const memory::JobRecord& job) const;
 
   // memory::SafePoints (safe_points.cpp)

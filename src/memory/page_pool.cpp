@@ -1,5 +1,7 @@
 #include "memory/page_pool.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <utility>
@@ -82,7 +84,12 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
       }
       throw;
     }
-    out.push_back({chunk, nullptr, where_});
+    // A page another process gave back behind its work: ours waits for that work on the GPU.
+    FencePtr fence;
+    if (auto arrival = backend_.take_arrival(chunk)) {
+      fence = std::make_shared<const Fence>(std::vector<std::shared_ptr<const Event>>{arrival});
+    }
+    out.push_back({chunk, std::move(fence), where_});
     ++added;
     held_.add(page_bytes_);
     creates_.fetch_add(1, std::memory_order_relaxed);
@@ -115,14 +122,34 @@ std::size_t PagePool::trim() {
     pages.swap(kept_);
     kept_count_.store(0, std::memory_order_relaxed);
   }
+  // Pages whose work has finished are released now; the others together, after their work
+  // (a backend of our own waits for it; a process connected to salusd hands them back at once
+  // behind an interprocess event).
   std::size_t released = 0;
+  std::vector<ChunkHandle> fenced;
+  std::vector<std::shared_ptr<const Event>> work;
   for (const Page& page : pages) {
+    if (!settled(page.fence)) {
+      fenced.push_back(page.chunk);
+      for (const auto& event : page.fence->events()) {
+        if (std::find(work.begin(), work.end(), event) == work.end()) work.push_back(event);
+      }
+      continue;
+    }
     try {
-      if (page.fence) page.fence->wait();
       backend_.release_chunk(page.chunk);
       released += page_bytes_;
     } catch (const Error& e) {
       log::error("releasing a page at {} failed: {}", to_string(where_), e.what());
+    }
+  }
+  if (!fenced.empty()) {
+    try {
+      backend_.release_chunks_after(fenced, work);
+      released += fenced.size() * page_bytes_;
+    } catch (const Error& e) {
+      log::error("releasing {} pages at {} after their work failed: {}", fenced.size(),
+                 to_string(where_), e.what());
     }
   }
   held_.sub(released);

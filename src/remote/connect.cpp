@@ -1,6 +1,11 @@
 // Runtime::connect: a runtime of this process whose turns and GPU pages come from salusd.
 #include <fmt/format.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
 #include "iteration_sched/runtime_access.hpp"
 #include "memory/safe_points.hpp"
 #include "remote/channel.hpp"
@@ -44,9 +49,24 @@ void give_back(Runtime& runtime, remote::RemoteBackend& backend, const remote::P
   (void)backend.give_back(want.device);
 }
 
+// Reclaims running now, in any runtime of the process. The last owner of a runtime may let go on
+// the reclaim's thread, which then tears the runtime down there, waiting for pages it gave back
+// behind queued work; an exit meanwhile would end that thread first, and the next process would
+// wait for work whose process is gone. So exit waits for running reclaims (at most 5 s).
+std::atomic<int> g_reclaims_running{0};
+
+void wait_for_reclaims_at_exit() {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (g_reclaims_running.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
+  static const bool registered = [] { return std::atexit(wait_for_reclaims_at_exit) == 0; }();
+  (void)registered;
   auto link = std::make_shared<remote::DaemonLink>(
       socket_path.empty() ? remote::default_socket_path() : socket_path);
   const remote::Welcome& welcome = link->welcome();
@@ -68,6 +88,10 @@ std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
   link->on_reclaim([weak_runtime = std::weak_ptr<Runtime>(runtime),
                     weak_backend = std::weak_ptr<remote::RemoteBackend>(backend),
                     spill](const remote::PageCount& want) {
+    g_reclaims_running.fetch_add(1);
+    struct Done {
+      ~Done() { g_reclaims_running.fetch_sub(1); }
+    } done;
     auto runtime_now = weak_runtime.lock();
     auto backend_now = weak_backend.lock();
     if (runtime_now && backend_now) give_back(*runtime_now, *backend_now, want, spill);

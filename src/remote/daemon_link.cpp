@@ -65,7 +65,8 @@ void DaemonLink::throw_gone() const {
                     fmt::format("salusd at '{}' is gone: {}", path_, gone_why_));
 }
 
-Received DaemonLink::call(MessageType type, std::span<const std::byte> body) {
+Received DaemonLink::call(MessageType type, std::span<const std::byte> body,
+                          std::span<const int> fds) {
   std::uint64_t seq = 0;
   {
     std::lock_guard lock(mu_);
@@ -74,7 +75,7 @@ Received DaemonLink::call(MessageType type, std::span<const std::byte> body) {
     pending_.emplace(seq, Pending{});
   }
   try {
-    channel_.send(encode_body(type, seq, body));
+    channel_.send(encode_body(type, seq, body), fds);
   } catch (const Error&) {
     std::lock_guard lock(mu_);
     pending_.erase(seq);
@@ -93,13 +94,14 @@ Received DaemonLink::call(MessageType type, std::span<const std::byte> body) {
   return reply;
 }
 
-void DaemonLink::post(MessageType type, std::span<const std::byte> body) {
+void DaemonLink::post(MessageType type, std::span<const std::byte> body,
+                      std::span<const int> fds) {
   {
     std::lock_guard lock(mu_);
     if (gone_) return;
   }
   try {
-    channel_.send(encode_body(type, 0, body));
+    channel_.send(encode_body(type, 0, body), fds);
   } catch (const Error&) {
     // The daemon is gone: it takes back what this process held when it notices.
   }

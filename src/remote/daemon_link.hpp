@@ -34,14 +34,16 @@ class DaemonLink {
 
   // Sends a request and waits for its reply. A Failure reply is thrown as the typed error it
   // names; the daemon's absence as DeviceError.
-  Received call(MessageType type, std::span<const std::byte> body);
+  Received call(MessageType type, std::span<const std::byte> body,
+                std::span<const int> fds = {});
   template <class T>
     requires std::is_trivially_copyable_v<T>
   Received call(MessageType type, const T& body) {
     return call(type, std::as_bytes(std::span(&body, 1)));
   }
-  // A request whose reply nobody waits for (give_pages from a destructor).
-  void post(MessageType type, std::span<const std::byte> body);
+  // A request whose reply nobody waits for (give_pages from a destructor). `fds` ride along
+  // (SCM_RIGHTS); they stay the caller's.
+  void post(MessageType type, std::span<const std::byte> body, std::span<const int> fds = {});
 
   // Runs for each reclaim the daemon sends, on the link's own handler thread.
   void on_reclaim(std::function<void(const PageCount&)> handler);

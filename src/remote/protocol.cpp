@@ -34,9 +34,9 @@ BodyShape shape_of(MessageType type) {
     case MessageType::reclaim:
       return {sizeof(PageCount)};
     case MessageType::pages:
-      return {sizeof(PageCount), sizeof(PageEntry)};
+      return {sizeof(PagesHead), 1};  // two lists: pages_body checks the rest
     case MessageType::give_pages:
-      return {sizeof(PageCount), sizeof(std::uint64_t)};
+      return {sizeof(GiveHead), 1};  // ids and a fence: give_body checks the rest
     case MessageType::status:
     case MessageType::done:
       return {0};
@@ -104,28 +104,95 @@ Header decode_header(std::span<const std::byte> record) {
   return h;
 }
 
-template <class T, class E>
-T list_body(const Record& record, std::vector<E>& entries) {
-  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_copyable_v<E>);
+namespace {
+
+template <class T>
+T head_of(const Record& record) {
   if (record.body.size() < sizeof(T)) {
     throw ProtocolError(fmt::format("{}: body of {} bytes is shorter than its head",
                                     to_string(record.type()), record.body.size()));
   }
   T head;
   std::memcpy(&head, record.body.data(), sizeof(T));
-  const std::size_t rest = record.body.size() - sizeof(T);
-  if (head.count > kMaxPagesPerBatch || rest != std::size_t{head.count} * sizeof(E)) {
-    throw ProtocolError(fmt::format("{}: {} entries in {} bytes (at most {} a batch)",
-                                    to_string(record.type()), head.count, rest,
-                                    kMaxPagesPerBatch));
-  }
-  entries.resize(head.count);
-  if (head.count > 0) std::memcpy(entries.data(), record.body.data() + sizeof(T), rest);
   return head;
 }
 
-template PageCount list_body<PageCount, PageEntry>(const Record&, std::vector<PageEntry>&);
-template PageCount list_body<PageCount, std::uint64_t>(const Record&, std::vector<std::uint64_t>&);
+template <class E>
+void copy_out(const Record& record, std::size_t at, std::size_t n, std::vector<E>& out) {
+  out.resize(n);
+  if (n > 0) std::memcpy(out.data(), record.body.data() + at, n * sizeof(E));
+}
+
+template <class T>
+void append(std::vector<std::byte>& body, std::span<const T> items) {
+  const auto bytes = std::as_bytes(items);
+  body.insert(body.end(), bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+PagesHead pages_body(const Record& record, std::vector<PageEntry>& entries,
+                     std::vector<FenceEntry>& fences) {
+  const auto head = head_of<PagesHead>(record);
+  const std::size_t rest = record.body.size() - sizeof(PagesHead);
+  if (head.count > kMaxPagesPerBatch || head.fences > head.count ||
+      rest != std::size_t{head.count} * sizeof(PageEntry) +
+                  std::size_t{head.fences} * sizeof(FenceEntry)) {
+    throw ProtocolError(fmt::format("pages: {} pages and {} fences in {} bytes (at most {} a "
+                                    "batch, no more fences than pages)",
+                                    head.count, head.fences, rest, kMaxPagesPerBatch));
+  }
+  copy_out(record, sizeof(PagesHead), head.count, entries);
+  copy_out(record, sizeof(PagesHead) + head.count * sizeof(PageEntry), head.fences, fences);
+  for (const PageEntry& e : entries) {
+    if (e.fence > head.fences) {
+      throw ProtocolError(
+          fmt::format("pages: page {} names fence {} of {}", e.id, e.fence, head.fences));
+    }
+  }
+  return head;
+}
+
+std::vector<std::byte> encode_pages(std::uint64_t seq, const PagesHead& head,
+                                    std::span<const PageEntry> entries,
+                                    std::span<const FenceEntry> fences) {
+  std::vector<std::byte> body(sizeof(PagesHead));
+  std::memcpy(body.data(), &head, sizeof(PagesHead));
+  append(body, entries);
+  append(body, fences);
+  return encode_body(MessageType::pages, seq, body);
+}
+
+GiveHead give_body(const Record& record, std::vector<std::uint64_t>& ids, FenceEntry& fence) {
+  const auto head = head_of<GiveHead>(record);
+  const std::size_t rest = record.body.size() - sizeof(GiveHead);
+  if (head.fence != GiveFence::settled && head.fence != GiveFence::fenced &&
+      head.fence != GiveFence::untouched) {
+    throw ProtocolError(fmt::format("give_pages: unknown fence mode {}",
+                                    static_cast<std::uint32_t>(head.fence)));
+  }
+  const std::size_t fence_bytes = head.fence == GiveFence::fenced ? sizeof(FenceEntry) : 0;
+  if (head.count > kMaxPagesPerBatch ||
+      rest != std::size_t{head.count} * sizeof(std::uint64_t) + fence_bytes) {
+    throw ProtocolError(fmt::format("give_pages: {} ids in {} bytes (at most {} a batch)",
+                                    head.count, rest, kMaxPagesPerBatch));
+  }
+  copy_out(record, sizeof(GiveHead), head.count, ids);
+  if (fence_bytes != 0) {
+    std::memcpy(&fence, record.body.data() + sizeof(GiveHead) + head.count * sizeof(std::uint64_t),
+                sizeof(FenceEntry));
+  }
+  return head;
+}
+
+std::vector<std::byte> give_pages_body(const GiveHead& head, std::span<const std::uint64_t> ids,
+                                       const FenceEntry* fence) {
+  std::vector<std::byte> body(sizeof(GiveHead));
+  std::memcpy(body.data(), &head, sizeof(GiveHead));
+  append(body, ids);
+  if (fence != nullptr) append(body, std::span(fence, 1));
+  return body;
+}
 
 std::string name_of(std::span<const char> field, std::string_view what) {
   const auto end = std::find(field.begin(), field.end(), '\0');

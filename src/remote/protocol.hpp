@@ -27,10 +27,12 @@
 namespace salus::remote {
 
 inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order: a salus record
-inline constexpr std::uint16_t kProtocolVersion = 1;
-inline constexpr std::size_t kMaxRecordBytes = 16 * 1024;
-// Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD).
-inline constexpr std::uint32_t kMaxPagesPerBatch = 240;
+// 2: pages travel with the interprocess fences of the work they may still be under.
+inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
+// Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
+// simulated pages carries one per page and one per fence (at most one a page).
+inline constexpr std::uint32_t kMaxPagesPerBatch = 120;
 inline constexpr std::size_t kMaxDevices = 16;
 inline constexpr std::size_t kNameBytes = 64;
 inline constexpr std::size_t kMessageBytes = 480;
@@ -45,9 +47,9 @@ enum class MessageType : std::uint16_t {
   end_iteration,    // JobCall -> Done
   withdraw,         // JobCall -> Done
   finish_job,       // JobCall (flag: cancelled) -> Done
-  take_pages,       // PageCount -> Pages (with one descriptor per distinct file)
+  take_pages,       // PageCount -> PagesHead, entries, fences (one descriptor per page)
   pages,
-  give_pages,       // PageIds + ids -> Done
+  give_pages,       // GiveHead, ids, a fence when fenced -> Done
   reclaim,          // daemon -> client, unasked (seq 0): PageCount it would like back
   status,           // empty -> StatusText
   status_text,
@@ -130,11 +132,44 @@ constexpr std::uint64_t page_id(int device, std::uint64_t serial) {
 }
 constexpr int device_of_page(std::uint64_t id) { return static_cast<int>(id >> 56); }
 
-// One page of a Pages message: page `id` lies at `offset` of descriptor `fd_index` of the record.
+// One page of a Pages message: page `id` lies at `offset` of descriptor `fd_index` of the record;
+// `fence`, when not 0, is 1 + the index of the fence (below) of the work it may still be under.
 struct PageEntry {
   std::uint64_t id = 0;
   std::uint64_t offset = 0;
   std::uint32_t fd_index = 0;
+  std::uint32_t fence = 0;
+};
+
+// GPU work a page may still be under, as it travels: an interprocess event
+// (DeviceBackend::export_event). CUDA: its handle bytes; simulated: its descriptor, `fd_index`
+// among the record's.
+struct FenceEntry {
+  std::array<std::byte, 64> handle{};
+  std::int32_t fd_index = -1;  // -1: no descriptor (CUDA)
+  std::uint32_t reserved = 0;
+};
+
+// The head of a Pages message: `count` PageEntry follow, then `fences` FenceEntry.
+struct PagesHead {
+  std::int32_t device = 0;
+  std::uint32_t count = 0;
+  std::uint32_t fences = 0;
+  std::uint32_t reserved = 0;
+};
+
+// What pages given back may still be under.
+enum class GiveFence : std::uint32_t {
+  settled = 0,    // nothing: the fence they came with has passed too
+  fenced = 1,     // the work of the FenceEntry that follows the ids
+  untouched = 2,  // never used here: the fence they came with (if any) still holds
+};
+
+// The head of a GivePages message: `count` page ids follow, then a FenceEntry when fenced.
+struct GiveHead {
+  std::int32_t device = 0;
+  std::uint32_t count = 0;
+  GiveFence fence = GiveFence::settled;
   std::uint32_t reserved = 0;
 };
 
@@ -176,10 +211,18 @@ T body_as(const Record& record) {
   return out;
 }
 
-// A list message: the fixed part T, then its count's entries E. Checks count <= the batch limit
-// and the body's size against it.
-template <class T, class E>
-T list_body(const Record& record, std::vector<E>& entries);
+// A Pages message: checks the counts (at most kMaxPagesPerBatch pages, as many fences), the body's
+// size, and that each page's fence names one of the fences; ProtocolError otherwise.
+PagesHead pages_body(const Record& record, std::vector<PageEntry>& entries,
+                     std::vector<FenceEntry>& fences);
+std::vector<std::byte> encode_pages(std::uint64_t seq, const PagesHead& head,
+                                    std::span<const PageEntry> entries,
+                                    std::span<const FenceEntry> fences);
+// A GivePages message: the ids, and `fence` when the head says fenced; ProtocolError for a count
+// past the batch limit, an unknown fence mode or a body of the wrong size.
+GiveHead give_body(const Record& record, std::vector<std::uint64_t>& ids, FenceEntry& fence);
+std::vector<std::byte> give_pages_body(const GiveHead& head, std::span<const std::uint64_t> ids,
+                                       const FenceEntry* fence);
 
 // A fixed-size name field as a string: it must hold a NUL (ProtocolError naming `what`).
 std::string name_of(std::span<const char> field, std::string_view what);
@@ -194,20 +237,6 @@ template <class T>
 std::vector<std::byte> encode(MessageType type, std::uint64_t seq, const T& body) {
   return encode_body(type, seq, std::as_bytes(std::span(&body, 1)));
 }
-// A list message's body: the fixed part, then the entries.
-template <class T, class E>
-std::vector<std::byte> pack_list(const T& head, std::span<const E> entries) {
-  std::vector<std::byte> body(sizeof(T) + entries.size_bytes());
-  std::memcpy(body.data(), &head, sizeof(T));
-  if (!entries.empty()) std::memcpy(body.data() + sizeof(T), entries.data(), entries.size_bytes());
-  return body;
-}
-template <class T, class E>
-std::vector<std::byte> encode_list(MessageType type, std::uint64_t seq, const T& head,
-                                   std::span<const E> entries) {
-  return encode_body(type, seq, pack_list(head, entries));
-}
-
 // A Failure for `code` and `message`; and back again, as the typed exception it stands for.
 Failure failure_of(Errc code, std::string_view message);
 [[noreturn]] void throw_failure(const Failure& failure, std::string_view call);

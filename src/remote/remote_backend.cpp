@@ -6,6 +6,8 @@
 #include <cstring>
 #include <exception>
 
+#include "log/log.hpp"
+
 namespace salus::remote {
 namespace {
 
@@ -40,7 +42,8 @@ RemoteBackend::RemoteBackend(std::shared_ptr<DeviceBackend> local,
       address_granularity_(smallest_granularity(*local_)),
       page_bytes_(link_->welcome().page_bytes),
       devices_(static_cast<std::size_t>(local_->device_count())),
-      fetching_(devices_.size(), false) {
+      fetching_(devices_.size(), false),
+      fence_streams_(devices_.size(), StreamHandle{}) {
   if (page_bytes_ != local_->granularity(Location::gpu(0))) {
     throw InvalidArgument(fmt::format(
         "salusd pages are {} bytes, this process's device granularity is {}: they must agree",
@@ -52,12 +55,39 @@ RemoteBackend::~RemoteBackend() {
   // Whatever is still held goes back without waiting: the daemon takes back every page of a
   // process that disconnects anyway.
   for (int d = 0; d < static_cast<int>(devices_.size()); ++d) {
-    std::vector<std::uint64_t> ids;
+    Returns back;
     {
       std::lock_guard lock(mu_);
-      ids = collect_returns(devices_[static_cast<std::size_t>(d)]);
+      back = collect_returns(devices_[static_cast<std::size_t>(d)]);
     }
-    send_returns(d, ids, false);
+    send_returns(d, back.settled, GiveFence::settled, false);
+    send_returns(d, back.untouched, GiveFence::untouched, false);
+  }
+  // Pages given back behind work: our mappings of them must outlive that work.
+  std::lock_guard lock(mu_);
+  arrivals_.clear();
+  for (Deferred& d : deferred_) {
+    try {
+      d.fence->synchronize();
+    } catch (const Error& e) {
+      log::warn("a page given back to salusd: waiting for its work failed: {}", e.what());
+    }
+    for (const ChunkHandle chunk : d.chunks) {
+      try {
+        local_->release_chunk(chunk);
+      } catch (const Error& e) {
+        log::warn("releasing a page given back to salusd failed: {}", e.what());
+      }
+    }
+  }
+  deferred_.clear();
+  for (StreamHandle& stream : fence_streams_) {
+    if (stream.value == 0) continue;
+    try {
+      local_->destroy_stream(stream);
+    } catch (const Error&) {
+      // The backend is going too.
+    }
   }
 }
 
@@ -73,6 +103,7 @@ ChunkHandle RemoteBackend::do_create_chunk(Location where, std::size_t bytes) {
 }
 
 ChunkHandle RemoteBackend::take_page(int device) {
+  reap();
   std::unique_lock lock(mu_);
   DevicePages& pages = devices_[static_cast<std::size_t>(device)];
   while (pages.spare.empty()) {
@@ -95,10 +126,13 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
   std::vector<std::pair<ChunkHandle, std::uint64_t>> got;
   std::string refusal;
   std::exception_ptr gone;
+  std::vector<std::shared_ptr<const Event>> fences_of_got;
   try {
     Received reply = link_->call(MessageType::take_pages, PageCount{device, kFetchBatch});
     std::vector<PageEntry> entries;
-    (void)list_body<PageCount, PageEntry>(reply.record, entries);
+    std::vector<FenceEntry> fence_entries;
+    (void)pages_body(reply.record, entries, fence_entries);
+    const auto fences = import_fences(device, fence_entries, reply.fds);
     std::size_t imported = 0;
     try {
       for (const PageEntry& e : entries) {
@@ -108,13 +142,15 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
         }
         const SharedChunk shared{reply.fds[e.fd_index].get(), e.offset, page_bytes_};
         got.emplace_back(local_->import_chunk(Location::gpu(device), shared), e.id);
+        fences_of_got.push_back(e.fence != 0 ? fences[e.fence - 1] : nullptr);
         ++imported;
       }
     } catch (const Error&) {
-      // The pages this process could not take are the daemon's again at once.
+      // The pages this process could not take are the daemon's again at once, their fences
+      // still holding.
       std::vector<std::uint64_t> back;
       for (std::size_t i = imported; i < entries.size(); ++i) back.push_back(entries[i].id);
-      send_returns(device, back, false);
+      send_returns(device, back, GiveFence::untouched, false);
       if (got.empty()) throw;
     }
   } catch (const Error& e) {
@@ -125,9 +161,11 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
   fetching_[static_cast<std::size_t>(device)] = false;
   fetched_.notify_all();
   if (gone) std::rethrow_exception(gone);  // not an out-of-memory: the daemon is gone
-  for (const auto& [chunk, id] : got) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto& [chunk, id] = got[i];
     pages.spare.push_back(chunk);
     page_of_chunk_.emplace(chunk.value, HeldPage{id, device});
+    if (fences_of_got[i]) arrivals_.emplace(chunk.value, fences_of_got[i]);
   }
   pages.held += got.size();
   if (!got.empty()) return;
@@ -136,9 +174,34 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
                                 refusal.empty() ? "every page is in use" : refusal));
 }
 
+std::vector<std::shared_ptr<const Event>> RemoteBackend::import_fences(
+    int device, const std::vector<FenceEntry>& fences, const std::vector<UniqueFd>& fds) {
+  std::vector<std::shared_ptr<const Event>> out;
+  out.reserve(fences.size());
+  for (const FenceEntry& f : fences) {
+    if (f.fd_index >= static_cast<std::int32_t>(fds.size())) {
+      throw ProtocolError(fmt::format("a fence names descriptor {} of {}", f.fd_index, fds.size()));
+    }
+    SharedEvent shared;
+    shared.handle = f.handle;
+    shared.fd = f.fd_index >= 0 ? fds[static_cast<std::size_t>(f.fd_index)].get() : -1;
+    try {
+      out.push_back(std::make_shared<const Event>(local_, local_->import_event(device, shared)));
+    } catch (const Error& e) {
+      // Its process has exited (CUDA opens no event of a process that is gone), and its work
+      // ended with it; or it was never an event, which only a process of this user can send.
+      log::debug("a page's fence could not be opened, taken as passed: {}", e.what());
+      out.push_back(nullptr);
+    }
+  }
+  return out;
+}
+
 void RemoteBackend::do_release_chunk(ChunkHandle chunk) {
+  reap();
   std::vector<std::uint64_t> ids;
   int device = -1;
+  bool untouched = false;
   {
     std::lock_guard lock(mu_);
     auto it = page_of_chunk_.find(chunk.value);
@@ -154,34 +217,160 @@ void RemoteBackend::do_release_chunk(ChunkHandle chunk) {
     device = it->second.device;
     page_of_chunk_.erase(it);
     DevicePages& pages = devices_[static_cast<std::size_t>(device)];
-    pages.returning.push_back(id);
-    if (pages.returning.size() >= kReturnBatch) {
-      ids.swap(pages.returning);
-      pages.held -= ids.size();
+    // Its arrival was never taken: whoever used it did not wait for that work, so the fence it
+    // came with must go on holding for the next process.
+    if (arrivals_.erase(chunk.value) > 0) {
+      untouched = true;
+      ids.push_back(id);
+      pages.held -= 1;
+    } else {
+      pages.returning.push_back(id);
+      if (pages.returning.size() >= kReturnBatch) {
+        ids.swap(pages.returning);
+        pages.held -= ids.size();
+      }
     }
   }
-  send_returns(device, ids, false);
+  send_returns(device, ids, untouched ? GiveFence::untouched : GiveFence::settled, false);
 }
 
-std::vector<std::uint64_t> RemoteBackend::collect_returns(DevicePages& pages) {
-  std::vector<std::uint64_t> ids;
-  ids.swap(pages.returning);
+std::shared_ptr<const Event> RemoteBackend::do_take_arrival(ChunkHandle chunk) {
+  std::lock_guard lock(mu_);
+  const auto it = arrivals_.find(chunk.value);
+  if (it == arrivals_.end()) return nullptr;
+  auto fence = std::move(it->second);
+  arrivals_.erase(it);
+  return fence;
+}
+
+void RemoteBackend::do_release_chunks_after(std::span<const ChunkHandle> chunks,
+                                           std::span<const std::shared_ptr<const Event>> work) {
+  reap();
+  std::vector<std::shared_ptr<const Event>> pending;
+  for (const auto& event : work) {
+    if (!event->query()) pending.push_back(event);
+  }
+  // By device, the daemon's pages among the chunks; the rest (host-tier chunks of our own) as a
+  // local backend would: after the work, on the host.
+  std::vector<std::vector<ChunkHandle>> remote_chunks(devices_.size());
+  std::vector<std::vector<std::uint64_t>> remote_ids(devices_.size());
+  std::vector<ChunkHandle> local_chunks;
+  if (!pending.empty()) {
+    std::lock_guard lock(mu_);
+    for (const ChunkHandle chunk : chunks) {
+      const auto it = page_of_chunk_.find(chunk.value);
+      if (it == page_of_chunk_.end()) {
+        local_chunks.push_back(chunk);
+        continue;
+      }
+      const auto d = static_cast<std::size_t>(it->second.device);
+      remote_chunks[d].push_back(chunk);
+      remote_ids[d].push_back(it->second.id);
+    }
+  } else {
+    local_chunks.assign(chunks.begin(), chunks.end());
+  }
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    if (remote_ids[d].empty()) continue;
+    if (!give_back_fenced(static_cast<int>(d), remote_chunks[d], remote_ids[d], pending)) {
+      local_chunks.insert(local_chunks.end(), remote_chunks[d].begin(), remote_chunks[d].end());
+    }
+  }
+  if (local_chunks.empty()) return;
+  for (const auto& event : pending) event->synchronize();
+  for (const ChunkHandle chunk : local_chunks) do_release_chunk(chunk);
+}
+
+bool RemoteBackend::give_back_fenced(int device, std::vector<ChunkHandle> chunks,
+                                     const std::vector<std::uint64_t>& ids,
+                                     std::span<const std::shared_ptr<const Event>> work) {
+  // One interprocess event after all of the work, recorded on a stream of our own that waits
+  // for it.
+  std::shared_ptr<const Event> fence;
+  SharedEvent shared;
+  {
+    std::lock_guard lock(mu_);
+    const StreamHandle stream = fence_stream(device);
+    EventHandle made{};
+    try {
+      made = local_->create_shareable_event(device);
+    } catch (const NotSupported&) {
+      return false;
+    }
+    fence = std::make_shared<const Event>(local_, made);
+    for (const auto& event : work) local_->stream_wait_event(stream, event->handle(), device);
+    local_->record_event(made, stream);
+    shared = local_->export_event(made);
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      page_of_chunk_.erase(chunks[i].value);
+      arrivals_.erase(chunks[i].value);  // ordered after by the wait above, if it was used
+    }
+    devices_[static_cast<std::size_t>(device)].held -= ids.size();
+    deferred_.push_back({std::move(chunks), fence});
+  }
+  const UniqueFd fd(shared.fd);
+  FenceEntry entry;
+  entry.handle = shared.handle;
+  entry.fd_index = fd.get() >= 0 ? 0 : -1;
+  std::vector<int> fds;
+  if (fd.get() >= 0) fds.push_back(fd.get());
+  for (std::size_t at = 0; at < ids.size(); at += kMaxPagesPerBatch) {
+    const std::size_t n = std::min<std::size_t>(kMaxPagesPerBatch, ids.size() - at);
+    const GiveHead head{device, static_cast<std::uint32_t>(n), GiveFence::fenced, 0};
+    link_->post(MessageType::give_pages,
+                give_pages_body(head, std::span(ids).subspan(at, n), &entry), fds);
+  }
+  return true;
+}
+
+StreamHandle RemoteBackend::fence_stream(int device) {
+  StreamHandle& stream = fence_streams_[static_cast<std::size_t>(device)];
+  if (stream.value == 0) stream = local_->create_stream(device, 0);
+  return stream;
+}
+
+void RemoteBackend::reap() {
+  std::vector<ChunkHandle> done;
+  {
+    std::lock_guard lock(mu_);
+    if (deferred_.empty()) return;
+    auto keep = deferred_.begin();
+    for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+      if (it->fence->query()) {
+        done.insert(done.end(), it->chunks.begin(), it->chunks.end());
+      } else {
+        if (keep != it) *keep = std::move(*it);
+        ++keep;
+      }
+    }
+    deferred_.erase(keep, deferred_.end());
+  }
+  for (const ChunkHandle chunk : done) local_->release_chunk(chunk);
+}
+
+RemoteBackend::Returns RemoteBackend::collect_returns(DevicePages& pages) {
+  Returns back;
+  back.settled.swap(pages.returning);
   for (const ChunkHandle chunk : pages.spare) {
     auto it = page_of_chunk_.find(chunk.value);
-    ids.push_back(it->second.id);
+    back.untouched.push_back(it->second.id);
     page_of_chunk_.erase(it);
+    arrivals_.erase(chunk.value);
     local_->release_chunk(chunk);
   }
   pages.spare.clear();
-  pages.held -= std::min(pages.held, ids.size());
-  return ids;
+  const std::size_t n = back.settled.size() + back.untouched.size();
+  pages.held -= std::min(pages.held, n);
+  return back;
 }
 
-void RemoteBackend::send_returns(int device, const std::vector<std::uint64_t>& ids, bool wait) {
+void RemoteBackend::send_returns(int device, const std::vector<std::uint64_t>& ids, GiveFence mode,
+                                 bool wait) {
   for (std::size_t at = 0; at < ids.size(); at += kMaxPagesPerBatch) {
     const std::size_t n = std::min<std::size_t>(kMaxPagesPerBatch, ids.size() - at);
-    const std::vector<std::byte> body = pack_list(PageCount{device, static_cast<std::uint32_t>(n)},
-                                                  std::span(ids).subspan(at, n));
+    const GiveHead head{device, static_cast<std::uint32_t>(n), mode, 0};
+    const std::vector<std::byte> body =
+        give_pages_body(head, std::span(ids).subspan(at, n), nullptr);
     if (wait) {
       (void)link_->call(MessageType::give_pages, body);
     } else {
@@ -194,13 +383,15 @@ std::size_t RemoteBackend::give_back(int device) {
   if (device < 0 || device >= static_cast<int>(devices_.size())) {
     throw InvalidArgument(fmt::format("give_back: device {} of {}", device, devices_.size()));
   }
-  std::vector<std::uint64_t> ids;
+  reap();
+  Returns back;
   {
     std::lock_guard lock(mu_);
-    ids = collect_returns(devices_[static_cast<std::size_t>(device)]);
+    back = collect_returns(devices_[static_cast<std::size_t>(device)]);
   }
-  send_returns(device, ids, true);
-  return ids.size();
+  send_returns(device, back.settled, GiveFence::settled, true);
+  send_returns(device, back.untouched, GiveFence::untouched, true);
+  return back.settled.size() + back.untouched.size();
 }
 
 std::size_t RemoteBackend::held_pages(int device) const {

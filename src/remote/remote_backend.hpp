@@ -3,6 +3,12 @@
 // daemon. A page arrives as a shared chunk (a descriptor) and is imported into the local backend,
 // so everything above sees an ordinary chunk handle. Pages come in batches and go back in
 // batches: most create_chunk and release_chunk calls make no round trip.
+//
+// Between processes, memory stays safe in stream order (DESIGN invariant 8): a page given back
+// behind work still queued here goes back at once with an interprocess event recorded after that
+// work (release_chunks_after); this process keeps its own reference to the page until the event
+// has completed, and the next process's streams wait for the event before the page's first use
+// (take_arrival hands it to the memory manager with the page).
 #pragma once
 
 #include <cstdint>
@@ -32,13 +38,36 @@ class RemoteBackend final : public DeviceBackend {
  private:
   struct DevicePages {
     std::vector<ChunkHandle> spare;        // fetched, not handed out yet
-    std::vector<std::uint64_t> returning;  // released, not given back yet
+    std::vector<std::uint64_t> returning;  // released with no work pending, not given back yet
     std::size_t held = 0;                  // handed out, spare, or returning
+  };
+  // Pages to give back: released ones (nothing pending) and spare ones (never used here: the
+  // fence they came with, if any, still holds).
+  struct Returns {
+    std::vector<std::uint64_t> settled;
+    std::vector<std::uint64_t> untouched;
+  };
+  // Pages given back behind work: this process's references, kept until `fence` completes.
+  struct Deferred {
+    std::vector<ChunkHandle> chunks;
+    std::shared_ptr<const Event> fence;
   };
   ChunkHandle take_page(int device);
   void fetch(int device, DevicePages& pages, std::unique_lock<std::mutex>& lock);
-  std::vector<std::uint64_t> collect_returns(DevicePages& pages);  // with mu_ held
-  void send_returns(int device, const std::vector<std::uint64_t>& ids, bool wait);
+  // The fences of a Pages reply as events of this process (null for one that could not be
+  // opened: its process has exited, and its work with it).
+  std::vector<std::shared_ptr<const Event>> import_fences(int device,
+                                                          const std::vector<FenceEntry>& fences,
+                                                          const std::vector<UniqueFd>& fds);
+  Returns collect_returns(DevicePages& pages);  // with mu_ held
+  void send_returns(int device, const std::vector<std::uint64_t>& ids, GiveFence mode, bool wait);
+  // Gives `ids` (pages of `device`) back behind `work`; false when this driver has no
+  // interprocess events (the caller then waits on the host).
+  bool give_back_fenced(int device, std::vector<ChunkHandle> chunks,
+                        const std::vector<std::uint64_t>& ids,
+                        std::span<const std::shared_ptr<const Event>> work);
+  StreamHandle fence_stream(int device);  // with mu_ held
+  void reap();  // releases the deferred references whose fence has completed
 
   std::string_view do_name() const noexcept override { return local_->name(); }
   int do_device_count() const override { return local_->device_count(); }
@@ -48,6 +77,17 @@ class RemoteBackend final : public DeviceBackend {
   PeerLink do_peer_link(int from, int to) const override { return local_->peer_link(from, to); }
   ChunkHandle do_create_chunk(Location where, std::size_t bytes) override;
   void do_release_chunk(ChunkHandle chunk) override;
+  std::shared_ptr<const Event> do_take_arrival(ChunkHandle chunk) override;
+  [[nodiscard]] bool do_defers_release() const noexcept override { return true; }
+  void do_release_chunks_after(std::span<const ChunkHandle> chunks,
+                               std::span<const std::shared_ptr<const Event>> work) override;
+  EventHandle do_create_shareable_event(int device) override {
+    return local_->create_shareable_event(device);
+  }
+  SharedEvent do_export_event(EventHandle event) override { return local_->export_event(event); }
+  EventHandle do_import_event(int device, const SharedEvent& shared) override {
+    return local_->import_event(device, shared);
+  }
   SharedChunk do_export_chunk(ChunkHandle chunk) override { return local_->export_chunk(chunk); }
   ChunkHandle do_import_chunk(Location where, const SharedChunk& shared) override {
     return local_->import_chunk(where, shared);
@@ -120,6 +160,10 @@ class RemoteBackend final : public DeviceBackend {
     int device = 0;
   };
   std::unordered_map<std::uint64_t, HeldPage> page_of_chunk_;  // by local chunk handle
+  // Work of another process that fetched pages may still be under, until take_arrival.
+  std::unordered_map<std::uint64_t, std::shared_ptr<const Event>> arrivals_;
+  std::vector<Deferred> deferred_;
+  std::vector<StreamHandle> fence_streams_;  // per device, made on first use (0: none yet)
   std::vector<bool> fetching_;  // a fetch for the device is under way (others wait for it)
   std::condition_variable fetched_;
 };

@@ -4,7 +4,9 @@
 // can tell when its iterations ran (and kill it at a chosen moment).
 //
 //   salus_client --socket S --name N [--iterations K] [--persistent-mib P] [--ephemeral-mib E]
-//                [--priority Q] [--iteration-ms T] --log FILE
+//                [--priority Q] [--iteration-ms T] [--late-fill-ms L] --log FILE
+// --late-fill-ms: each iteration ends with a block freed while its fill is still queued behind an
+// L ms pause, so that its pages go to the next process under work (behind an interprocess fence).
 // Exit status: 0 all iterations done and every byte checked; 2 a byte was wrong; 3 an error
 // (its message on stderr and in the log as "error <code> <text>").
 #include <fmt/format.h>
@@ -31,6 +33,7 @@ struct Args {
   std::size_t persistent_mib = 4, ephemeral_mib = 8;
   bool weights_in_iteration = false;  // made in the first iteration (as optimizer state is)
   bool empty = false;  // iterations that do nothing: turns only (the switch benchmark's partner)
+  int late_fill_ms = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -47,6 +50,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--ephemeral-mib") a.ephemeral_mib = std::stoul(v);
     else if (k == "--weights-in-iteration") a.weights_in_iteration = v == "1";
     else if (k == "--empty") a.empty = v == "1";
+    else if (k == "--late-fill-ms") a.late_fill_ms = std::stoi(v);
   }
   return a;
 }
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
       // fill still queued and its space taken again at once by a third block, whose fill is
       // ordered behind the first's on the stream. Both survivors are checked once it has run.
       const std::size_t half = a.ephemeral_mib * MiB / 2;
+      note(fmt::format("weights checked {}", it));
       const salus::DevicePtr first = job.allocate(half);
       bytes.fill(s, first, half, seed + 1000);
       const salus::DevicePtr act = job.allocate(half);
@@ -181,6 +186,7 @@ int main(int argc, char** argv) {
       const salus::DevicePtr again = job.allocate(half);
       bytes.fill(s, again, half, seed + 2000 + it);
       bytes.fill(s, weights, weight_bytes, seed);
+      note(fmt::format("filled {}", it));
       std::this_thread::sleep_for(std::chrono::milliseconds(a.iteration_ms));
       if (!bytes.check(s, act, half, seed + it) || !bytes.check(s, again, half, seed + 2000 + it)) {
         note("corrupt activation");
@@ -188,6 +194,15 @@ int main(int argc, char** argv) {
       }
       job.deallocate(act);
       job.deallocate(again);
+      if (a.late_fill_ms > 0) {
+        // Freed with its fill still queued, and the turn ends without waiting for it.
+        const salus::DevicePtr late = job.allocate(half);
+        rt->backend().launch_host_func(s, [ms = a.late_fill_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        });
+        bytes.fill(s, late, half, seed + 3000 + it);
+        job.deallocate(late);
+      }
       note(fmt::format("end {}", it));
       job.end_iteration();
     }

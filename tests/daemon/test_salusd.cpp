@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "remote/daemon_link.hpp"
+#include "remote/protocol.hpp"
 #include "salus/runtime.hpp"
 
 namespace {
@@ -36,12 +38,22 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& output = "/
   return pid;
 }
 
+// Where a process that hangs is stuck: every thread's stack, when gdb is there to say.
+void print_stacks(pid_t pid) {
+  const std::string command = "command -v gdb >/dev/null && gdb -q -p " + std::to_string(pid) +
+                              " -batch -ex 'thread apply all bt 12' 2>/dev/null | grep -E "
+                              "'^(Thread|#)' >&2";
+  std::fprintf(stderr, "process %d did not end in time; its threads:\n", static_cast<int>(pid));
+  (void)std::system(command.c_str());
+}
+
 // The exit status, or -1 when it did not end within `limit` (it is then killed).
 int wait_for(pid_t pid, std::chrono::milliseconds limit = 60s) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
   while (::waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
+      print_stacks(pid);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       return -1;
@@ -101,6 +113,27 @@ long granted_pages(const std::string& table) {
     std::istringstream row(line);
     long device = -1, pages = -1;
     if (row >> device >> pages && device == 0) return pages;
+  }
+  return -1;
+}
+
+// Device 0's row of `salusd --status`'s table, column `column` (0: the device's index); -1 when
+// there is no such row or column.
+double device_column(const std::string& table, std::size_t column) {
+  std::istringstream in(table);
+  std::string line;
+  bool devices = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("device", 0) == 0) {
+      devices = true;
+      continue;
+    }
+    if (!devices) continue;
+    std::istringstream row(line);
+    std::vector<double> cells;
+    double cell = 0;
+    while (row >> cell) cells.push_back(cell);
+    if (!cells.empty() && cells[0] == 0) return column < cells.size() ? cells[column] : -1;
   }
   return -1;
 }
@@ -257,13 +290,14 @@ TEST_F(Salusd, FourProcessesUnderPriority) {
   EXPECT_LE(others, 4) << "p3 (priority 10) waited behind " << others << " iterations";
 }
 
-// Memory just above persistent of both plus one ephemeral peak: the two processes' iterations fit
-// only because the one that waits gives its activation pages to the one whose turn it is.
+// Memory exactly the persistent memory of both plus one ephemeral peak: the two processes'
+// iterations fit only because the one that waits gives its activation pages to the one whose turn
+// it is, and the daemon's peak (its statistics) is no more than that sum.
 TEST_F(Salusd, ActivationPagesGoToTheNextProcess) {
   // Each process peaks at 4 MiB persistent + 8 MiB ephemeral = 12 MiB; both at once would need
-  // 24. The device has 20 MiB (10 pages of 2 MiB): 2 x 4 persistent + one 8 MiB ephemeral peak,
-  // plus a page each of slack.
-  start_daemon({"--policy", "fair", "--memory", "20MiB"});
+  // 24. The device has 16 MiB (8 pages of 2 MiB): 2 x 4 persistent + one 8 MiB ephemeral peak.
+  const std::string trace = dir_ + "/trace.json";
+  start_daemon({"--policy", "fair", "--memory", "16MiB", "--trace", trace});
   const std::vector<std::string> args = {"--iterations", "8", "--iteration-ms", "40",
                                          "--persistent-mib", "4", "--ephemeral-mib", "8"};
   const pid_t a = client("a", args);
@@ -274,7 +308,43 @@ TEST_F(Salusd, ActivationPagesGoToTheNextProcess) {
   // Both were there throughout: the pages went back and forth, not to one after the other ended.
   expect_alternating("a", "b");
   const std::string table = status();
-  EXPECT_NE(table.find("capacity MiB"), std::string::npos) << table;
+  const double peak_mib = device_column(table, 3);
+  EXPECT_GT(peak_mib, 12.0) << table;  // more than one process alone ever needs
+  EXPECT_LE(peak_mib, 2 * 4 + 8) << "peak above persistent + one ephemeral peak:\n" << table;
+  // One trace has both processes' iterations and the pages going between them.
+  stop_daemon();
+  const std::string json = read_file(trace);
+  for (const auto& [name, pid] : {std::pair{"a", a}, std::pair{"b", b}}) {
+    EXPECT_NE(json.find(std::string("\"name\":\"") + name + "\""), std::string::npos)
+        << "no iteration of " << name << " in the trace";
+    const std::string process = "salus_client " + std::to_string(pid);
+    EXPECT_NE(json.find("grant -> " + process), std::string::npos) << "no grant to " << name;
+    EXPECT_NE(json.find("give back <- " + process), std::string::npos) << "nothing back from "
+                                                                        << name;
+  }
+  EXPECT_NE(json.find("salusd pages gpu0"), std::string::npos);
+}
+
+// A process's turn ends with a block freed while work on it is still queued (a fill behind a
+// 30 ms pause): its pages go to the other process behind an interprocess event, at once, and the
+// other's work on them waits for it. Every byte both wrote is checked; without the wait, the late
+// fill would land on the other's fresh data. The device holds exactly both processes' persistent
+// memory and one iteration's peak, so every iteration runs in pages the other just gave back.
+TEST_F(Salusd, PagesGivenBackBehindQueuedWorkWaitForIt) {
+  start_daemon({"--policy", "fair", "--memory", "20MiB"});
+  const std::vector<std::string> args = {"--iterations", "6", "--iteration-ms", "40",
+                                         "--persistent-mib", "4", "--ephemeral-mib", "8",
+                                         "--late-fill-ms", "30"};
+  const pid_t a = client("a", args);
+  const pid_t b = client("b", args);
+  const int ra = wait_for(a), rb = wait_for(b);
+  EXPECT_EQ(ra, 0) << read_file(log("a")) << read_file(dir_ + "/a.err") << "b:\n"
+                   << read_file(log("b")) << status();
+  EXPECT_EQ(rb, 0) << read_file(log("b")) << read_file(dir_ + "/b.err");
+  expect_exclusive({"a", "b"});
+  expect_alternating("a", "b");
+  const std::string table = status();
+  EXPECT_GT(device_column(table, 6), 0) << "no page went back behind work:\n" << table;
 }
 
 // Two processes whose persistent memory is 60% of the device each: they take turns only because
@@ -379,6 +449,42 @@ TEST_F(Salusd, TheProcessLimitHolds) {
   // Within its limit, a process works.
   const pid_t d = client("d", {"--persistent-mib", "2", "--ephemeral-mib", "4"});
   EXPECT_EQ(wait_for(d), 0) << read_file(log("d"));
+}
+
+// A process speaking the protocol itself, ignoring its own job's limit: the daemon grants no more
+// pages than the limits of the process's jobs add up to, whatever it asks for.
+TEST_F(Salusd, JobLimitsBoundWhatAProcessTakesWhateverItAsks) {
+  using namespace salus::remote;
+  start_daemon({"--memory", "64MiB"});
+  auto link_owner = std::make_unique<DaemonLink>(socket_);
+  DaemonLink& link = *link_owner;
+  AddJob add;
+  set_name(add.name, "greedy");
+  add.limit_total = 4 << 20;  // two pages
+  (void)link.call(MessageType::add_job, add);
+  const Received got = link.call(MessageType::take_pages, PageCount{0, 16});
+  std::vector<PageEntry> pages;
+  std::vector<FenceEntry> fences;
+  (void)pages_body(got.record, pages, fences);
+  EXPECT_EQ(pages.size(), 2u) << "asked for 16 pages under a 4 MiB job limit";
+  try {
+    (void)link.call(MessageType::take_pages, PageCount{0, 16});
+    ADD_FAILURE() << "a third page was granted";
+  } catch (const salus::Error& e) {
+    EXPECT_EQ(e.code(), salus::Errc::out_of_memory) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the sum of its jobs' limits"), std::string::npos)
+        << e.what();
+  }
+  const std::string table = status();
+  EXPECT_NE(table.find("4.0"), std::string::npos) << "the limit is in the table:\n" << table;
+  // Given back, so that the daemon need not wait for this process's exit when it stops.
+  std::vector<std::uint64_t> ids;
+  for (const PageEntry& e : pages) ids.push_back(e.id);
+  (void)link.call(MessageType::give_pages,
+                  give_pages_body(GiveHead{0, static_cast<std::uint32_t>(ids.size()),
+                                           GiveFence::settled, 0},
+                                  ids, nullptr));
+  link_owner.reset();
 }
 
 TEST_F(Salusd, ASecondDaemonOnTheSameSocketRefusesToStart) {

@@ -73,10 +73,20 @@ Coordinator::Sender sender(const std::shared_ptr<Seen>& seen) {
     if (r.type() == MessageType::job_added) seen->jobs.push_back(body_as<JobAdded>(r).job);
     if (r.type() == MessageType::pages) {
       std::vector<PageEntry> entries;
-      (void)list_body<PageCount, PageEntry>(r, entries);
+      std::vector<FenceEntry> fences;
+      try {
+        (void)pages_body(r, entries, fences);
+      } catch (const std::exception& e) {
+        salus::fuzz::fail(std::string("the coordinator sent pages that do not decode: ") + e.what());
+      }
       for (const PageEntry& e : entries) {
         if (e.fd_index >= fds.size()) salus::fuzz::fail("a page names a descriptor not sent");
         seen->pages.push_back(e.id);
+      }
+      for (const FenceEntry& f : fences) {
+        if (f.fd_index >= static_cast<std::int32_t>(fds.size())) {
+          salus::fuzz::fail("a fence names a descriptor not sent");
+        }
       }
     }
     if (r.type() == MessageType::failure) (void)name_of(body_as<Failure>(r).message, "failure");
@@ -133,9 +143,16 @@ std::vector<std::byte> structured(FuzzInput& in, Client& c, Seen& seen) {
     case MessageType::give_pages: {
       std::vector<std::uint64_t> ids(in.below(6));
       for (auto& id : ids) id = pick_id(in, pages);
-      const PageCount head{static_cast<std::int32_t>(in.below(3)) - 1,
-                           static_cast<std::uint32_t>(in.chance(90) ? ids.size() : in.bits(4))};
-      return encode_list<PageCount, std::uint64_t>(type, seq, head, ids);
+      // Settled, fenced (a CUDA-like fence: handle bytes, no descriptor), untouched, or unknown.
+      const auto mode = static_cast<GiveFence>(in.chance(90) ? in.below(3) : in.bits(2));
+      const GiveHead head{static_cast<std::int32_t>(in.below(3)) - 1,
+                          static_cast<std::uint32_t>(in.chance(90) ? ids.size() : in.bits(4)),
+                          mode, 0};
+      FenceEntry fence;
+      for (auto& b : fence.handle) b = static_cast<std::byte>(in.byte());
+      fence.fd_index = in.chance(90) ? -1 : static_cast<std::int32_t>(in.below(3));
+      return encode_body(type, seq,
+                         give_pages_body(head, ids, mode == GiveFence::fenced ? &fence : nullptr));
     }
     default: {
       std::vector<std::byte> body(in.below(64));

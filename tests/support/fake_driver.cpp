@@ -131,6 +131,12 @@ CUresult fake_cuEventSynchronize(CUevent event) {
 CUresult fake_cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
   return forward([&](auto& s) { return s.event_elapsed_time(milliseconds, start, end); });
 }
+CUresult fake_cuIpcGetEventHandle(CUipcEventHandle* handle, CUevent event) {
+  return forward([&](auto& s) { return s.ipc_get_event_handle(handle, event); });
+}
+CUresult fake_cuIpcOpenEventHandle(CUevent* event, CUipcEventHandle handle) {
+  return forward([&](auto& s) { return s.ipc_open_event_handle(event, handle); });
+}
 CUresult fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
   return forward([&](auto& s) { return s.launch_host_func(stream, fn, user_data); });
 }

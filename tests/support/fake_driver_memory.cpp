@@ -157,7 +157,7 @@ CUresult FakeDriver::State::mem_map(CUdeviceptr ptr, std::size_t size, std::size
     }
     if (!range_reserved(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
     if (!range_unmapped(ptr, size)) return CUDA_ERROR_ALREADY_MAPPED;
-    mappings_.emplace(ptr, Mapping{size, allocation, offset});
+    mappings_.emplace(ptr, Mapping{size, allocation, offset, handle});
     for (CUdeviceptr p = ptr; p < ptr + size; p += page_) {
       // A fresh mapping is inaccessible until cuMemSetAccess, as with the driver.
       pages_.emplace(

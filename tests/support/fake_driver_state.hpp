@@ -77,6 +77,8 @@ class FakeDriver::State {
   CUresult event_query(CUevent event);
   CUresult event_synchronize(CUevent event);
   CUresult event_elapsed_time(float* milliseconds, CUevent start, CUevent end);
+  CUresult ipc_get_event_handle(CUipcEventHandle* handle, CUevent event);
+  CUresult ipc_open_event_handle(CUevent* event, CUipcEventHandle handle);
   CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
   CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
   CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
@@ -142,14 +144,17 @@ class FakeDriver::State {
   };
   struct Mapping {
     std::size_t size = 0;
-    CUmemGenericAllocationHandle handle = 0;
-    std::size_t offset = 0;  // into the chunk
+    CUmemGenericAllocationHandle handle = 0;  // the allocation
+    std::size_t offset = 0;                   // into the chunk
+    CUmemGenericAllocationHandle via = 0;     // the handle cuMemMap was given (an import's own)
   };
   struct Event {
     int device = 0;
     std::uint64_t captured = 0;  // the item its last record captured; 0: none (complete)
     bool timing = false;         // created without CU_EVENT_DISABLE_TIMING
     bool recorded = false;
+    bool interprocess = false;   // created with CU_EVENT_INTERPROCESS
+    std::uintptr_t source = 0;   // opened by cuIpcOpenEventHandle: the event it stands for
   };
   // One entry of a stream's queue (fake_driver_work.cpp).
   enum class ItemKind : std::uint8_t { kernel, copy, wait, record, host };
@@ -157,6 +162,9 @@ class FakeDriver::State {
     CUdeviceptr va = 0;
     std::size_t bytes = 0;
     std::vector<CUmemGenericAllocationHandle> chunks;
+    // Per chunk, the handle of the mapping it was reached through: two handles of one allocation
+    // are two processes' views of one page (salusd's clients), whose work must be ordered.
+    std::vector<CUmemGenericAllocationHandle> via;
   };
   // Part of a copy: bytes from one chunk to another, resolved when the copy was enqueued.
   struct CopyPiece {
@@ -256,6 +264,13 @@ class FakeDriver::State {
   // the call), or chunk `handle`.
   void check_range(std::string_view call, CUdeviceptr ptr, std::size_t size);
   void check_chunk(CUmemGenericAllocationHandle handle);
+  // A kernel or copy about to be enqueued (`item`, not yet listed): records a violation for each
+  // allocation it reaches through one handle while unfinished work reaches it through another
+  // and is not among what the item follows: a page used before its interprocess fence.
+  void check_views(const Item& item);
+  // The event `event` stands for: an opened interprocess event's source (while it lives), else
+  // itself; events_.end() for none.
+  std::map<std::uintptr_t, Event>::iterator event_of(CUevent event);
   // Host functions (fake_driver_host.cpp): a ready one goes to the host-function thread, which
   // runs them one at a time, outside the lock, and then finishes their items.
   void dispatch(std::uint64_t id, Item& item);

@@ -3,6 +3,8 @@
 // completes what it waits for.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include <bit>
 
 #include "support/fake_driver_state.hpp"
@@ -83,9 +85,17 @@ CUresult FakeDriver::State::stream_get_ctx(CUstream stream, CUcontext* context) 
   });
 }
 
+std::map<std::uintptr_t, FakeDriver::State::Event>::iterator FakeDriver::State::event_of(
+    CUevent event) {
+  const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+  if (it == events_.end() || it->second.source == 0) return it;
+  const auto source = events_.find(it->second.source);
+  return source != events_.end() ? source : it;  // a gone source: the opened event alone
+}
+
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
   return run("cuStreamWaitEvent", {as_int(stream), as_int(event), flags}, [&] {
-    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    const auto it = event_of(event);
     if (!valid_stream(stream) || it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     // A captured stream may wait only for work of its own capture; the fake has no event
@@ -108,8 +118,12 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
     if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const bool interprocess = (flags & CU_EVENT_INTERPROCESS) != 0;
+    // As the driver: an interprocess event cannot time.
+    if (interprocess && (flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
     next_object_ += 0x10;
-    events_.emplace(next_object_, Event{device, 0, (flags & CU_EVENT_DISABLE_TIMING) == 0, false});
+    events_.emplace(next_object_, Event{device, 0, (flags & CU_EVENT_DISABLE_TIMING) == 0, false,
+                                        interprocess, 0});
     *event = std::bit_cast<CUevent>(next_object_);
     return CUDA_SUCCESS;
   });
@@ -127,7 +141,7 @@ CUresult FakeDriver::State::event_destroy(CUevent event) {
 
 CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
   return run("cuEventRecord", {as_int(event), as_int(stream)}, [&] {
-    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    const auto it = event_of(event);
     if (it == events_.end() || !valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     // The record is an item of its own: it completes after the stream's work so far (at once on
     // an idle stream), or when released, while events are held.
@@ -140,7 +154,7 @@ CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
 
 CUresult FakeDriver::State::event_query(CUevent event) {
   return run("cuEventQuery", {as_int(event)}, [&] {
-    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    const auto it = event_of(event);
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     return finished(it->second.captured) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
@@ -149,7 +163,7 @@ CUresult FakeDriver::State::event_query(CUevent event) {
 CUresult FakeDriver::State::event_synchronize(CUevent event) {
   std::vector<std::uint64_t> waited;
   const CUresult rc = run("cuEventSynchronize", {as_int(event)}, [&] {
-    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    const auto it = event_of(event);
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     waited = {it->second.captured};
     complete(it->second.captured);  // the wait is over: the GPU got there
@@ -157,6 +171,45 @@ CUresult FakeDriver::State::event_synchronize(CUevent event) {
   });
   wait_finished(waited);
   return rc;
+}
+
+// An interprocess event's handle holds a tag and the event's key; opening it gives an event of its
+// own that stands for the source (waits, queries and records reach the source's last record).
+// Unlike the driver, the fake opens handles in the process that made them: its tests play both
+// processes in one.
+namespace {
+constexpr std::uint64_t kIpcEventTag = 0x4641'4B45'4950'4345;  // "FAKEIPCE"
+}  // namespace
+
+CUresult FakeDriver::State::ipc_get_event_handle(CUipcEventHandle* handle, CUevent event) {
+  return run("cuIpcGetEventHandle", {as_int(event)}, [&] {
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
+    if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (!it->second.interprocess) return CUDA_ERROR_INVALID_VALUE;
+    *handle = CUipcEventHandle{};
+    const std::uint64_t words[2] = {kIpcEventTag, static_cast<std::uint64_t>(it->first)};
+    std::memcpy(handle->reserved, words, sizeof(words));
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult FakeDriver::State::ipc_open_event_handle(CUevent* event, CUipcEventHandle handle) {
+  return run("cuIpcOpenEventHandle", {}, [&] {
+    if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t words[2] = {};
+    std::memcpy(words, handle.reserved, sizeof(words));
+    const auto source = events_.find(static_cast<std::uintptr_t>(words[1]));
+    if (words[0] != kIpcEventTag || source == events_.end() || !source->second.interprocess) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int device = current_device();
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    next_object_ += 0x10;
+    events_.emplace(next_object_, Event{device, 0, false, false, true, source->first});
+    *event = std::bit_cast<CUevent>(next_object_);
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult FakeDriver::State::event_elapsed_time(float* milliseconds, CUevent start, CUevent end) {

@@ -47,6 +47,7 @@ std::uint64_t FakeDriver::State::enqueue(ItemKind kind, CUstream stream, std::ve
     follow(0);
   }
   if (also != 0 && !finished(also)) item.after.push_back(also);
+  if (kind == ItemKind::kernel || kind == ItemKind::copy) check_views(item);
   const std::uint64_t id = next_item_++;
   items_.emplace(id, std::move(item));
   tails_[key(stream)] = id;
@@ -127,6 +128,7 @@ FakeDriver::State::Span FakeDriver::State::span_of(CUdeviceptr va, std::size_t b
     if (page >= it->first + it->second.size) continue;
     if (std::find(span.chunks.begin(), span.chunks.end(), it->second.handle) == span.chunks.end()) {
       span.chunks.push_back(it->second.handle);
+      span.via.push_back(it->second.via);
     }
   }
   return span;
@@ -159,6 +161,38 @@ void FakeDriver::State::check_range(std::string_view call, CUdeviceptr ptr, std:
       violations_.push_back(fmt::format("{} of [{:#x}, +{:#x}) while unfinished {} references it",
                                         call, ptr, size, describe(id)));
       break;
+    }
+  }
+}
+
+void FakeDriver::State::check_views(const Item& item) {
+  // What the new item follows, transitively (only unfinished items are listed).
+  std::set<std::uint64_t> before;
+  std::vector<std::uint64_t> todo = item.after;
+  while (!todo.empty()) {
+    const std::uint64_t next = todo.back();
+    todo.pop_back();
+    const auto it = items_.find(next);
+    if (it == items_.end() || !before.insert(next).second) continue;
+    todo.insert(todo.end(), it->second.after.begin(), it->second.after.end());
+  }
+  for (const Span& mine : item.spans) {
+    for (std::size_t c = 0; c < mine.chunks.size(); ++c) {
+      for (const auto& [id, other] : items_) {
+        if (before.contains(id)) continue;
+        if (other.kind != ItemKind::kernel && other.kind != ItemKind::copy) continue;
+        for (const Span& theirs : other.spans) {
+          for (std::size_t o = 0; o < theirs.chunks.size(); ++o) {
+            if (theirs.chunks[o] != mine.chunks[c] || theirs.via[o] == mine.via[c]) continue;
+            violations_.push_back(fmt::format(
+                "work on {} reaches allocation {:#x} through handle {:#x} while unfinished {} "
+                "reaches it through handle {:#x} and is not ordered before it: a page used "
+                "before its interprocess fence",
+                stream_name(item.stream), mine.chunks[c], mine.via[c], describe(id),
+                theirs.via[o]));
+          }
+        }
+      }
     }
   }
 }
