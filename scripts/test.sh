@@ -5,8 +5,9 @@
 #
 # Environment: SALUS_JOBS (build parallelism, default 2), SALUS_SKIP_SANITIZERS=1 to skip the
 # ASan/UBSan and TSan builds (for a quick local run; CI runs everything), SALUS_SKIP_FUZZ=1 to skip
-# the fuzzing step (scripts/fuzz.sh; SALUS_FUZZ_SECONDS per C++ target, default 20 here so that
-# CI stays within its budget, 60 when fuzz.sh runs alone).
+# the fuzzing step (scripts/fuzz.sh; SALUS_FUZZ_SECONDS per C++ target and SALUS_FUZZ_PY_SECONDS
+# per Python one, default 15 each here so that CI stays within its budget, 60 and 30 when fuzz.sh
+# runs alone).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -140,9 +141,10 @@ fi
 # --- 3b. fuzzing: each libFuzzer target for a bounded time from its seed corpus --------------------
 # scripts/fuzz.sh prints "[fuzz] RESULT <target> pass|fail" per target; each counts once.
 if [[ ${SALUS_SKIP_FUZZ:-0} != 1 ]]; then
-  log "fuzzing: scripts/fuzz.sh (${SALUS_FUZZ_SECONDS:-20}s per C++ target)"
+  log "fuzzing: scripts/fuzz.sh (${SALUS_FUZZ_SECONDS:-15}s per C++ target)"
   fuzz_out=$(mktemp)
-  SALUS_FUZZ_SECONDS=${SALUS_FUZZ_SECONDS:-20} ./scripts/fuzz.sh 2>&1 | tee "$fuzz_out" || true
+  SALUS_FUZZ_SECONDS=${SALUS_FUZZ_SECONDS:-15} SALUS_FUZZ_PY_SECONDS=${SALUS_FUZZ_PY_SECONDS:-15} \
+    ./scripts/fuzz.sh 2>&1 | tee "$fuzz_out" || true
   while read -r _ _ target result _; do
     if [[ $result == pass ]]; then pass "fuzz $target"; else fail "fuzz $target"; fi
   done < <(grep -E '^\[fuzz\] RESULT ' "$fuzz_out" || true)

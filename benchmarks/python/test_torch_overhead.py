@@ -4,13 +4,22 @@
 
 * ``cnn_step``: one training step of a small CNN (batch 32, 3x32x32, Adam) with PyTorch's own CPU
   allocator, then through Salus on the simulated backend (every tensor a Salus block, the step
-  inside ``with job.iteration()``). The ratio of medians is the overhead.
+  inside ``with job.iteration()``), then the same in a process connected to a ``salusd`` of its
+  own (``salus.connect``: every iteration asks the daemon for its turn; pages come from the
+  daemon). The ratios of medians are the overheads.
 * ``iteration``: the Python cost of one empty ``with job.iteration()`` with no contention.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import sysconfig
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,6 +71,51 @@ def test_cnn_step_through_salus(benchmark: Any, salus_job: salus.Job) -> None:
 
     def step() -> None:
         with salus_job.iteration():
+            w.step()
+
+    for _ in range(3):
+        step()
+    benchmark.pedantic(step, rounds=60, warmup_rounds=5)
+    assert salus_torch.counters()["allocations"] > 0
+
+
+@pytest.fixture
+def client_job() -> Iterator[salus.Job]:
+    """A job of this process as a client of a salusd of its own (simulated, 2 GiB)."""
+    salusd = shutil.which("salusd", path=sysconfig.get_path("scripts")) or shutil.which("salusd")
+    if salusd is None:
+        pytest.skip("salusd is not installed beside this Python")
+    tmp = tempfile.mkdtemp()
+    socket = os.path.join(tmp, "salusd.sock")
+    daemon = subprocess.Popen([salusd, "--socket", socket, "--backend", "sim", "--memory", "2GiB",
+                               "--policy", "fair", "--log-level", "warn"])
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(socket):
+            assert daemon.poll() is None and time.monotonic() < deadline, "salusd did not start"
+            time.sleep(0.01)
+        rt = salus.connect(socket)
+        salus_torch.enable(rt)
+        job = rt.add_job("bench")
+        try:
+            yield job
+        finally:
+            job.leave()
+            salus_torch.disable()
+            rt.close()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.benchmark(group="cnn_step")
+def test_cnn_step_in_a_salusd_client(benchmark: Any, client_job: salus.Job) -> None:
+    with client_job:
+        w = cnn_batch32()
+
+    def step() -> None:
+        with client_job.iteration():
             w.step()
 
     for _ in range(3):

@@ -88,6 +88,77 @@ def test_two_torch_processes_take_turns_and_train_as_alone(daemon: Daemon, tmp_p
     assert first_a < last_b and first_b < last_a
 
 
+def test_four_torch_processes_under_priority(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "--policy", "priority", "--memory", "512MiB")
+    try:
+        procs = []
+        for name, priority in [("p0", 0), ("p1", 0), ("p2", 0), ("urgent", 10)]:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp_path / f"{name}.json"),
+                 "--socket", d.socket, "--iterations", "6", "--priority", str(priority)],
+                stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            _, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err
+        results = {n: json.loads((tmp_path / f"{n}.json").read_text())
+                   for n in ("p0", "p1", "p2", "urgent")}
+    finally:
+        assert d.stop() == 0, d.log.read_text()
+    weights = {r["weights"] for r in results.values()}
+    assert len(weights) == 1 and None not in weights  # every one trained as it would alone
+    spans = sorted((s[0], s[1], n) for n, r in results.items() for s in r["spans"])
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        assert e0 <= b1, f"{n0} and {n1} ran iterations at once"
+    # Whenever the urgent one waits, it goes next: between its first and last iteration the
+    # others get at most the turn that was running each time it asked again.
+    urgent = results["urgent"]["spans"]
+    others = sum(1 for n, r in results.items() if n != "urgent" for b, _ in r["spans"]
+                 if urgent[0][0] < b < urgent[-1][0])
+    assert others <= len(urgent), f"the urgent process waited behind {others} iterations"
+
+
+def daemon_status(daemon: Daemon) -> str:
+    return subprocess.run([salusd_binary(), "--socket", daemon.socket, "--status"],
+                          capture_output=True, text=True, timeout=10).stdout
+
+
+def test_a_killed_torch_process_costs_the_others_nothing(daemon: Daemon, tmp_path: Path) -> None:
+    def start(name: str, iterations: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp_path / f"{name}.json"),
+             "--socket", daemon.socket, "--iterations", str(iterations)],
+            stderr=subprocess.PIPE, text=True)
+
+    victim = start("victim", 100000)
+    survivors = [start("a", 30), start("b", 30)]
+    # Killed once it takes turns with the others: inside an iteration or waiting for a turn.
+    deadline = time.monotonic() + 60
+    while not any(line.startswith("victim") and int(line.split()[3]) >= 2
+                  for line in daemon_status(daemon).splitlines()):
+        assert time.monotonic() < deadline, daemon_status(daemon)
+        time.sleep(0.05)
+    victim.kill()
+    assert victim.wait(timeout=20) == -signal.SIGKILL
+    for p in survivors:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    alone = run_clients(tmp_path, None, ["alone"], "--iterations", "30")[0]
+    for name in ("a", "b"):
+        r = json.loads((tmp_path / f"{name}.json").read_text())
+        assert r["error"] is None, r
+        assert len(r["spans"]) == 30
+        assert r["weights"] == alone["weights"]  # as if the victim had never been there
+    # Every page the victim held comes back.
+    deadline = time.monotonic() + 15
+    while True:
+        status = daemon_status(daemon)
+        granted = int(next(line for line in status.splitlines() if line.startswith("0 ")).split()[1])
+        if granted == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert granted == 0, status
+
+
 def test_connect_without_a_daemon_is_a_device_error(tmp_path: Path) -> None:
     with pytest.raises(salus.DeviceError) as info:
         salus.connect(tmp_path / "nobody.sock")

@@ -182,6 +182,8 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] int device_of(EventHandle event) const;
   // cuEventCreate with `flags` on `device`, registered for device_of.
   EventHandle make_event(int device, unsigned flags);
+  // Lists an event the driver made on `device` (destroying it if the listing fails).
+  EventHandle adopt_event(int device, CUevent event);
   [[nodiscard]] ChunkInfo chunk_info(ChunkHandle chunk) const;
   // Remembers a handle cuMemCreate or cuMemImportFromShareableHandle just gave (one more
   // reference when it is held already); releases it again if even that fails (bad_alloc).

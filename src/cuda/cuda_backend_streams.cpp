@@ -168,6 +168,10 @@ EventHandle CudaBackend::make_event(int device, unsigned flags) {
   const auto scope = bind(device);
   CUevent event = nullptr;
   SALUS_CU(api_, cuEventCreate, &event, flags);
+  return adopt_event(device, event);
+}
+
+EventHandle CudaBackend::adopt_event(int device, CUevent event) {
   const EventHandle handle{std::bit_cast<std::uint64_t>(event)};
   try {
     const std::scoped_lock lock(mutex_);
@@ -260,15 +264,7 @@ EventHandle CudaBackend::do_import_event(int device, const SharedEvent& shared) 
   std::memcpy(handle.reserved, shared.handle.data(), sizeof(handle.reserved));
   CUevent event = nullptr;
   SALUS_CU(api_, cuIpcOpenEventHandle, &event, handle);
-  const EventHandle out{std::bit_cast<std::uint64_t>(event)};
-  try {
-    const std::scoped_lock lock(mutex_);
-    events_.emplace(out.value, device);
-  } catch (...) {
-    api_.cuEventDestroy(event);
-    throw;
-  }
-  return out;
+  return adopt_event(device, event);
 }
 
 void CudaBackend::do_record_event(EventHandle event, StreamHandle stream) {

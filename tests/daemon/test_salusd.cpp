@@ -99,24 +99,6 @@ std::vector<std::pair<double, double>> iterations(const std::string& log) {
   return out;
 }
 
-// Device 0's granted pages in `salusd --status`'s table; -1 when there is no such row.
-long granted_pages(const std::string& table) {
-  std::istringstream in(table);
-  std::string line;
-  bool devices = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("device", 0) == 0) {
-      devices = true;
-      continue;
-    }
-    if (!devices) continue;
-    std::istringstream row(line);
-    long device = -1, pages = -1;
-    if (row >> device >> pages && device == 0) return pages;
-  }
-  return -1;
-}
-
 // Device 0's row of `salusd --status`'s table, column `column` (0: the device's index); -1 when
 // there is no such row or column.
 double device_column(const std::string& table, std::size_t column) {
@@ -136,6 +118,11 @@ double device_column(const std::string& table, std::size_t column) {
     if (!cells.empty() && cells[0] == 0) return column < cells.size() ? cells[column] : -1;
   }
   return -1;
+}
+
+// Device 0's granted pages in `salusd --status`'s table; -1 when there is no such row.
+long granted_pages(const std::string& table) {
+  return static_cast<long>(device_column(table, 1));
 }
 
 // A client whose weights are 24 MiB (60% of a 40 MiB device), made in its first iteration.

@@ -71,15 +71,26 @@ void AllocationRace::run_round(std::uint64_t number, std::mt19937_64& rng, Heart
   if (stream.value == 0) stream = shared_.runtime.backend().create_stream(spec.device, 0);
   Job job = shared_.runtime.add_job(spec);
   shared_.runtime.bind_stream(spec.device, stream, job.id());
+  bool stopped = false;
   {
     std::lock_guard lock(mu_);
-    id_ = job.id();
-    job_.emplace(std::move(job));
-    device_ = spec.device;
-    stream_ = stream;
-    ended_by_.store(EndedBy::none);
-    racing_ = config_.threads;
-    round_ = number;
+    // A stop that came since the coordinator last looked may have let the racers go already
+    // (each leaves when it sees the stop and no new round): a round published now would wait
+    // for them for ever. Under the same lock as the racers' check, so one of the two wins.
+    stopped = stopping_;
+    if (!stopped) {
+      id_ = job.id();
+      job_.emplace(std::move(job));
+      device_ = spec.device;
+      stream_ = stream;
+      ended_by_.store(EndedBy::none);
+      racing_ = config_.threads;
+      round_ = number;
+    }
+  }
+  if (stopped) {
+    job.leave();
+    return;
   }
   changed_.notify_all();
   std::this_thread::sleep_for(
