@@ -64,19 +64,24 @@ def test_cnn_step_pytorch_allocator(benchmark: Any) -> None:
     benchmark.pedantic(w.step, rounds=60, warmup_rounds=5)
 
 
-@pytest.mark.benchmark(group="cnn_step")
-def test_cnn_step_through_salus(benchmark: Any, salus_job: salus.Job) -> None:
-    with salus_job:
+def bench_steps_of(benchmark: Any, job: salus.Job) -> None:
+    """Times the CNN step as an iteration of ``job`` (its weights the job's persistent memory)."""
+    with job:
         w = cnn_batch32()
 
     def step() -> None:
-        with salus_job.iteration():
+        with job.iteration():
             w.step()
 
     for _ in range(3):
         step()
     benchmark.pedantic(step, rounds=60, warmup_rounds=5)
     assert salus_torch.counters()["allocations"] > 0
+
+
+@pytest.mark.benchmark(group="cnn_step")
+def test_cnn_step_through_salus(benchmark: Any, salus_job: salus.Job) -> None:
+    bench_steps_of(benchmark, salus_job)
 
 
 @pytest.fixture
@@ -111,17 +116,7 @@ def client_job() -> Iterator[salus.Job]:
 
 @pytest.mark.benchmark(group="cnn_step")
 def test_cnn_step_in_a_salusd_client(benchmark: Any, client_job: salus.Job) -> None:
-    with client_job:
-        w = cnn_batch32()
-
-    def step() -> None:
-        with client_job.iteration():
-            w.step()
-
-    for _ in range(3):
-        step()
-    benchmark.pedantic(step, rounds=60, warmup_rounds=5)
-    assert salus_torch.counters()["allocations"] > 0
+    bench_steps_of(benchmark, client_job)
 
 
 @pytest.mark.benchmark(group="iteration")
