@@ -194,7 +194,7 @@ if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
     mkdir -p build-tsan
     if configure_and_build build-tsan "${SANITIZER_ARGS[@]}" -DSALUS_SANITIZE=thread; then
       TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime|CApi|CProgram|FrameworkStream|CudaStreamRules|Soak|Salusd\.(TwoProcesses|ProcessesLarger|AClientKilledInside|ADeadDaemon)'
+        run_ctest "tests (TSan)" build-tsan -R 'Concurren|Thread|Stress|StreamOrder|StreamSafety|SimStream|SimShutdown|Runtime|CApi|CProgram|FrameworkStream|CudaStreamRules|Soak|Salusd\.(TwoProcesses|ProcessesLarger|AClientKilledInside|ADeadDaemon|ACancelFromAnotherThread)'
     else
       fail "build-tsan/ did not build"
     fi

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 
 namespace salus::daemon {
 
@@ -51,6 +52,7 @@ Coordinator::~Coordinator() {
 
 SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender send) {
   auto s = std::make_shared<Session>();
+  s->token = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
   s->peer = peer;
   s->send = std::move(send);
   std::lock_guard lock(mu_);
@@ -128,6 +130,8 @@ void Coordinator::dispatch(const std::shared_ptr<Session>& s, const remote::Reco
       if (text.size() > kRoom) text = text.substr(0, kRoom - 16) + "\n... (cut)\n";
       return reply(*s, MessageType::status_text, record.header.seq, std::as_bytes(std::span(text)));
     }
+    case MessageType::attach_turns:
+      throw remote::ProtocolError("attach_turns opens a connection of its own, not a session's");
     default:
       throw remote::ProtocolError(
           fmt::format("a client may not send {}", to_string(record.type())));
@@ -152,6 +156,8 @@ void Coordinator::on_hello(Session& s, const remote::Record& record) {
     w.device_bytes[d] = banks_[d]->capacity_pages() * page_bytes_;
   }
   remote::set_name(w.policy, runtime_.policy());
+  w.session = s.id;
+  w.token = s.token;
   spdlog::info("session {}: '{}' pid {} uid {} connected", s.id, s.name, s.peer.pid, s.peer.uid);
   reply(s, MessageType::welcome, record.header.seq, std::as_bytes(std::span(&w, 1)));
 }
@@ -197,34 +203,13 @@ std::shared_ptr<Job> Coordinator::job_of(Session& s, std::uint64_t id) const {
   return it->second;
 }
 
-void Coordinator::on_begin(const std::shared_ptr<Session>& s, const remote::Record& record) {
-  const auto call = remote::body_as<remote::JobCall>(record);
-  std::shared_ptr<Job> job = job_of(*s, call.job);
-  const std::uint64_t seq = record.header.seq;
-  s->spawn([this, s, job, call, seq] {
-    try {
-      remote::Turn turn{call.job, 1, 0};
-      if (call.timeout_ns < 0) {
-        (void)job->begin_iteration();
-      } else {
-        turn.admitted = job->try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns)) ? 1 : 0;
-      }
-      reply(*s, MessageType::turn, seq, std::as_bytes(std::span(&turn, 1)));
-    } catch (const std::exception& e) {
-      fail(*s, seq, e);
-    }
-  });
-}
-
 void Coordinator::on_job_call(Session& s, const remote::Record& record) {
   const auto call = remote::body_as<remote::JobCall>(record);
   std::shared_ptr<Job> job = job_of(s, call.job);
   switch (record.type()) {
     case MessageType::end_iteration:
-      job->end_iteration();
-      break;
     case MessageType::withdraw:
-      job->withdraw();
+      give_turn(*job, record.type());
       break;
     default:  // finish_job
       if (call.flag != 0) {

@@ -4,7 +4,8 @@
 //
 // Lock story: mu_ guards sessions and banks. Nothing that blocks (a job's turn, a reclaim wait, a
 // send) runs under it: handlers look up under the lock, then call the runtime or send after
-// releasing it. A request that may block runs on a worker thread of its session.
+// releasing it. A request that may block runs on a worker thread of its session, or on the thread
+// of the job's own turn connection (attach_turns), which has nothing else to read meanwhile.
 #pragma once
 
 #include <sys/types.h>
@@ -46,6 +47,8 @@ struct DeviceUse {
 };
 
 class Coordinator {
+  struct Session;
+
  public:
   // Delivers a record (and descriptors) to a session's process; may throw when it is gone.
   using Sender = std::function<void(std::span<const std::byte>, std::span<const int>)>;
@@ -61,8 +64,26 @@ class Coordinator {
   // caller then drops the client. Every other refusal is a Failure reply.
   void handle(SessionId session, remote::Received received);
   // The connection is gone: cancels its jobs, waits for its workers and (when it held pages) for
-  // the process to exit, then takes its pages back.
+  // the process to exit, then takes its pages back. Hangs up the session's turn connections.
   void close_session(SessionId session);
+
+  // A job's turn connection, joined to its process's session by AttachTurns (the connection's
+  // first record). Its calls are answered by the connection's own thread (turn_call), so that a
+  // switch costs no hand-over to a worker thread.
+  struct TurnLink {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Job> job;
+    std::uint64_t job_id = 0;
+  };
+  // Checks the attach: the session exists and is open, the token is its, the peer is its process
+  // and the job is its job. Throws Error naming what is wrong (the caller replies and hangs up);
+  // `hang_up` ends the connection when the session closes.
+  TurnLink attach_turns(const remote::PeerCredentials& peer, const remote::Record& attach,
+                        std::function<void()> hang_up);
+  // Answers one record of a turn connection: begin_iteration (which may wait for the turn),
+  // end_iteration or withdraw of its job. Returns the reply record (a Failure for a refusal);
+  // throws ProtocolError for a record a turn connection may not carry.
+  std::vector<std::byte> turn_call(const TurnLink& link, const remote::Record& record);
 
   [[nodiscard]] std::string status_table() const;
   // "" when every bank is consistent, else what is wrong (tests, fuzz).
@@ -71,7 +92,6 @@ class Coordinator {
   [[nodiscard]] Runtime& runtime() { return runtime_; }
 
  private:
-  struct Session;
   std::shared_ptr<Session> session(SessionId id) const;
   void reply(Session& s, remote::MessageType type, std::uint64_t seq,
              std::span<const std::byte> body, std::span<const int> fds = {});
@@ -80,6 +100,10 @@ class Coordinator {
   void on_hello(Session& s, const remote::Record& record);
   void on_add_job(Session& s, const remote::Record& record);
   void on_begin(const std::shared_ptr<Session>& s, const remote::Record& record);
+  // The turn calls, wherever they come from: the session's connection (begin on a worker) or the
+  // job's turn connection.
+  static remote::Turn take_turn(Job& job, const remote::JobCall& call);
+  static void give_turn(Job& job, remote::MessageType type);
   void on_job_call(Session& s, const remote::Record& record);
   void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
   // A give-back may carry one descriptor: a simulated fence's.

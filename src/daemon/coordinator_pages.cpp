@@ -233,6 +233,7 @@ void Coordinator::wait_for_exit(const Session& s) const {
 void Coordinator::close_session(SessionId id) {
   std::shared_ptr<Session> s;
   std::map<std::uint64_t, std::shared_ptr<Job>> jobs;
+  std::vector<std::function<void()>> hang_ups;
   {
     std::lock_guard lock(mu_);
     auto it = sessions_.find(id);
@@ -240,8 +241,10 @@ void Coordinator::close_session(SessionId id) {
     s = it->second;
     s->closing = true;
     jobs.swap(s->jobs);
+    hang_ups.swap(s->hang_ups);
   }
   pages_back_.notify_all();
+  for (const auto& hang_up : hang_ups) hang_up();
   // Its waiting turns end with the cancel; its running iteration ends with it.
   for (auto& [job_id, job] : jobs) {
     try {

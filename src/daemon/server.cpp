@@ -43,11 +43,7 @@ remote::UniqueFd take_lock(const std::string& socket_path) {
 Server::Server(Coordinator& coordinator, ServerOptions options)
     : coordinator_(coordinator), options_(std::move(options)) {
   lock_file_ = take_lock(options_.socket_path);
-  ::unlink(options_.socket_path.c_str());  // a dead daemon's socket: the lock says it is dead
-  listener_ = remote::listen_at(options_.socket_path, options_.group ? 0660 : 0600);
-  if (options_.group && ::chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), *options_.group) != 0) {
-    sim::throw_errno("chown", errno, options_.socket_path);
-  }
+  listener_ = remote::listen_at(options_.socket_path, options_.group ? 0660 : 0600, options_.group);
   wake_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
   if (wake_.get() < 0) sim::throw_errno("eventfd", errno, "salusd");
 }
@@ -134,19 +130,62 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
       }
     } catch (const std::exception&) {
     }
-  } else {
-    const SessionId id = coordinator_.open_session(
-        peer, [channel](std::span<const std::byte> record, std::span<const int> fds) {
-          channel->send(record, fds);
-        });
-    try {
-      while (auto received = channel->receive()) coordinator_.handle(id, std::move(*received));
-    } catch (const std::exception& e) {
-      spdlog::warn("session {}: dropped: {}", id, e.what());
-    }
-    channel->shutdown();
-    coordinator_.close_session(id);
+    return;
   }
+  std::optional<remote::Received> first;
+  try {
+    first = channel->receive();
+    if (first && first->record.type() == remote::MessageType::attach_turns) {
+      return serve_turns(channel, peer, first->record);
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("a connection was dropped at its first record: {}", e.what());
+    return;
+  }
+  if (!first) return;
+  const SessionId id = coordinator_.open_session(
+      peer, [channel](std::span<const std::byte> record, std::span<const int> fds) {
+        channel->send(record, fds);
+      });
+  try {
+    for (auto received = std::move(first); received; received = channel->receive()) {
+      coordinator_.handle(id, std::move(*received));
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("session {}: dropped: {}", id, e.what());
+  }
+  channel->shutdown();
+  coordinator_.close_session(id);
+}
+
+void Server::serve_turns(const std::shared_ptr<remote::Channel>& channel,
+                         const remote::PeerCredentials& peer, const remote::Record& attach) {
+  Coordinator::TurnLink link;
+  try {
+    link = coordinator_.attach_turns(peer, attach, [weak = std::weak_ptr(channel)] {
+      if (auto c = weak.lock()) c->shutdown();
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("refused a turn connection of pid {}: {}", peer.pid, e.what());
+    const auto* error = dynamic_cast<const Error*>(&e);
+    try {
+      channel->send(remote::encode(
+          remote::MessageType::failure, attach.header.seq,
+          remote::failure_of(error != nullptr ? error->code() : Errc::invalid_argument, e.what())));
+    } catch (const std::exception&) {
+    }
+    return;
+  }
+  try {
+    channel->send(remote::encode_body(remote::MessageType::done, attach.header.seq, {}));
+    while (auto received = channel->receive()) {
+      channel->send(coordinator_.turn_call(link, received->record));
+    }
+  } catch (const std::exception& e) {
+    // The process hung up (or broke the protocol): its session's connection says what it means.
+    spdlog::debug("turn connection of job {} ended: {}", link.job_id, e.what());
+  }
+  channel->shutdown();
 }
 
 }  // namespace salus::daemon

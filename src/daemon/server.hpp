@@ -1,6 +1,6 @@
-// salusd's sockets: one listening socket, one reader thread per connected process. Each
-// connection is a session of the coordinator; a peer that is not the daemon's user (or group,
-// with --group) is refused with a reason before it becomes one.
+// salusd's sockets: one listening socket, one reader thread per connection: a process's session
+// connection (a session of the coordinator) or one of its jobs' turn connections. A peer that is
+// not the daemon's user (or group, with --group) is refused with a reason before either.
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +39,10 @@ class Server {
 
  private:
   void serve(std::shared_ptr<remote::Channel> channel);
+  // A job's turn connection (its first record was `attach`): its calls are answered here, on
+  // the connection's thread, until either side hangs up.
+  void serve_turns(const std::shared_ptr<remote::Channel>& channel,
+                   const remote::PeerCredentials& peer, const remote::Record& attach);
   [[nodiscard]] std::optional<std::string> refusal(const remote::PeerCredentials& peer) const;
 
   Coordinator& coordinator_;

@@ -75,6 +75,7 @@ class Workers {
 
 struct Coordinator::Session {
   SessionId id = 0;
+  std::uint64_t token = 0;  // what its turn connections name (Welcome, AttachTurns)
   remote::PeerCredentials peer;
   Sender send;
   std::string name;
@@ -86,6 +87,8 @@ struct Coordinator::Session {
   // may hold no more pages than their sum: the daemon's bound on what a process's jobs take,
   // whatever the process itself counts.
   std::map<std::uint64_t, std::size_t> job_limits;
+  // Each turn connection's hang-up, run when the session closes.
+  std::vector<std::function<void()>> hang_ups;
 
   Workers workers;
   void spawn(std::function<void()> fn) { workers.run(std::move(fn)); }

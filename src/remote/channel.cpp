@@ -79,7 +79,9 @@ void Channel::send(std::span<const std::byte> record, std::span<const int> fds) 
 }
 
 std::optional<Received> Channel::receive() const {
-  std::vector<std::byte> buffer(kMaxRecordBytes);
+  // Each reading thread's own buffer: a turn's round trip allocates (and clears) no 32 KiB.
+  thread_local std::vector<std::byte> buffer;
+  buffer.resize(kMaxRecordBytes);
   std::array<char, CMSG_SPACE(kMaxFds * sizeof(int))> control{};
   iovec iov{buffer.data(), buffer.size()};
   msghdr msg{};
@@ -102,10 +104,10 @@ std::optional<Received> Channel::receive() const {
                                     "descriptors was cut",
                                     kMaxRecordBytes, kMaxFds));
   }
-  buffer.resize(static_cast<std::size_t>(n));
+  const std::span<const std::byte> record(buffer.data(), static_cast<std::size_t>(n));
   Received out;
-  out.record.header = decode_header(buffer);
-  out.record.body.assign(buffer.begin() + sizeof(Header), buffer.end());
+  out.record.header = decode_header(record);
+  out.record.body.assign(record.begin() + sizeof(Header), record.end());
   out.fds = std::move(fds);
   return out;
 }
@@ -138,17 +140,28 @@ UniqueFd connect_to(const std::string& path) {
   return fd;
 }
 
-UniqueFd listen_at(const std::string& path, unsigned mode) {
-  const sockaddr_un addr = address_of(path);
+UniqueFd listen_at(const std::string& path, unsigned mode, std::optional<gid_t> group) {
+  // Bound and listening under a name of its own, then renamed into place: whoever sees the path
+  // can connect (a socket file that exists before listen() refuses connections, and waiting for
+  // the file is how scripts and tests wait for a daemon).
+  const std::string staging = fmt::format("{}.{}.tmp", path, ::getpid());
+  const sockaddr_un addr = address_of(staging);
+  (void)address_of(path);  // the final name must fit too
   UniqueFd fd = seqpacket_socket();
+  ::unlink(staging.c_str());  // left by a daemon of this pid that died here
   // Created owner-only (umask), then widened if asked: never briefly open to others.
   const mode_t old = ::umask(0077);
   const int bound = ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = errno;
   ::umask(old);
-  if (bound != 0) sim::throw_errno("bind", err, path);
-  if (::chmod(path.c_str(), mode) != 0) sim::throw_errno("chmod", errno, path);
-  if (::listen(fd.get(), 64) != 0) sim::throw_errno("listen", errno, path);
+  if (bound != 0) sim::throw_errno("bind", err, staging);
+  if (::chmod(staging.c_str(), mode) != 0 ||
+      (group && ::chown(staging.c_str(), static_cast<uid_t>(-1), *group) != 0) ||
+      ::listen(fd.get(), 64) != 0 || ::rename(staging.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(staging.c_str());
+    sim::throw_errno("listen", e, path);
+  }
   return fd;
 }
 

@@ -51,8 +51,9 @@ class Channel {
 
 // A client's socket connected to `path`. Throws DeviceError naming the path and the reason.
 UniqueFd connect_to(const std::string& path);
-// A listening socket bound at `path` (which must not exist) with permissions `mode`.
-UniqueFd listen_at(const std::string& path, unsigned mode);
+// A listening socket at `path` with permissions `mode` (and `group`'s, when given), which appears
+// there only once it accepts connections; a socket already at `path` is replaced.
+UniqueFd listen_at(const std::string& path, unsigned mode, std::optional<gid_t> group = std::nullopt);
 
 // The per-user default socket: $SALUS_SOCKET, else $XDG_RUNTIME_DIR/salusd.sock, else
 // /tmp/salusd-<uid>.sock.

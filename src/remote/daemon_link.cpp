@@ -60,9 +60,13 @@ bool DaemonLink::alive() const {
   return !gone_;
 }
 
+DeviceError salusd_gone(const std::string& socket_path, const std::string& why) {
+  return DeviceError("salusd", "SALUSD_GONE", 0,
+                     fmt::format("salusd at '{}' is gone: {}", socket_path, why));
+}
+
 void DaemonLink::throw_gone() const {
-  throw DeviceError("salusd", "SALUSD_GONE", 0,
-                    fmt::format("salusd at '{}' is gone: {}", path_, gone_why_));
+  throw salusd_gone(path_, gone_why_);
 }
 
 Received DaemonLink::call(MessageType type, std::span<const std::byte> body,

@@ -24,6 +24,9 @@
 
 namespace salus::remote {
 
+// What every call to a daemon that went away throws: DeviceError SALUSD_GONE.
+DeviceError salusd_gone(const std::string& socket_path, const std::string& why);
+
 class DaemonLink {
  public:
   // Connects and says hello; throws DeviceError when the daemon cannot be reached or refuses.

@@ -44,6 +44,8 @@ BodyShape shape_of(MessageType type) {
       return {0, 1};
     case MessageType::failure:
       return {sizeof(Failure)};
+    case MessageType::attach_turns:
+      return {sizeof(AttachTurns)};
   }
   return {};
 }
@@ -69,6 +71,7 @@ std::string_view to_string(MessageType type) noexcept {
     case MessageType::status_text: return "status_text";
     case MessageType::done: return "done";
     case MessageType::failure: return "failure";
+    case MessageType::attach_turns: return "attach_turns";
   }
   return "unknown";
 }

@@ -28,7 +28,8 @@ namespace salus::remote {
 
 inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order: a salus record
 // 2: pages travel with the interprocess fences of the work they may still be under.
-inline constexpr std::uint16_t kProtocolVersion = 2;
+// 3: a job's turns may go on a connection of their own (attach_turns).
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -55,8 +56,13 @@ enum class MessageType : std::uint16_t {
   status_text,
   done,             // empty
   failure,          // Failure: the request was refused
+  // The first and only record of a job's turn connection that is not a turn call: AttachTurns ->
+  // Done. The connection then carries that job's begin_iteration, end_iteration and withdraw,
+  // each answered by the thread that reads the connection, which may wait for the turn itself.
+  attach_turns,
 };
-inline constexpr std::uint16_t kLastMessageType = static_cast<std::uint16_t>(MessageType::failure);
+inline constexpr std::uint16_t kLastMessageType =
+    static_cast<std::uint16_t>(MessageType::attach_turns);
 
 [[nodiscard]] std::string_view to_string(MessageType type) noexcept;
 
@@ -89,6 +95,10 @@ struct Welcome {
   std::uint64_t process_limit_bytes = 0;  // 0: none
   std::array<std::uint64_t, kMaxDevices> device_bytes{};
   std::array<char, kNameBytes> policy{};
+  // What a turn connection of this process names to join its session (AttachTurns). The token is
+  // a secret of the session: another process of the same user cannot guess it.
+  std::uint64_t session = 0;
+  std::uint64_t token = 0;
 };
 
 struct AddJob {
@@ -113,6 +123,14 @@ struct JobCall {
   std::int64_t timeout_ns = -1;
   std::uint32_t flag = 0;
   std::uint32_t reserved = 0;
+};
+
+// A job's turn connection joins its process's session. The daemon also checks that the peer is
+// the session's own process (SO_PEERCRED pid), and that the job is the session's.
+struct AttachTurns {
+  std::uint64_t session = 0;
+  std::uint64_t token = 0;
+  std::uint64_t job = 0;
 };
 
 struct Turn {

@@ -6,6 +6,34 @@
 
 namespace salus::remote {
 
+TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job)
+    : path_(link.socket_path()), channel_(connect_to(path_)) {
+  const AttachTurns attach{link.welcome().session, link.welcome().token, daemon_job};
+  (void)exchange(encode(MessageType::attach_turns, next_seq_++, attach), "attach_turns");
+}
+
+Received TurnConnection::call(MessageType type, const JobCall& body) {
+  std::lock_guard lock(mu_);
+  return exchange(encode(type, next_seq_++, body), to_string(type));
+}
+
+Received TurnConnection::exchange(std::span<const std::byte> record, std::string_view what) {
+  std::optional<Received> reply;
+  try {
+    channel_.send(record);
+    reply = channel_.receive();
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    throw salusd_gone(path_, e.what());
+  }
+  if (!reply) throw salusd_gone(path_, "its connection closed");
+  if (reply->record.type() == MessageType::failure) {
+    throw_failure(body_as<Failure>(reply->record), what);
+  }
+  return std::move(*reply);
+}
+
 void RemoteTurns::add(JobId job, const JobSpec& spec) {
   AddJob body;
   set_name(body.name, spec.name);
@@ -18,8 +46,19 @@ void RemoteTurns::add(JobId job, const JobSpec& spec) {
   body.iteration_seconds_hint = spec.hints.iteration_seconds;
   body.limit_total = spec.limits.total == kUnlimited ? 0 : spec.limits.total;
   const JobAdded added = body_as<JobAdded>(link_->call(MessageType::add_job, body).record);
+  std::shared_ptr<TurnConnection> turns;
+  try {
+    turns = std::make_shared<TurnConnection>(*link_, added.job);
+  } catch (...) {
+    try {
+      (void)link_->call(MessageType::finish_job, JobCall{added.job, -1, 0, 0});
+    } catch (const std::exception&) {
+      // The daemon is gone: it holds nothing of the job.
+    }
+    throw;
+  }
   std::lock_guard lock(mu_);
-  jobs_[job] = Entry{added.job, false};
+  jobs_[job] = Entry{added.job, std::move(turns), false};
 }
 
 RemoteTurns::Entry RemoteTurns::entry(JobId job) const {
@@ -44,7 +83,7 @@ bool RemoteTurns::acquire(JobId job,
     call.timeout_ns = std::max<std::int64_t>(
         0, std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
   }
-  const Turn turn = body_as<Turn>(link_->call(MessageType::begin_iteration, call).record);
+  const Turn turn = body_as<Turn>(e.turns->call(MessageType::begin_iteration, call).record);
   if (turn.admitted != 0) set_holding(job, true);
   return turn.admitted != 0;
 }
@@ -53,7 +92,7 @@ void RemoteTurns::release(JobId job) {
   const Entry e = entry(job);
   if (!e.holding) return;
   set_holding(job, false);
-  (void)link_->call(MessageType::end_iteration, JobCall{e.daemon_job, -1, 0, 0});
+  (void)e.turns->call(MessageType::end_iteration, JobCall{e.daemon_job, -1, 0, 0});
 }
 
 void RemoteTurns::withdraw(JobId job) {
@@ -62,7 +101,7 @@ void RemoteTurns::withdraw(JobId job) {
     release(job);  // granted after the wait ran out: it goes back as an empty iteration
     return;
   }
-  (void)link_->call(MessageType::withdraw, JobCall{e.daemon_job, -1, 0, 0});
+  (void)e.turns->call(MessageType::withdraw, JobCall{e.daemon_job, -1, 0, 0});
 }
 
 void RemoteTurns::finish(JobId job, bool cancelled) noexcept {

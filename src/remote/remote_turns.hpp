@@ -1,5 +1,11 @@
 // A connected runtime's turn gate: each job is also a job of salusd, whose policy decides when
 // its iterations run relative to the jobs of other processes.
+//
+// Each job's turns go on a connection of their own (attach_turns), on which the job's thread
+// sends its call and reads the answer itself: a switch wakes the waiting thread straight from the
+// socket, with no reader thread between (the session's link has one, for its many callers). The
+// session's link keeps the rest: adding the job, cancelling it (which reaches a thread waiting on
+// the turn connection through the daemon), finishing it.
 #pragma once
 
 #include <memory>
@@ -10,6 +16,24 @@
 #include "remote/daemon_link.hpp"
 
 namespace salus::remote {
+
+// One job's turn connection: a call at a time (its lock is held from send to answer).
+class TurnConnection {
+ public:
+  // Connects and attaches to `link`'s session as `daemon_job`; throws what the daemon refused.
+  TurnConnection(const DaemonLink& link, std::uint64_t daemon_job);
+  // Sends `type` for the job and waits for the answer: a Failure is thrown as its typed error,
+  // the daemon's absence as DeviceError SALUSD_GONE.
+  Received call(MessageType type, const JobCall& body);
+
+ private:
+  Received exchange(std::span<const std::byte> record, std::string_view what);
+
+  const std::string path_;
+  std::mutex mu_;  // one call at a time
+  Channel channel_;
+  std::uint64_t next_seq_ = 1;
+};
 
 class RemoteTurns final : public TurnGate {
  public:
@@ -24,9 +48,11 @@ class RemoteTurns final : public TurnGate {
  private:
   struct Entry {
     std::uint64_t daemon_job = 0;
+    std::shared_ptr<TurnConnection> turns;
     bool holding = false;  // the daemon granted a turn that has not gone back
   };
-  // The daemon's id of `job`, and whether it holds a turn; UnknownJob when it has none.
+  // The job's entry (a copy: the connection stays while a call uses it); UnknownJob when it has
+  // none.
   Entry entry(JobId job) const;
   void set_holding(JobId job, bool holding);
 

@@ -13,6 +13,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <future>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -472,6 +474,97 @@ TEST_F(Salusd, JobLimitsBoundWhatAProcessTakesWhateverItAsks) {
                                            GiveFence::settled, 0},
                                   ids, nullptr));
   link_owner.reset();
+}
+
+// A job's turn connection names its session by a secret token: a wrong token, another process
+// (even of this user, knowing the token) and a job that is not the session's are each refused with
+// a reason; a call for another job ends the connection. The right attach takes turns.
+TEST_F(Salusd, ATurnConnectionJoinsOnlyItsOwnProcessesJobs) {
+  using namespace salus::remote;
+  start_daemon({"--memory", "64MiB"});
+  DaemonLink link(socket_);
+  AddJob add;
+  set_name(add.name, "mine");
+  const auto job = body_as<JobAdded>(link.call(MessageType::add_job, add).record).job;
+  const Welcome& w = link.welcome();
+  // The answer to an attach, or "closed" when the daemon hung up.
+  auto attach = [&](const AttachTurns& a, Channel& c) {
+    c.send(encode(MessageType::attach_turns, 1, a));
+    const auto r = c.receive();
+    if (!r) return std::string("closed");
+    if (r->record.type() == MessageType::failure) {
+      return name_of(body_as<Failure>(r->record).message, "failure");
+    }
+    return std::string(to_string(r->record.type()));
+  };
+  {
+    Channel c(connect_to(socket_));
+    EXPECT_NE(attach({w.session, w.token + 1, job}, c).find("no open session"), std::string::npos);
+  }
+  {
+    Channel c(connect_to(socket_));
+    EXPECT_NE(attach({w.session, w.token, job + 1000}, c).find("unknown job"), std::string::npos);
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    Channel c(connect_to(socket_));
+    ::_exit(attach({w.session, w.token, job}, c).find("not pid") != std::string::npos ? 0 : 1);
+  }
+  EXPECT_EQ(wait_for(child, 10s), 0) << "another process attached with the right token";
+  Channel c(connect_to(socket_));
+  ASSERT_EQ(attach({w.session, w.token, job}, c), "done");
+  c.send(encode(MessageType::begin_iteration, 2, JobCall{job, -1, 0, 0}));
+  auto r = c.receive();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->record.type(), MessageType::turn);
+  EXPECT_EQ(body_as<Turn>(r->record).admitted, 1u);
+  c.send(encode(MessageType::end_iteration, 3, JobCall{job, -1, 0, 0}));
+  r = c.receive();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->record.type(), MessageType::done);
+  c.send(encode(MessageType::begin_iteration, 4, JobCall{job + 1, -1, 0, 0}));
+  EXPECT_FALSE(c.receive()) << "a call for another job was answered";
+}
+
+// A cancel from another thread reaches a job whose thread waits on its turn connection (the cancel
+// goes on the session's connection; the daemon ends the wait, whose answer is the error), at a
+// random moment of the wait; the other job, holding the turn, goes on; a timed wait that runs out
+// leaves the job able to take its turn later.
+TEST_F(Salusd, ACancelFromAnotherThreadEndsAWaitForTheDaemonsTurn) {
+  start_daemon({"--memory", "64MiB"});
+  auto runtime = salus::Runtime::connect(socket_);
+  salus::JobSpec a_spec, b_spec, c_spec;
+  a_spec.name = "holder";
+  b_spec.name = "cancelled";
+  c_spec.name = "patient";
+  salus::Job a = runtime->add_job(a_spec);
+  salus::Job b = runtime->add_job(b_spec);
+  salus::Job c = runtime->add_job(c_spec);
+  (void)a.begin_iteration();
+  EXPECT_FALSE(c.try_begin_iteration(std::chrono::milliseconds(20)))
+      << "a second job took the daemon's turn while the first held it";
+  std::promise<std::string> outcome;
+  std::thread waiter([&] {
+    try {
+      (void)b.begin_iteration();
+      outcome.set_value("admitted");
+    } catch (const salus::Error& e) {
+      outcome.set_value(salus::to_string(e.code()));
+    }
+  });
+  std::mt19937 rng(std::random_device{}());
+  std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  b.cancel();
+  auto result = outcome.get_future();
+  ASSERT_EQ(result.wait_for(5s), std::future_status::ready) << "the cancel did not end the wait";
+  EXPECT_EQ(result.get(), salus::to_string(salus::Errc::cancelled));
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, 2s);
+  waiter.join();
+  a.end_iteration();
+  // c's timed-out try left it waiting or not: either way its turn comes now.
+  ASSERT_TRUE(c.try_begin_iteration(std::chrono::seconds(5)));
+  c.end_iteration();
 }
 
 TEST_F(Salusd, ASecondDaemonOnTheSameSocketRefusesToStart) {

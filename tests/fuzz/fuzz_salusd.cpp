@@ -5,7 +5,8 @@
 // without their NUL). A record that breaks the protocol drops its client, as the server does; any
 // other refusal must be a well-formed failure reply. Checked: every reply the coordinator sends
 // decodes; a page batch names only descriptors it carries; after every record the page banks are
-// consistent (each page free or held by exactly one client); nothing crashes or hangs.
+// consistent (each page free or held by exactly one client); nothing crashes or hangs. Jobs' turn
+// connections too: attaches right and wrong, and their calls.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -56,6 +57,7 @@ struct Client {
 };
 struct Seen {
   std::mutex mu;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> sessions;  // (session, token) welcomed
   std::vector<std::uint64_t> jobs;
   std::vector<std::uint64_t> pages;  // granted to someone at some point
 };
@@ -71,6 +73,10 @@ Coordinator::Sender sender(const std::shared_ptr<Seen>& seen) {
     r.body.assign(record.begin() + sizeof(Header), record.end());
     std::lock_guard lock(seen->mu);
     if (r.type() == MessageType::job_added) seen->jobs.push_back(body_as<JobAdded>(r).job);
+    if (r.type() == MessageType::welcome) {
+      const auto w = body_as<Welcome>(r);
+      seen->sessions.emplace_back(w.session, w.token);
+    }
     if (r.type() == MessageType::pages) {
       std::vector<PageEntry> entries;
       std::vector<FenceEntry> fences;
@@ -175,6 +181,61 @@ std::vector<std::byte> raw(FuzzInput& in) {
   return r;
 }
 
+// A job's turn connection: an attach (mostly with a welcomed session's token, sometimes with
+// another session's, a wrong token or a job that is not the session's), then a few turn calls,
+// mostly for its job, waits bounded. A refusal must be an Error; a record the connection may not
+// carry a ProtocolError, which ends only the connection.
+void turn_connection(FuzzInput& in, Coordinator& coord, Seen& seen,
+                     const salus::remote::PeerCredentials& me) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> sessions;
+  std::vector<std::uint64_t> jobs;
+  {
+    std::lock_guard lock(seen.mu);
+    sessions = seen.sessions;
+    jobs = seen.jobs;
+  }
+  AttachTurns a;
+  if (!sessions.empty() && in.chance(90)) {
+    const auto& [session, token] = sessions[in.below(sessions.size())];
+    a.session = session;
+    a.token = in.chance(90) ? token : in.bits(8);
+  } else {
+    a.session = in.below(5);
+    a.token = in.bits(8);
+  }
+  a.job = pick_id(in, jobs);
+  Coordinator::TurnLink link;
+  try {
+    Record r;
+    r.header = decode_header(encode(MessageType::attach_turns, 1, a));
+    r.body.resize(sizeof(a));
+    std::memcpy(r.body.data(), &a, sizeof(a));
+    link = coord.attach_turns(me, r, [] {});
+  } catch (const salus::Error&) {
+    return;
+  }
+  for (int i = 0, n = static_cast<int>(in.below(6)); i < n && !in.empty(); ++i) {
+    const MessageType types[] = {MessageType::begin_iteration, MessageType::end_iteration,
+                                 MessageType::withdraw, MessageType::finish_job};
+    const MessageType type = types[in.below(in.chance(90) ? 3 : 4)];
+    // Bounded, as on the session's connection: nothing else would end a wait behind a job that
+    // never ends its iteration.
+    const JobCall call{in.chance(90) ? link.job_id : pick_id(in, jobs),
+                       static_cast<std::int64_t>(in.below(3)) * 500000, 0, 0};
+    try {
+      Record r;
+      r.header = decode_header(encode(type, static_cast<std::uint64_t>(i) + 2, call));
+      r.body.resize(sizeof(call));
+      std::memcpy(r.body.data(), &call, sizeof(call));
+      const std::vector<std::byte> reply = coord.turn_call(link, r);
+      const Header h = decode_header(reply);
+      if (h.seq != static_cast<std::uint64_t>(i) + 2) salus::fuzz::fail("a turn reply's seq is not its call's");
+    } catch (const ProtocolError&) {
+      return;  // the server hangs up this connection only
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -202,6 +263,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   for (int step = 0; step < 48 && !in.empty(); ++step) {
     Client& c = clients[in.below(clients.size())];
+    if (in.chance(8)) {
+      turn_connection(in, coord, *seen, me);
+      if (std::string why = coord.inconsistency(); !why.empty()) salus::fuzz::fail(why);
+      continue;
+    }
     const std::vector<std::byte> bytes = in.chance(75) ? structured(in, c, *seen) : raw(in);
     salus::fuzz::describe_call(salus::fuzz::format_call("session %llu: %zu bytes",
                                                         static_cast<unsigned long long>(c.session), bytes.size()));

@@ -1,0 +1,99 @@
+// Turns: a job's begin_iteration, end_iteration and withdraw, from the session's connection (a
+// begin waits on a worker thread) or from the job's own turn connection (answered by the thread
+// that reads it, which has nothing else to read meanwhile).
+//
+// One switch between processes: the giver's end reaches its job's turn thread, which ends the
+// daemon job's iteration; that wakes the next job's turn thread, waiting in the daemon runtime's
+// begin_iteration, which answers the client thread waiting on its socket. (Answering the next job
+// from the giver's thread instead, at once, saved no time measured: its own thread still wakes.)
+#include "daemon/coordinator.hpp"
+#include "daemon/session.hpp"
+
+#include <fmt/format.h>
+
+namespace salus::daemon {
+
+using remote::MessageType;
+
+remote::Turn Coordinator::take_turn(Job& job, const remote::JobCall& call) {
+  remote::Turn turn{call.job, 1, 0};
+  if (call.timeout_ns < 0) {
+    (void)job.begin_iteration();
+  } else {
+    turn.admitted = job.try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns)) ? 1 : 0;
+  }
+  return turn;
+}
+
+void Coordinator::give_turn(Job& job, MessageType type) {
+  if (type == MessageType::end_iteration) {
+    job.end_iteration();
+  } else {
+    job.withdraw();
+  }
+}
+
+void Coordinator::on_begin(const std::shared_ptr<Session>& s, const remote::Record& record) {
+  const auto call = remote::body_as<remote::JobCall>(record);
+  std::shared_ptr<Job> job = job_of(*s, call.job);
+  const std::uint64_t seq = record.header.seq;
+  s->spawn([this, s, job, call, seq] {
+    try {
+      const remote::Turn turn = take_turn(*job, call);
+      reply(*s, MessageType::turn, seq, std::as_bytes(std::span(&turn, 1)));
+    } catch (const std::exception& e) {
+      fail(*s, seq, e);
+    }
+  });
+}
+
+Coordinator::TurnLink Coordinator::attach_turns(const remote::PeerCredentials& peer,
+                                                const remote::Record& attach,
+                                                std::function<void()> hang_up) {
+  const auto a = remote::body_as<remote::AttachTurns>(attach);
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(a.session);
+  // One answer for every wrong session: which sessions exist is none of the asker's business.
+  if (it == sessions_.end() || it->second->token != a.token || it->second->closing) {
+    throw InvalidArgument(fmt::format("attach_turns: no open session {} with that token",
+                                      a.session));
+  }
+  const std::shared_ptr<Session>& s = it->second;
+  if (peer.pid != s->peer.pid || peer.uid != s->peer.uid) {
+    throw InvalidArgument(fmt::format("attach_turns: session {} is pid {}'s, not pid {}'s", s->id,
+                                      s->peer.pid, peer.pid));
+  }
+  auto job = s->jobs.find(a.job);
+  if (job == s->jobs.end()) throw UnknownJob(JobId{static_cast<std::uint32_t>(a.job)});
+  s->hang_ups.push_back(std::move(hang_up));
+  return TurnLink{s, job->second, a.job};
+}
+
+std::vector<std::byte> Coordinator::turn_call(const TurnLink& link, const remote::Record& record) {
+  const MessageType type = record.type();
+  if (type != MessageType::begin_iteration && type != MessageType::end_iteration &&
+      type != MessageType::withdraw) {
+    throw remote::ProtocolError(
+        fmt::format("a turn connection may not carry {}", to_string(type)));
+  }
+  const auto call = remote::body_as<remote::JobCall>(record);
+  if (call.job != link.job_id) {
+    throw remote::ProtocolError(fmt::format("the turn connection of job {} named job {}",
+                                            link.job_id, call.job));
+  }
+  const std::uint64_t seq = record.header.seq;
+  try {
+    if (type == MessageType::begin_iteration) {
+      return remote::encode(MessageType::turn, seq, take_turn(*link.job, call));
+    }
+    give_turn(*link.job, type);
+    return remote::encode_body(MessageType::done, seq, {});
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const Error*>(&e);
+    return remote::encode(MessageType::failure, seq,
+                          remote::failure_of(error != nullptr ? error->code() : Errc::device_error,
+                                             e.what()));
+  }
+}
+
+}  // namespace salus::daemon
