@@ -93,6 +93,18 @@ else
     --iterations 20 --trace "$BUILD/salus_pytorch_trace_gpu.json"
   # Two PyTorch scripts in two processes, CUDA tensors in pages salusd exported to them.
   step "examples/two_processes on the GPU" env PYTHON="$PY" examples/two_processes/run.sh
+  # A script that knows nothing of Salus, under `salus run` with a CUDA salusd of its own: its
+  # weights must equal the same script's in plain PyTorch.
+  step "an unmodified script under salus run on the GPU" bash -c '
+    set -e; dir=$(mktemp -d); script=python_bindings/tests/unmodified_train.py
+    "$0" "$script" --device cuda --steps 20 --out "$dir/alone.json"
+    "$0" -m salus.cli run --socket "$dir/s.sock" --backend cuda --memory 2GiB --stats "$dir/stats.json" \
+      -- "$0" "$script" --device cuda --steps 20 --out "$dir/shared.json"
+    kill "$(cat "$dir/s.sock.lock")"
+    cat "$dir/stats.json"; echo
+    "$0" -c "import json, sys; a, b = (json.load(open(p))[\"weights\"] for p in sys.argv[1:]); \
+      print(\"weights equal:\", a == b); sys.exit(a != b)" "$dir/alone.json" "$dir/shared.json"
+  ' "$PY"
 fi
 
 echo

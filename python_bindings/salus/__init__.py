@@ -46,10 +46,21 @@ from .policies import JobView, Policy, register_policy, unregister_policy
 
 __version__ = "0.1.0"
 
+
+def iteration() -> Iteration:
+    """``with salus.iteration():`` marks one iteration (an inference request, say) of this
+    process's job under ``salus run`` or :func:`salus.torch.share`. From the first such mark on,
+    the script's marks are the only ones: optimizer steps no longer mark iterations.
+    InvalidArgument when the process has no such job."""
+    from . import torch as salus_torch
+
+    return salus_torch._shared_job("salus.iteration()").iteration()
+
+
 __all__ = [
     "ClassBytes", "DeviceStats", "Iteration", "Job", "JobLimits", "JobMemory", "JobStats",
     "MemoryHints", "Runtime", "connect", "default_runtime", "parse_size", "cuda_available", "errors",
     "policies", "DeviceError", "Error", "InvalidArgument", "JobCancelled", "NotSupported",
     "OutOfMemory", "UnknownJob", "JobView", "Policy", "register_policy", "unregister_policy",
-    "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES",
+    "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES", "iteration",
 ]

@@ -402,6 +402,7 @@ class Iteration:
         self.stream = 0
 
     def __enter__(self) -> "Iteration":
+        salus_torch._user_iteration(self._job)
         self.stream = self._job.begin_iteration()
         try:
             _bind(self._job)

@@ -147,14 +147,34 @@ class _Shared:
         self.runtime = runtime
         self.job = job
         self.hook = hook
-        self.iteration: Optional["Iteration"] = None
+        self.iteration: Optional["Iteration"] = None  # the one marked here, not by the script
+        self.marking = False  # an iteration marked here is being entered
+        self.auto = True  # iterations are marked here until the script marks its own
+        self.by_salus_run = False  # set up before the script by `salus run`
+        self.stats_path: Optional[str] = None  # where the job's statistics go at exit
+
+    def mark(self) -> None:
+        """Ends the iteration marked here, if any, and begins the next."""
+        self.end_marked()
+        it = self.job.iteration()
+        self.marking = True
+        try:
+            it.__enter__()
+        finally:
+            self.marking = False
+        self.iteration = it
+
+    def end_marked(self) -> None:
+        it, self.iteration = self.iteration, None
+        if it is not None:
+            it.__exit__(None, None, None)
 
 
 _shared: Optional[_Shared] = None
 
 
 def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
-          kind: str = "training") -> "Job":
+          kind: str = "training", limit: Any = None) -> "Job":
     """Makes this training script one process of the node's salusd, in one line.
 
     Connects to salusd (``socket``: None for ``$SALUS_SOCKET`` or the per-user default), routes
@@ -164,8 +184,9 @@ def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
     the first step returns (weights, optimizer state) is the job's persistent memory, and each
     step's activations are ephemeral. A script that runs several optimizers per iteration, or
     accumulates gradients over several steps, takes several turns per iteration: mark its
-    iterations with ``job.iteration()`` instead. Returns the job; at exit the turn ends and the job
-    leaves.
+    iterations with ``job.iteration()`` instead. ``limit`` caps the job's bytes (``"2GiB"``; None:
+    no cap). Returns the job; at exit the turn ends and the job leaves. Under ``salus run`` the
+    script is shared already, and a call returns that job.
     """
     global _shared
     import atexit
@@ -177,23 +198,23 @@ def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
     from ._runtime import connect
 
     if _shared is not None:
+        if _shared.by_salus_run:
+            return _shared.job
         raise InvalidArgument("salus.torch.share() was called already in this process")
     runtime = connect(socket)
     enable(runtime)
     job_name = name or Path(sys.argv[0] or "script").stem or "script"
-    job = runtime.add_job(job_name, kind=kind, priority=priority)
+    job = runtime.add_job(job_name, kind=kind, priority=priority,
+                          limits=None if limit is None else {"total": limit})
     job.__enter__()  # the thread's allocations are the job's from here on
     state = _Shared(runtime, job, None)
 
     def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if state.iteration is not None:
-            state.iteration.__exit__(None, None, None)
-            state.iteration = None
-        it = job.iteration()
-        it.__enter__()
-        state.iteration = it
+        if state.auto:
+            state.mark()
 
-    state.hook = register_optimizer_step_post_hook(after_step)
+    if kind == "training":
+        state.hook = register_optimizer_step_post_hook(after_step)
     _shared = state
     atexit.register(_unshare)
     return job
@@ -204,15 +225,45 @@ def _unshare() -> None:
     state, _shared = _shared, None
     if state is None:
         return
-    state.hook.remove()
+    if state.hook is not None:
+        state.hook.remove()
     try:
-        if state.iteration is not None:
-            state.iteration.__exit__(None, None, None)
+        state.end_marked()
+        if state.stats_path:
+            _write_stats(state.job, state.stats_path)
     finally:
         state.job.__exit__(None, None, None)
         disable()
         state.job.leave()
         state.runtime.close()
+
+
+def _write_stats(job: "Job", path: str) -> None:
+    """The job's statistics as JSON (``salus run --stats``): what the rules made persistent and
+    ephemeral, its turns and waits."""
+    import dataclasses
+    import json
+
+    with open(path, "w") as f:
+        json.dump(dataclasses.asdict(job.stats()), f)
+
+
+def _shared_job(what: str) -> "Job":
+    """The job of :func:`share` (or of ``salus run``); InvalidArgument naming ``what`` if none."""
+    if _shared is None:
+        raise InvalidArgument(f"{what}: this process has no shared job: run it under 'salus run' "
+                              "or call salus.torch.share() first")
+    return _shared.job
+
+
+def _user_iteration(job: "Job") -> None:
+    """The script marks an iteration of the shared job itself: from now on its marks are the
+    only ones (the optimizer-step marks stop, an iteration marked here ends first)."""
+    state = _shared
+    if state is None or state.job is not job or state.marking or not state.auto:
+        return
+    state.auto = False
+    state.end_marked()
 
 
 # --- hooks for salus._runtime ---------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""``salus``: run an unmodified PyTorch script as a job of the node's salusd, or see the daemon.
+
+    salus run [--name NAME] [--kind training|inference] [--priority N] [--limit SIZE]
+              [--socket PATH] [--stats PATH] -- python train.py ARGS
+    salus status [--socket PATH]
+
+``salus run`` starts the user's salusd if none answers at the socket (its log beside the socket,
+``PATH.log``), then runs the command with Salus set up in its Python process before the script:
+PyTorch's memory comes from salusd, and each ``optimizer.step()`` ends one turn and waits for the
+next (:func:`salus.torch.share` has the rules). The command's exit status is ``salus run``'s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ._checks import parse_size
+from .errors import DeviceError, InvalidArgument
+
+_AUTORUN = Path(__file__).with_name("_autorun")
+
+
+def default_socket() -> str:
+    """The clients' default socket, by the same rule as ``salus_runtime_connect(NULL)``."""
+    if os.environ.get("SALUS_SOCKET"):
+        return os.environ["SALUS_SOCKET"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "salusd.sock")
+    return f"/tmp/salusd-{os.getuid()}.sock"
+
+
+def _answers(path: str) -> bool:
+    """Whether a daemon accepts connections at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def salusd_binary() -> str:
+    """``$SALUSD``, else the salusd shipped beside this Python (``pip install .`` puts it with the
+    scripts), else one on PATH."""
+    if os.environ.get("SALUSD"):
+        return os.environ["SALUSD"]
+    found = shutil.which("salusd", path=sysconfig.get_path("scripts")) or shutil.which("salusd")
+    if found is None:
+        raise DeviceError("salusd is not installed beside this Python nor on PATH "
+                          "(pip install . ships it)", call="salusd", status="NOT_INSTALLED",
+                          status_code=0)
+    return found
+
+
+def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10.0) -> bool:
+    """Starts salusd at ``path`` unless one answers there; True when this call started it.
+
+    The daemon runs in a session of its own, so that it outlives the command (the next
+    ``salus run`` reuses it). Two calls racing to start one are fine: the second daemon finds the
+    first one's lock and exits, and both calls wait for the socket."""
+    if _answers(path):
+        return False
+    log = open(f"{path}.log", "a")
+    with log:
+        subprocess.Popen([salusd_binary(), "--socket", path, *daemon_args],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    # A daemon that refused to start (another won the race) exits; the winner's socket comes.
+    deadline = time.monotonic() + wait_s
+    while not _answers(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not _answers(path):
+        tail = Path(f"{path}.log").read_text(errors="replace")[-2000:]
+        raise DeviceError(f"salusd did not start at '{path}' within {wait_s:.0f} s; its log:\n{tail}",
+                          call="salusd", status="NOT_STARTED", status_code=0)
+    return True
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InvalidArgument("salus run: no command given (salus run -- python train.py ...)")
+    if args.limit is not None:
+        parse_size(args.limit, "--limit")  # a bad size is said here, not inside the script
+    path = args.socket or default_socket()
+    daemon_args = ["--backend", args.backend]
+    if args.memory:
+        daemon_args += ["--memory", args.memory]
+    if args.policy:
+        daemon_args += ["--policy", args.policy]
+    ensure_daemon(path, daemon_args)
+    env = dict(os.environ)
+    env.update({
+        "SALUS_SOCKET": path,
+        "SALUS_RUN": "1",
+        "SALUS_RUN_KIND": args.kind,
+        "SALUS_RUN_PRIORITY": str(args.priority),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(_AUTORUN), env.get("PYTHONPATH")) if p),
+    })
+    for key, value in (("SALUS_RUN_NAME", args.name), ("SALUS_RUN_LIMIT", args.limit),
+                       ("SALUS_RUN_STATS", args.stats)):
+        if value is not None:
+            env[key] = str(value)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        raise InvalidArgument(f"salus run: cannot run {command[0]!r}: {e.strerror}") from e
+    return 127  # not reached
+
+
+def _status(args: argparse.Namespace) -> int:
+    path = args.socket or default_socket()
+    return subprocess.call([salusd_binary(), "--socket", path, "--status"])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="salus", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    run = sub.add_parser("run", help="run a command as a job of salusd")
+    run.add_argument("--name", help="the job's name (default: the script's)")
+    run.add_argument("--kind", choices=["training", "inference"], default="training")
+    run.add_argument("--priority", type=int, default=0)
+    run.add_argument("--limit", help="the job's byte limit, e.g. 2GiB")
+    run.add_argument("--socket", help="salusd's socket (default: $SALUS_SOCKET, else per user)")
+    run.add_argument("--stats", help="write the job's statistics here (JSON) at exit")
+    run.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
+                     help="for a daemon this command starts")
+    run.add_argument("--memory", help="for a daemon this command starts: its memory, e.g. 8GiB")
+    run.add_argument("--policy", help="for a daemon this command starts: its policy")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    status = sub.add_parser("status", help="print salusd's processes, jobs and memory")
+    status.add_argument("--socket")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args) if args.what == "run" else _status(args)
+    except (InvalidArgument, DeviceError) as e:
+        print(f"salus {args.what}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""`salus run` with real processes: three training scripts that do not import salus share one
+simulated GPU through salusd, take turns at their optimizer steps, and end bitwise where the same
+scripts end alone in plain PyTorch; their memory is classified by the rules (before the first
+step persistent, then ephemeral); a script over its limit fails alone with salus.OutOfMemory; a
+SIGKILLed one costs the others nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from test_salusd import Daemon, daemon_status
+
+SCRIPT = Path(__file__).with_name("unmodified_train.py")
+MODELS = ["cnn", "mlp", "small"]
+
+
+def salus_cli() -> str:
+    found = shutil.which("salus", path=sysconfig.get_path("scripts")) or shutil.which("salus")
+    if found is None:
+        pytest.fail("the salus command is not installed beside this Python (pyproject's scripts)")
+    return found
+
+
+def salus_run(socket: str, name: str, model: str, out: Path, *extra: str,
+              steps: int = 6) -> subprocess.Popen:
+    return subprocess.Popen(
+        [salus_cli(), "run", "--socket", socket, "--name", name, *extra, "--",
+         sys.executable, str(SCRIPT), "--model", model, "--steps", str(steps), "--out", str(out)],
+        stderr=subprocess.PIPE, text=True)
+
+
+def alone(tmp: Path, model: str, steps: int = 6) -> dict:
+    """What the script ends with in plain PyTorch, no Salus anywhere."""
+    out = tmp / f"alone-{model}-{steps}.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--model", model, "--steps", str(steps), "--out",
+                    str(out)], check=True, timeout=120)
+    return json.loads(out.read_text())
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, "--policy", "fair", "--memory", "512MiB", "--trace",
+               str(tmp_path / "trace.json"))
+    yield d
+    d.stop()
+
+
+def iterations(trace: Path) -> list[tuple[float, float, str]]:
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    return sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                  if e.get("cat") == "iteration")
+
+
+def test_the_script_knows_nothing_of_salus() -> None:
+    assert "salus" not in SCRIPT.read_text().split('"""', 2)[2]
+
+
+def test_three_unmodified_scripts_take_turns_and_train_as_alone(traced: Daemon,
+                                                               tmp_path: Path) -> None:
+    # Long enough that the three overlap whatever their start-up (importing torch) costs.
+    steps = 30
+    procs = {m: salus_run(traced.socket, f"job-{m}", m, tmp_path / f"{m}.json",
+                          "--stats", str(tmp_path / f"{m}.stats.json"), steps=steps)
+             for m in MODELS}
+    for m, p in procs.items():
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, f"{m}: {err}"
+    assert traced.stop() == 0, traced.log.read_text()
+    for m in MODELS:
+        shared = json.loads((tmp_path / f"{m}.json").read_text())
+        assert shared["weights"] == alone(tmp_path, m, steps)["weights"], m  # bitwise
+        stats = json.loads((tmp_path / f"{m}.stats.json").read_text())
+        assert stats["name"] == f"job-{m}"
+        # An iteration from each optimizer step to the next, the last one to the exit.
+        assert stats["iterations"] == steps
+        memory = stats["memory"]
+        # Before the first step returns: weights and momentum buffers (and the first step's
+        # activations), so at least twice the parameters are persistent.
+        assert memory["persistent"]["peak"] >= 2 * shared["param_bytes"], (m, memory)
+        # Each later step's activations and gradients are the iteration's: ephemeral, all gone.
+        assert memory["ephemeral"]["peak"] > 0 and memory["ephemeral"]["in_use"] == 0, (m, memory)
+    spans = iterations(tmp_path / "trace.json")
+    assert sorted({n for _, _, n in spans}) == sorted(f"job-{m}" for m in MODELS)
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        assert e0 <= b1 + 1.0, f"{n0} and {n1} ran iterations at once"  # us; the trace's rounding
+    assert len(spans) == 3 * steps
+    # Turns interleave: run one after another, the three would hand over twice in all.
+    handovers = sum(1 for a, b in zip(spans, spans[1:]) if a[2] != b[2])
+    assert handovers > 2, f"{handovers} hand-overs: the scripts ran one after another"
+
+
+def test_a_script_over_its_limit_fails_alone_with_salus_out_of_memory(traced: Daemon,
+                                                                      tmp_path: Path) -> None:
+    # The MLP's first layer alone is 1.5 MiB.
+    tiny = salus_run(traced.socket, "tiny", "mlp", tmp_path / "tiny.json", "--limit", "256KiB")
+    others = [salus_run(traced.socket, f"job-{m}", m, tmp_path / f"{m}.json")
+              for m in ("cnn", "small")]
+    _, err = tiny.communicate(timeout=180)
+    assert tiny.returncode != 0
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("salus.errors.OutOfMemory:"), err
+    assert "'tiny'" in last and "262144" in last, last
+    for m, p in zip(("cnn", "small"), others):
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        assert json.loads((tmp_path / f"{m}.json").read_text())["weights"] == \
+            alone(tmp_path, m)["weights"]
+
+
+def test_a_killed_script_costs_the_others_nothing(traced: Daemon, tmp_path: Path) -> None:
+    victim = salus_run(traced.socket, "victim", "cnn", tmp_path / "victim.json", steps=100000)
+    survivors = {m: salus_run(traced.socket, f"job-{m}", m, tmp_path / f"{m}.json", steps=30)
+                 for m in ("mlp", "small")}
+    deadline = time.monotonic() + 60
+    while not any(line.startswith("victim") and int(line.split()[3]) >= 2
+                  for line in daemon_status(traced).splitlines()):
+        assert time.monotonic() < deadline, daemon_status(traced)
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    for m, p in survivors.items():
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, f"{m}: {err}"
+        assert json.loads((tmp_path / f"{m}.json").read_text())["weights"] == \
+            alone(tmp_path, m, 30)["weights"]
+    assert "victim" not in daemon_status(traced)
+
+
+def test_salus_run_starts_a_daemon_when_none_answers(tmp_path: Path) -> None:
+    socket = str(tmp_path / "own.sock")
+    env = {**os.environ, "SALUS_SOCKET": socket}
+    out = tmp_path / "out.json"
+    done = subprocess.run([salus_cli(), "run", "--backend", "sim", "--memory", "256MiB", "--",
+                           sys.executable, str(SCRIPT), "--model", "small", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(out.read_text())["weights"] == alone(tmp_path, "small")["weights"]
+        # It outlives the command, for the next one to reuse.
+        status = subprocess.run([salus_cli(), "status", "--socket", socket], capture_output=True,
+                                text=True, timeout=10)
+        assert status.returncode == 0 and "policy" in status.stdout, status.stderr
+    finally:
+        pid = int(Path(socket + ".lock").read_text())
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_bad_input_is_said_before_anything_runs(tmp_path: Path) -> None:
+    for args, says in [(["run", "--limit", "lots", "--", "true"], "--limit"),
+                       (["run", "--socket", str(tmp_path / "s.sock"), "--backend", "sim"],
+                        "no command")]:
+        done = subprocess.run([salus_cli(), *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
+
+
+@pytest.mark.parametrize("mode,kind,iterations", [
+    ("training", "training", 5),  # its own marks, not the optimizer steps' as well
+    ("requests", "inference", 5),  # a request an iteration
+    ("long", "inference", 0),  # no marks: never waits for a turn, its memory all persistent
+])
+def test_a_script_that_marks_its_own_iterations_keeps_its_marks(
+        traced: Daemon, tmp_path: Path, mode: str, kind: str, iterations: int) -> None:
+    stats = tmp_path / "stats.json"
+    done = subprocess.run(
+        [salus_cli(), "run", "--socket", traced.socket, "--kind", kind, "--stats", str(stats),
+         "--", sys.executable, str(Path(__file__).with_name("marking_script.py")), "--mode", mode],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(stats.read_text())["iterations"] == iterations
+
+
+def test_salus_iteration_without_a_shared_job_says_so() -> None:
+    done = subprocess.run([sys.executable, "-c", "import salus; salus.iteration()"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "InvalidArgument" in done.stderr and "salus run" in done.stderr, done.stderr
