@@ -8,7 +8,13 @@ a simulated GPU, so a local Ray cluster on a CPU machine is a test bed for the s
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import signal
+import tempfile
+import time
 import uuid
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -16,11 +22,12 @@ import ray
 
 from .._checks import INT_MAX, INT_MIN, Size, check_int, parse_size
 from .._runtime import MemoryHints, _coerce
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, NotSupported
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
 from .placement import PLACEMENTS
 from .placer import Placer, Request
+from .process_worker import ProcessGpuWorker
 from .worker import GpuWorker, TrialSpec, WorkerStats
 
 _MAX_TRIALS_PER_WORKER = 64  # the worker actor's threads: trials it can run at once
@@ -112,6 +119,29 @@ def _gpus(simulated_gpus: Optional[int]) -> tuple[int, str, int]:
     return gpus, "cuda", 1
 
 
+class _Daemon:
+    """The salusd of a cluster whose trials are processes: simulated devices, on this node, in a
+    directory of its own (socket, lock, log) that goes with it."""
+
+    def __init__(self, gpus: int, memory: int, policy: str) -> None:
+        from ..cli import ensure_daemon
+
+        self._dir = tempfile.mkdtemp(prefix="salus-ray-")
+        self.socket = os.path.join(self._dir, "salusd.sock")
+        ensure_daemon(self.socket, ["--backend", "sim", "--devices", str(gpus), "--memory",
+                                    str(memory), "--policy", policy, "--log-level", "warn"])
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        try:
+            os.kill(int(Path(self.socket + ".lock").read_text()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass  # gone already
+        deadline = time.monotonic() + wait_s
+        while os.path.exists(self.socket) and time.monotonic() < deadline:
+            time.sleep(0.02)  # it removes its socket as it exits
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
 class SalusCluster:
     """Trials as Salus jobs on Ray GPU workers.
 
@@ -124,6 +154,11 @@ class SalusCluster:
     placement.choose). ``enforce_limits``: a trial with memory hints may use that much and no
     more (its own OutOfMemory, not its neighbours'). ``torch``: route PyTorch's allocations in
     the workers through Salus. ``worker_cpus``: CPUs Ray reserves per worker.
+
+    ``processes``: each trial runs in a Ray actor process of its own, a process of a salusd this
+    cluster starts on the driver's node (``simulated_gpus`` devices; on real GPUs not yet), with
+    the same placement; a trial's crash ends its process only. ``worker_cpus`` is then what Ray
+    reserves per trial.
     """
 
     def __init__(self, *, simulated_gpus: Optional[int] = None,
@@ -132,21 +167,39 @@ class SalusCluster:
                  placement: str = "spread", enforce_limits: bool = True, torch: bool = True,
                  torch_threads: int = 1, worker_cpus: float = 1,
                  contention: str = "processor_sharing",
-                 worker_setup: Optional[Callable[[Any], None]] = None) -> None:
+                 worker_setup: Optional[Callable[[Any], None]] = None,
+                 processes: bool = False) -> None:
         _check_choices(placement, policy, trials_per_gpu)
+        if processes and simulated_gpus is None:
+            raise NotSupported("trials as processes run on simulated GPUs only so far "
+                               "(pass simulated_gpus=N)")
+        if processes and worker_setup is not None:
+            raise NotSupported("worker_setup has no worker process to run in when trials are "
+                               "processes")
         if not ray.is_initialized():
             ray.init()
         gpus, backend, actor_gpus = _gpus(simulated_gpus)
         limit = min(trials_per_gpu or _MAX_TRIALS_PER_WORKER, _MAX_TRIALS_PER_WORKER)
-        actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
-                                              max_concurrency=limit + 4)
         if gpu_memory is None and backend == "sim":
             gpu_memory = "16GiB"
         memory = None if gpu_memory is None else parse_size(gpu_memory, "gpu_memory")
-        self._workers: list[Any] = [
-            actor.remote(i, backend=backend, memory=memory, policy=policy, contention=contention,
-                         torch=torch, torch_threads=torch_threads, setup=worker_setup)
-            for i in range(gpus)]
+        self._daemon: Optional[_Daemon] = None
+        if processes:
+            assert memory is not None
+            self._daemon = _Daemon(gpus, memory, policy)
+            actor = ray.remote(ProcessGpuWorker).options(num_cpus=0, max_concurrency=limit + 4)
+            self._workers: list[Any] = [
+                actor.remote(i, socket=self._daemon.socket, capacity=memory, torch=torch,
+                             torch_threads=torch_threads, trial_cpus=worker_cpus)
+                for i in range(gpus)]
+        else:
+            actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
+                                                  max_concurrency=limit + 4)
+            self._workers = [
+                actor.remote(i, backend=backend, memory=memory, policy=policy,
+                             contention=contention, torch=torch, torch_threads=torch_threads,
+                             setup=worker_setup)
+                for i in range(gpus)]
         infos = ray.get([w.info.remote() for w in self._workers])  # raises a worker's error
         self.capacities = [int(i["capacity"]) for i in infos]
         self._placer: Any = ray.remote(Placer).options(num_cpus=0, max_concurrency=10_000).remote(
@@ -203,6 +256,8 @@ class SalusCluster:
         self._closed = True
         for actor in [self._placer, *self._workers]:
             ray.kill(actor)
+        if self._daemon is not None:
+            self._daemon.stop()
 
     def __enter__(self) -> "SalusCluster":
         return self

@@ -66,14 +66,20 @@ class GpuWorker:
     the runtime's default: the whole GPU); ``torch``: route PyTorch's allocations through the
     runtime (salus.torch) so trials' tensors are Salus memory; ``torch_threads``: torch's
     intra-op threads for the whole actor (1 keeps trials deterministic and out of each other's
-    way on the CPU)."""
+    way on the CPU). ``socket``: a process of that salusd instead of a runtime of its own (a
+    trial in a process of its own, process_worker.py); its trials' jobs are on the daemon's
+    device ``index``."""
 
     def __init__(self, index: int, *, backend: str = "auto", memory: Any = None,
                  policy: str = "fair", contention: str = "processor_sharing",
                  torch: bool = True, torch_threads: int = 1,
-                 setup: Optional[Callable[["salus.Runtime"], None]] = None) -> None:
+                 setup: Optional[Callable[["salus.Runtime"], None]] = None,
+                 socket: Optional[str] = None) -> None:
         self.index = index
-        if backend == "sim":
+        self.device = 0 if socket is None else index
+        if socket is not None:
+            self.runtime = salus.connect(socket)
+        elif backend == "sim":
             self.runtime = salus.Runtime("sim", memory=memory, policy=policy,
                                          contention=contention)
         else:
@@ -87,6 +93,7 @@ class GpuWorker:
             salus_torch.enable(self.runtime)
         if setup is not None:
             setup(self.runtime)
+        self.connected = socket is not None
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._live: dict[str, TrialContext] = {}
@@ -97,7 +104,7 @@ class GpuWorker:
     def info(self) -> dict[str, Any]:
         """What the placer plans with: the GPU's Salus limit less what is held outside trials
         when the worker starts (what ``setup`` allocated)."""
-        stats = self.runtime.device_stats(0)
+        stats = self.runtime.device_stats(self.device)
         return {"worker": self.index, "backend": self.runtime.backend_name,
                 "capacity": max(0, stats.limit - stats.allocated), "policy": self.runtime.policy}
 
@@ -105,7 +112,7 @@ class GpuWorker:
         """Runs ``fn(config)`` as a Salus job in this thread; raises what it raised."""
         limits = None if spec.limit_total is None else salus.JobLimits(total=spec.limit_total)
         job = self.runtime.add_job(
-            spec.name, priority=spec.priority, limits=limits,
+            spec.name, priority=spec.priority, limits=limits, device=self.device,
             hints=salus.MemoryHints(persistent=spec.persistent_hint,
                                     ephemeral_peak=spec.ephemeral_hint),
             blocks_outlive_job=spec.blocks_outlive_job)
@@ -117,7 +124,14 @@ class GpuWorker:
         outcome = "failed"
         _enter(ctx)
         try:
-            value = fn(config)
+            if self.connected:
+                # The process is the trial's: what it allocates outside iterations (its data, a
+                # batch made between them) is the job's persistent memory, on the job's device,
+                # not unattributed memory of device 0.
+                with job:
+                    value = fn(config)
+            else:
+                value = fn(config)
             stats = job.stats()
             # The last iteration's peak, once there are two: the first one (build_model) also
             # made the weights, which are counted as persistent.
@@ -158,13 +172,13 @@ class GpuWorker:
         return None if ctx is None else ctx.reports_since(start)
 
     def stats(self) -> WorkerStats:
-        device = self.runtime.device_stats(0)
+        device = self.runtime.device_stats(self.device)
         with self._lock:
             running = [ctx.name for ctx in self._live.values()]
             out = WorkerStats(self.index, self.runtime.backend_name, device.limit,
                               device.allocated, device.peak_allocated, running,
                               self._peak_running, **self._counts)
-        if self.runtime.backend_name == "sim":
+        if self.runtime.backend_name == "sim" and not self.connected:
             activity = self.runtime.device_activity(0)
             out.busy_seconds = activity["busy_seconds"]
             out.utilization_seconds = activity["utilization_seconds"]

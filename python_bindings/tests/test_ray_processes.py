@@ -1,0 +1,109 @@
+"""salus.ray with trials as processes (SalusCluster(processes=True)): each trial a Ray actor
+process of its own and a process of the salusd the cluster starts, on a local Ray cluster with
+simulated GPUs. Trials are packed by the same admission rule, end with the losses they end with
+one trial per GPU, and a trial that raises or whose process dies fails alone."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import salus.ray as salus_ray  # noqa: E402
+from salus.errors import NotSupported  # noqa: E402
+
+TIMEOUT = 180
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
+    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def train(config: dict[str, Any]) -> dict[str, Any]:
+    """A small PyTorch model, seeded by the trial; ``fail``: "raise" or "die" at step 2."""
+    import torch
+    from torch import nn
+
+    ctx = salus_ray.trial()
+    with ctx.build_model():
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    gen = torch.Generator().manual_seed(ctx.seed)
+    data, target = torch.randn(32, 16, generator=gen), torch.randn(32, 1, generator=gen)
+    losses = []
+    for step in range(config["steps"]):
+        if step == 2 and config.get("fail") == "raise":
+            raise ValueError("this trial's config is bad")
+        if step == 2 and config.get("fail") == "die":
+            os._exit(3)  # the process dies mid-trial, holding its pages
+        with ctx.job.iteration():
+            loss = nn.functional.mse_loss(model(data), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+        salus_ray.report(step=step)
+    return {"losses": losses, "pid": os.getpid(), "gpu": ctx.worker}
+
+
+CONFIGS = [{"lr": lr, "steps": 6} for lr in (0.01, 0.02, 0.05, 0.1)]
+HINTS = {"persistent": "1MiB", "ephemeral_peak": "4MiB"}
+
+
+def run_all(trials_per_gpu: int, configs: list[dict[str, Any]]) -> list[Any]:
+    with salus_ray.SalusCluster(simulated_gpus=2, gpu_memory="64MiB", processes=True,
+                                trials_per_gpu=trials_per_gpu, placement="pack") as cluster:
+        trials = cluster.map(train, configs, hints=HINTS)
+        outcomes = []
+        for t in trials:
+            try:
+                outcomes.append(t.result(timeout=TIMEOUT))
+            except Exception as e:  # noqa: BLE001: which trials failed is the point
+                outcomes.append(e)
+        stats = cluster.stats()
+    return [outcomes, stats]
+
+
+def test_trials_in_processes_pack_and_train_as_one_per_gpu(local_ray: None) -> None:
+    packed, stats = run_all(2, CONFIGS)
+    alone, _ = run_all(1, CONFIGS)
+    for p, a in zip(packed, alone):
+        assert not isinstance(p, Exception), p
+        assert p["losses"] == a["losses"]  # bitwise: sharing changed nothing
+    pids = {p["pid"] for p in packed}
+    assert len(pids) == len(CONFIGS), "each trial has a process of its own"
+    assert os.getpid() not in pids
+    assert max(s.peak_running for s in stats) == 2, stats  # packed: two at once on a GPU
+    assert sum(s.finished for s in stats) == len(CONFIGS)
+
+
+def test_a_failing_trial_fails_alone(local_ray: None) -> None:
+    configs = [dict(c) for c in CONFIGS]
+    configs[1]["fail"] = "raise"
+    configs[2]["fail"] = "die"
+    outcomes, stats = run_all(2, configs)
+    clean, _ = run_all(2, CONFIGS)  # the same trials (and seeds), none failing
+    assert isinstance(outcomes[1], ray.exceptions.RayTaskError)
+    assert "this trial's config is bad" in str(outcomes[1])
+    assert isinstance(outcomes[2], ray.exceptions.RayError), outcomes[2]  # its process died
+    assert outcomes[0]["losses"] == clean[0]["losses"]
+    assert outcomes[3]["losses"] == clean[3]["losses"]
+    assert sum(s.failed for s in stats) == 2 and sum(s.finished for s in stats) == 2, stats
+
+
+def test_trials_as_processes_need_simulated_gpus_for_now(local_ray: None) -> None:
+    with pytest.raises(NotSupported, match="simulated GPUs only"):
+        salus_ray.SalusCluster(processes=True)
