@@ -186,3 +186,18 @@ def test_salus_iteration_without_a_shared_job_says_so() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "InvalidArgument" in done.stderr and "salus run" in done.stderr, done.stderr
+
+
+def test_a_python_without_salus_does_not_run_the_script_unshared(traced: Daemon,
+                                                                 tmp_path: Path) -> None:
+    # The interpreter this venv was made from cannot import salus: the script must not run as
+    # if it shared.
+    base = Path(sys.base_prefix) / "bin" / Path(sys.executable).name
+    if not base.exists() or sys.prefix == sys.base_prefix:  # not in a venv: base is this one
+        pytest.skip("no base interpreter apart from this one")
+    marker = tmp_path / "ran"
+    done = subprocess.run(
+        [salus_cli(), "run", "--socket", traced.socket, "--", str(base), "-c",
+         f"open({str(marker)!r}, 'w')"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and not marker.exists()
+    assert "salus run: cannot set up Salus" in done.stderr, done.stderr

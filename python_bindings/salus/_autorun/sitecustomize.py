@@ -10,9 +10,15 @@ import os
 import sys
 
 if os.environ.pop("SALUS_RUN", None) == "1":
-    from salus import _run_boot
+    # A failure here must stop the script: run without Salus, it would take memory and turns
+    # nobody accounts for, while its user believes it shares (site would print a warning only).
+    try:
+        from salus import _run_boot
 
-    _run_boot.start()
+        _run_boot.start()
+    except Exception as e:  # noqa: BLE001: whatever it was, the script must not run
+        raise SystemExit(f"salus run: cannot set up Salus in {sys.executable}: "
+                         f"{type(e).__name__}: {e}") from e
 
 # The next sitecustomize on the path (a distribution's own), as if this one were not here.
 _here = os.path.dirname(os.path.abspath(__file__))
