@@ -38,3 +38,18 @@ def torch_runtime() -> Iterator[salus.Runtime]:
     finally:
         salus_torch.disable()
         rt.close()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray cluster (4 CPUs, no GPU) for one test module, stopped after it."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
+    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -6,10 +6,9 @@ The trial functions run in GPU worker actors, other processes: they are pickled 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,17 +22,6 @@ MiB = 1 << 20
 TIMEOUT = 120  # seconds: a trial that never ends fails its test rather than hanging it
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 # --- the admission rule alone ---------------------------------------------------------------------

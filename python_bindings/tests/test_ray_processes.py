@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,17 +19,6 @@ from salus.errors import NotSupported  # noqa: E402
 TIMEOUT = 180
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def train(config: dict[str, Any]) -> dict[str, Any]:
