@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 
 import torch
@@ -30,6 +31,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--wait-for", help="start training once this file exists (the data is "
+                                           "ready): lets a test start several scripts together")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.backends.cudnn.deterministic = True
@@ -39,6 +42,8 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = torch.randn(16, 3, 32, 32).to(args.device)
     labels = torch.randint(0, 10, (16,)).to(args.device)
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.01)
     for _ in range(args.steps):
         time.sleep(0.01)  # the next batch "loads"
         loss = nn.functional.cross_entropy(model(data), labels)
