@@ -133,6 +133,34 @@ TEST(RuntimeMemoryWait, AnIterationAloneOnTheDeviceFailsAtOnce) {
   a.deallocate(most);
 }
 
+// One thread drives two jobs whose iterations overlap (two lanes): an allocation of one that does
+// not fit fails at once instead of waiting for the other's iteration, which only this very thread
+// could end (found by fuzz_c_api: the wait never ended).
+TEST(RuntimeMemoryWait, AnIterationThisThreadRunsIsNotWaitedFor) {
+  Runtime runtime(sim(64 * MiB), {.policy = "pack"});
+  Job a = runtime.add_job(hinted("a", 1 * MiB, 2 * MiB));
+  Job b = runtime.add_job(hinted("b", 1 * MiB, 2 * MiB));
+  auto ia = a.iteration();
+  auto ib = b.iteration();
+  ASSERT_NE(a.stats().lane, b.stats().lane) << "the two iterations must overlap";
+  const DevicePtr held = a.allocate(40 * MiB);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW((void)b.allocate(40 * MiB), OutOfMemory);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // Another thread's allocation does wait for it, and gets the memory once it is freed.
+  std::atomic<bool> got{false};
+  std::thread other([&] {
+    const DevicePtr p = b.allocate(40 * MiB);
+    got = true;
+    b.deallocate(p);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(got) << "the allocation did not wait for a's memory";
+  a.deallocate(held);
+  other.join();
+  EXPECT_TRUE(got);
+}
+
 // Hints beyond what the device can ever give are refused with a typed error that says why, under
 // every policy, instead of a begin_iteration that never returns.
 TEST(RuntimeMemoryWait, HintsBeyondTheDeviceAreRefusedAtOnce) {

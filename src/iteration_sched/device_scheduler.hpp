@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <thread>
 #include <vector>
 
 #include "cuda/process_fork.hpp"
@@ -65,6 +66,9 @@ struct JobRecordState {
   double max_wait_seconds = 0.0;
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};  // host time: the memory curve's and trace's clock
+  // The thread that began the running iteration: a thread blocked in an allocation cannot end
+  // the iterations it began itself, so it does not wait for them (memory_wait.cpp).
+  std::thread::id began_by{};
   // The running iteration's timing events (its start is recorded on its stream); none when the
   // backend could not record them, or when the iteration is timed on the host.
   std::optional<IterationTimers::Pair> timer;

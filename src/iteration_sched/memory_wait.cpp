@@ -3,6 +3,9 @@
 #include "iteration_sched/device_scheduler.hpp"
 #include "log/log.hpp"
 
+#include <thread>
+#include <utility>
+
 namespace salus {
 
 namespace {
@@ -47,6 +50,7 @@ class DeviceScheduler::StartHold {
 DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
                                             const AllocationRequest& request) {
   std::optional<StartHold> hold;
+  bool settled = false;
   for (;;) {
     try {
       return memory_->allocate(request);
@@ -55,16 +59,32 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
       std::unique_lock lock(mu_);
       check_usable(job, "allocate");  // cancelled meanwhile: that says more
       if (!hold) hold.emplace(*this, job.state == JobState::running);
-      if (!wait_for_memory(job, lock)) throw;
+      if (wait_for_memory(job, lock)) continue;
+      if (std::exchange(settled, true)) throw;
+      // Nothing left to wait for, but what an iteration that just ended freed on its stream may
+      // still be behind that stream's work (its reuse elsewhere waits for it): settle it once,
+      // waiting for that work (trim), and try again before saying out of memory.
+      lock.unlock();
+      (void)memory_->trim(device_);
     }
   }
 }
 
 bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   const int self = job.state == JobState::running ? 1 : 0;
-  const int others = static_cast<int>(core_.running_count()) - self;
-  // Running iterations that wait for memory too will not end by themselves: waiting on them
-  // alone would never end. Nothing running at all means the device is as empty as it gets.
+  // Other iterations that run or are about to, that another thread may end. One that this thread
+  // began cannot end while this thread waits here (a program that drives two jobs from one
+  // thread, their iterations overlapping; found by fuzz_c_api, whose wait never ended). Nor do
+  // running iterations that wait for memory too. Nothing running at all means the device is as
+  // empty as it gets.
+  const auto me = std::this_thread::get_id();
+  int others = 0;
+  for (const auto& [id, other] : jobs_) {
+    if (other.get() == &job) continue;
+    const bool running = other->state == JobState::running && other->began_by != me;
+    const bool starting = other->state == JobState::waiting && other->started;  // its own thread
+    if (running || starting) ++others;
+  }
   if (others - (running_holders_ - self) <= 0) return false;
   const std::uint64_t seen = iterations_gone_;
   memory_back_.wait_for(lock, kRetryEvery, [&] {

@@ -142,6 +142,7 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
   const auto now = SteadyClock::now();
   count_wait(job, now);
   job.state = JobState::running;
+  job.began_by = std::this_thread::get_id();
   job.iteration_started = now;
   job.ephemeral_now = 0;
   job.samples.clear();
