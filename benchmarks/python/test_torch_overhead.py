@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import sysconfig
 import tempfile
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import salus  # noqa: E402
 import salus.torch as salus_torch  # noqa: E402
+from salus.cli import ensure_daemon, salusd_binary, stop_daemon  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_bindings" / "tests"))
 from models import make  # noqa: E402
@@ -43,9 +41,9 @@ def cnn_batch32() -> Any:
     return w
 
 
-@pytest.fixture
-def salus_job() -> Iterator[salus.Job]:
-    rt = salus.Runtime("sim", memory="2GiB", policy="fair")
+@contextmanager
+def bench_job(rt: salus.Runtime) -> Iterator[salus.Job]:
+    """A job of ``rt`` with PyTorch's memory routed through it; undone after."""
     salus_torch.enable(rt)
     job = rt.add_job("bench")
     try:
@@ -54,6 +52,12 @@ def salus_job() -> Iterator[salus.Job]:
         job.leave()
         salus_torch.disable()
         rt.close()
+
+
+@pytest.fixture
+def salus_job() -> Iterator[salus.Job]:
+    with bench_job(salus.Runtime("sim", memory="2GiB", policy="fair")) as job:
+        yield job
 
 
 @pytest.mark.benchmark(group="cnn_step")
@@ -87,30 +91,19 @@ def test_cnn_step_through_salus(benchmark: Any, salus_job: salus.Job) -> None:
 @pytest.fixture
 def client_job() -> Iterator[salus.Job]:
     """A job of this process as a client of a salusd of its own (simulated, 2 GiB)."""
-    salusd = shutil.which("salusd", path=sysconfig.get_path("scripts")) or shutil.which("salusd")
-    if salusd is None:
+    try:
+        salusd_binary()
+    except salus.DeviceError:
         pytest.skip("salusd is not installed beside this Python")
     tmp = tempfile.mkdtemp()
     socket = os.path.join(tmp, "salusd.sock")
-    daemon = subprocess.Popen([salusd, "--socket", socket, "--backend", "sim", "--memory", "2GiB",
-                               "--policy", "fair", "--log-level", "warn"])
+    ensure_daemon(socket, ["--backend", "sim", "--memory", "2GiB", "--policy", "fair",
+                           "--log-level", "warn"])
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(socket):
-            assert daemon.poll() is None and time.monotonic() < deadline, "salusd did not start"
-            time.sleep(0.01)
-        rt = salus.connect(socket)
-        salus_torch.enable(rt)
-        job = rt.add_job("bench")
-        try:
+        with bench_job(salus.connect(socket)) as job:
             yield job
-        finally:
-            job.leave()
-            salus_torch.disable()
-            rt.close()
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=20)
+        stop_daemon(socket)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

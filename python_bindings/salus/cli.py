@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,18 @@ def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10
         raise DeviceError(f"salusd did not start at '{path}' within {wait_s:.0f} s; its log:\n{tail}",
                           call="salusd", status="NOT_STARTED", status_code=0)
     return True
+
+
+def stop_daemon(path: str, wait_s: float = 10.0) -> None:
+    """Stops the salusd at ``path`` (SIGTERM to the pid its lock file names) and waits until it
+    has removed its socket; nothing if none runs there."""
+    try:
+        os.kill(int(Path(f"{path}.lock").read_text()), signal.SIGTERM)
+    except (OSError, ValueError):
+        return  # gone already
+    deadline = time.monotonic() + wait_s
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _run(args: argparse.Namespace) -> int:

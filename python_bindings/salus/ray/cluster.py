@@ -10,11 +10,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import signal
 import tempfile
-import time
 import uuid
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -22,6 +19,7 @@ import ray
 
 from .._checks import INT_MAX, INT_MIN, Size, check_int, parse_size
 from .._runtime import MemoryHints, _coerce
+from ..cli import ensure_daemon, stop_daemon
 from ..errors import InvalidArgument, NotSupported
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
@@ -124,21 +122,13 @@ class _Daemon:
     directory of its own (socket, lock, log) that goes with it."""
 
     def __init__(self, gpus: int, memory: int, policy: str) -> None:
-        from ..cli import ensure_daemon
-
         self._dir = tempfile.mkdtemp(prefix="salus-ray-")
         self.socket = os.path.join(self._dir, "salusd.sock")
         ensure_daemon(self.socket, ["--backend", "sim", "--devices", str(gpus), "--memory",
                                     str(memory), "--policy", policy, "--log-level", "warn"])
 
-    def stop(self, wait_s: float = 10.0) -> None:
-        try:
-            os.kill(int(Path(self.socket + ".lock").read_text()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass  # gone already
-        deadline = time.monotonic() + wait_s
-        while os.path.exists(self.socket) and time.monotonic() < deadline:
-            time.sleep(0.02)  # it removes its socket as it exits
+    def stop(self) -> None:
+        stop_daemon(self.socket)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
