@@ -151,6 +151,7 @@ class SALUS_API Job {
 
  private:
   friend class Runtime;
+  friend struct RuntimeAccess;  // salusd reports its jobs' memory (runtime_access.hpp)
   Job(std::shared_ptr<DeviceScheduler> scheduler, std::shared_ptr<JobRecordState> state);
   [[nodiscard]] DeviceScheduler& scheduler() const;  // throws when moved from
   // A connected runtime's turn from salusd (see TurnGate); false when the deadline passed.

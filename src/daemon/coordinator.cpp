@@ -34,6 +34,9 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
       runtime_(backend_, runtime_options(options_)),
       page_bytes_(backend_->granularity(Location::gpu(0))),
       trace_(RuntimeAccess::trace(runtime_)) {
+  // Each process measures its own jobs' memory (it carves their blocks) and reports it at every
+  // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
+  RuntimeAccess::measure_elsewhere(runtime_);
   for (int d = 0; d < backend_->device_count(); ++d) {
     std::size_t capacity = backend_->properties(d).total_memory;
     if (options_.device_limit_bytes != 0) capacity = std::min(capacity, options_.device_limit_bytes);
@@ -204,12 +207,16 @@ std::shared_ptr<Job> Coordinator::job_of(Session& s, std::uint64_t id) const {
 }
 
 void Coordinator::on_job_call(Session& s, const remote::Record& record) {
-  const auto call = remote::body_as<remote::JobCall>(record);
+  const bool end = record.type() == MessageType::end_iteration;
+  const auto call = end ? remote::body_as<remote::EndIteration>(record).call
+                        : remote::body_as<remote::JobCall>(record);
   std::shared_ptr<Job> job = job_of(s, call.job);
   switch (record.type()) {
     case MessageType::end_iteration:
+      give_turn(*job, record.type(), planned_memory(record));
+      break;
     case MessageType::withdraw:
-      give_turn(*job, record.type());
+      give_turn(*job, record.type(), std::nullopt);
       break;
     default:  // finish_job
       if (call.flag != 0) {

@@ -37,6 +37,10 @@ struct CoordinatorOptions {
   // Whether a waiting process moves its jobs' pages to its host memory when another needs them.
   remote::Spill spill = remote::Spill::none;
   std::chrono::milliseconds reclaim_wait{2000};  // how long a short request waits for give-backs
+  // Whether a short request asks the other processes for pages they cache. Off, a process keeps
+  // what it was given until it gives it back itself or exits, as processes sharing a GPU without
+  // Salus keep what their caching allocators reserved: the baseline the benchmarks compare with.
+  bool reclaim = true;
   std::chrono::milliseconds exit_wait{10000};    // how long a dead client's pages wait for its exit
 };
 
@@ -103,7 +107,13 @@ class Coordinator {
   // The turn calls, wherever they come from: the session's connection (begin on a worker) or the
   // job's turn connection.
   static remote::Turn take_turn(Job& job, const remote::JobCall& call);
-  static void give_turn(Job& job, remote::MessageType type);
+  // What an end_iteration says its job's process measured, as the policies should plan with it:
+  // nothing under --spill host, where a waiting process's memory leaves the device (its jobs
+  // then run alone, one at a time, whatever the policy). Throws ProtocolError when malformed.
+  [[nodiscard]] std::optional<MeasuredMemory> planned_memory(const remote::Record& end) const;
+  // An end_iteration (with what the job's process measured of its memory) or a withdraw.
+  static void give_turn(Job& job, remote::MessageType type,
+                        const std::optional<MeasuredMemory>& measured);
   void on_job_call(Session& s, const remote::Record& record);
   void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
   // A give-back may carry one descriptor: a simulated fence's.

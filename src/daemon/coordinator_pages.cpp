@@ -41,8 +41,12 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
       const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
       if (ids.empty()) {
         throw Error(Errc::out_of_memory,
-                    fmt::format("no page of device {} is free, and none came back within {} ms",
-                                want.device, options_.reclaim_wait.count()));
+                    options_.reclaim
+                        ? fmt::format("no page of device {} is free, and none came back within "
+                                      "{} ms", want.device, options_.reclaim_wait.count())
+                        : fmt::format("no page of device {} is free (this daemon asks no "
+                                      "process to give pages back: --reclaim never)",
+                                      want.device));
       }
       PageBank::Batch batch;
       {
@@ -104,6 +108,9 @@ std::vector<std::uint64_t> Coordinator::grant_or_wait(Session& s, int device, st
   PageBank& bank = *banks_[static_cast<std::size_t>(device)];
   count = std::min(count, room_of(s));
   if (count == 0) throw Error(Errc::out_of_memory, limit_reason(s));
+  // Without reclaims nothing would bring back the spares of a batch: one page an ask, so that a
+  // process holds only pages it has used, as processes without Salus hold what they allocated.
+  if (!options_.reclaim) return bank.grant(s.id, 1);
   std::vector<std::uint64_t> ids = bank.grant(s.id, count);
   const auto deadline = std::chrono::steady_clock::now() + options_.reclaim_wait;
   // The others are asked again every so often: a process whose jobs were all busy when first
@@ -299,9 +306,10 @@ DeviceUse Coordinator::device_use(int device) const {
 std::string Coordinator::status_table() const {
   // Who holds what, under the lock; the jobs' own state from the runtime, after it.
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> jobs;  // process name, job
-  std::string out = fmt::format("policy {}  page {} KiB  spill {}\n\n", runtime_.policy(),
-                                page_bytes_ / 1024,
-                                options_.spill == remote::Spill::host ? "host" : "none");
+  std::string out = fmt::format("policy {}  page {} KiB  spill {}  reclaim {}\n\n",
+                                runtime_.policy(), page_bytes_ / 1024,
+                                options_.spill == remote::Spill::host ? "host" : "none",
+                                options_.reclaim ? "ask" : "never");
   {
     std::lock_guard lock(mu_);
     // fenced: pages whose last holder's work may still run; behind work: pages given back

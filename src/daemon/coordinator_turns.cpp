@@ -10,6 +10,9 @@
 #include "daemon/session.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "iteration_sched/runtime_access.hpp"
 
 namespace salus::daemon {
 
@@ -25,8 +28,21 @@ remote::Turn Coordinator::take_turn(Job& job, const remote::JobCall& call) {
   return turn;
 }
 
-void Coordinator::give_turn(Job& job, MessageType type) {
+std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& end) const {
+  auto measured = remote::measured_of(remote::body_as<remote::EndIteration>(end).memory);
+  if (options_.spill != remote::Spill::none) return std::nullopt;
+  return measured;
+}
+
+void Coordinator::give_turn(Job& job, MessageType type,
+                            const std::optional<MeasuredMemory>& measured) {
   if (type == MessageType::end_iteration) {
+    // First, so that the decisions end_iteration makes plan with it.
+    if (measured) {
+      spdlog::debug("job '{}': persistent {} bytes, ephemeral peak {} bytes", job.name(),
+                    measured->persistent_bytes, measured->ephemeral_peak_bytes);
+      RuntimeAccess::report_memory(job, *measured);
+    }
     job.end_iteration();
   } else {
     job.withdraw();
@@ -76,17 +92,21 @@ std::vector<std::byte> Coordinator::turn_call(const TurnLink& link, const remote
     throw remote::ProtocolError(
         fmt::format("a turn connection may not carry {}", to_string(type)));
   }
-  const auto call = remote::body_as<remote::JobCall>(record);
+  const bool end = type == MessageType::end_iteration;
+  const auto call = end ? remote::body_as<remote::EndIteration>(record).call
+                        : remote::body_as<remote::JobCall>(record);
   if (call.job != link.job_id) {
     throw remote::ProtocolError(fmt::format("the turn connection of job {} named job {}",
                                             link.job_id, call.job));
   }
+  // A malformed report is the connection's end (a ProtocolError), as a malformed record is.
+  const std::optional<MeasuredMemory> measured = end ? planned_memory(record) : std::nullopt;
   const std::uint64_t seq = record.header.seq;
   try {
     if (type == MessageType::begin_iteration) {
       return remote::encode(MessageType::turn, seq, take_turn(*link.job, call));
     }
-    give_turn(*link.job, type);
+    give_turn(*link.job, type, measured);
     return remote::encode_body(MessageType::done, seq, {});
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);

@@ -53,6 +53,7 @@ struct Args {
   std::string memory;  // "": 8GiB for a simulated GPU, all of a real one
   std::string process_limit = "0";
   std::string spill = "none";
+  std::string reclaim = "ask";
   std::string group;
   std::string trace;
   std::string log_level = "info";
@@ -74,6 +75,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--spill", a.spill,
                  "host: a waiting process's pages go to its host memory when another needs them")
       ->check(CLI::IsMember({"none", "host"}));
+  app.add_option("--reclaim", a.reclaim,
+                 "ask: a process short of pages asks the others for what they cache (default); "
+                 "never: each keeps what it got until it exits, as without Salus (a baseline)")
+      ->check(CLI::IsMember({"ask", "never"}));
   app.add_option("--group", a.group, "also serve members of this group (socket mode 0660)");
   app.add_option("--trace", a.trace, "write a Perfetto trace of every process's iterations here at exit");
   app.add_option("--log-level", a.log_level, "trace, debug, info, warn, error")
@@ -110,6 +115,7 @@ salus::daemon::ServerOptions server_options(const Args& a) {
 int serve(Args a, const sigset_t& stop_signals) {
   a.options.process_limit_bytes = parse_size(a.process_limit);
   a.options.spill = a.spill == "host" ? salus::remote::Spill::host : salus::remote::Spill::none;
+  a.options.reclaim = a.reclaim == "ask";
   const std::size_t memory = a.memory.empty() ? 0 : parse_size(a.memory);
   if (a.memory.empty() == false && memory == 0) {
     throw salus::InvalidArgument(fmt::format("--memory '{}': a daemon with no memory serves nobody",

@@ -244,6 +244,9 @@ void DeviceScheduler::end(JobRecordState& job) {
   release_slot(job.lane);
   attribution::leave_iteration(job);
   core_.finish(job.id, seconds_since_start(now));
+  // A reported profile is whole before the switch (its process measured the iteration): the
+  // decision below plans with it. Measured here, it is finished only after (after_iteration).
+  if (memory_reported_) core_.update(view_of(job));
   note_iteration_gone();
   const auto to_wake = run_decisions();
   hand_off_timer(job, timed);
@@ -324,6 +327,7 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
                                      const std::vector<std::pair<double, std::size_t>>& samples,
                                      std::size_t persistent_bytes) {
   JobProfile& p = job.profile;
+  if (memory_reported_) return;  // report_memory keeps it: nothing was allocated here
   p.persistent_bytes = persistent_bytes;
   p.memory_known = true;
   std::size_t peak = 0;
@@ -349,6 +353,35 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
     }
     p.curve.bytes[b] = high;
   }
+}
+
+void DeviceScheduler::report_memory(JobRecordState& job, const MeasuredMemory& measured) {
+  std::lock_guard lock(mu_);
+  JobProfile& p = job.profile;
+  p.persistent_bytes = measured.persistent_bytes;
+  p.memory_known = true;
+  p.recent_peaks[p.iterations_profiled++ % p.recent_peaks.size()] = measured.ephemeral_peak_bytes;
+  p.ephemeral_peak_bytes = *std::max_element(p.recent_peaks.begin(), p.recent_peaks.end());
+  p.curve = measured.curve;
+  // As measured here: the last iteration's shape beside the largest recent peak; with no shape
+  // (a process that sent none), flat at the peak.
+  if (p.curve.bytes.empty()) p.curve.bytes.assign(kCurveSamples, p.ephemeral_peak_bytes);
+  if (p.curve.duration_seconds <= 0.0) p.curve.duration_seconds = 1e-9;
+  if (job.state == JobState::idle) core_.update(view_of(job));
+}
+
+std::optional<MeasuredMemory> DeviceScheduler::measured_memory(const JobRecordState& job) const {
+  std::lock_guard lock(mu_);
+  const JobProfile& p = job.profile;
+  // An iteration that allocated nothing ephemeral says nothing of the job's activations: the
+  // first step of a salus.torch job makes them all persistent (memory made before the first
+  // step returns is), and a keeper that took its peak for 0 would run it beside others that its
+  // next iteration's activations do not fit. Until one did (or a hint says), nothing is known.
+  if (!p.memory_known || (p.iterations_profiled == 0 && p.ephemeral_peak_bytes == 0)) {
+    return std::nullopt;
+  }
+  return MeasuredMemory{job.profile.persistent_bytes, job.profile.ephemeral_peak_bytes,
+                        job.profile.curve};
 }
 
 void DeviceScheduler::note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta) {

@@ -141,6 +141,13 @@ class DeviceScheduler {
   // point at which its pages may move (to make room for another process).
   void before_gate_wait(JobRecordState& job);
   [[nodiscard]] TurnGate* gate() const { return gate_.get(); }
+  // Jobs' memory comes from reports (RuntimeAccess::measure_elsewhere), not from this
+  // scheduler's own measurements. Set before any job is added.
+  void measure_elsewhere() { memory_reported_ = true; }
+  void report_memory(JobRecordState& job, const MeasuredMemory& measured);
+  // What the job's profile says of its memory; nullopt while nothing is known (no iteration
+  // ended and no hint).
+  [[nodiscard]] std::optional<MeasuredMemory> measured_memory(const JobRecordState& job) const;
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
@@ -238,6 +245,7 @@ class DeviceScheduler {
   const std::shared_ptr<const std::atomic<bool>> host_compute_;
   const process::Birth birth_ = process::birth_now();
   std::shared_ptr<TurnGate> gate_;
+  bool memory_reported_ = false;  // set before any job: read without the lock
   IterationTimers timers_;  // its own lock
 
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part

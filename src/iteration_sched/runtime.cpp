@@ -184,6 +184,14 @@ std::shared_ptr<TraceRecorder> RuntimeAccess::trace(Runtime& runtime) {
   return runtime.impl_->trace;
 }
 
+void RuntimeAccess::measure_elsewhere(Runtime& runtime) {
+  for (const auto& s : runtime.impl_->schedulers) s->measure_elsewhere();
+}
+
+void RuntimeAccess::report_memory(Job& job, const MeasuredMemory& measured) {
+  job.scheduler().report_memory(*job.state_, measured);
+}
+
 Runtime::~Runtime() {
   // In a forked child the runtime is the parent's: destroying it would join stream threads that
   // do not exist here, take locks their holders never release, and free the parent's memory.
@@ -379,7 +387,7 @@ StreamHandle Job::begin_iteration() {
   try {
     return s.begin(*state_);
   } catch (...) {
-    gate->release(state_->id);
+    gate->release(state_->id, nullptr);
     throw;
   }
 }
@@ -412,7 +420,7 @@ std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds ti
     // keeps it: the next try finds it taken and waits here only.
     return s.begin_until(*state_, deadline);
   } catch (...) {
-    gate->release(state_->id);
+    gate->release(state_->id, nullptr);
     throw;
   }
 }
@@ -425,7 +433,11 @@ void Job::withdraw() {
 void Job::end_iteration() {
   DeviceScheduler& s = scheduler();
   s.end(*state_);
-  if (TurnGate* gate = s.gate()) gate->release(state_->id);
+  TurnGate* gate = s.gate();
+  if (gate == nullptr) return;
+  // The profile end() just updated goes with the turn, for the keeper's plans.
+  const std::optional<MeasuredMemory> measured = s.measured_memory(*state_);
+  gate->release(state_->id, measured ? &*measured : nullptr);
 }
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}

@@ -17,6 +17,13 @@ struct RuntimeAccess {
                                        RuntimeOptions options, std::shared_ptr<TurnGate> gate);
   // The runtime's timeline, for a layer above that adds to it (salusd's page grants).
   static std::shared_ptr<TraceRecorder> trace(Runtime& runtime);
+  // The jobs' memory is measured where they run (salusd's: in their processes) and reported at
+  // each iteration's end (report_memory); the runtime's own measurements (none) stop counting,
+  // and a job unhinted runs alone until its first report. Before any job is added.
+  static void measure_elsewhere(Runtime& runtime);
+  // `job`'s memory as its process measured it, for its scheduler's plans; call before the
+  // job's end_iteration, whose decisions then see it.
+  static void report_memory(Job& job, const MeasuredMemory& measured);
 };
 
 }  // namespace salus

@@ -13,6 +13,15 @@
 
 namespace salus {
 
+// What a job's own process measured of its memory over its iterations so far (its profile), for
+// a keeper that plans turns with it: salusd's scheduler measures nothing itself, since each
+// process carves its own blocks.
+struct MeasuredMemory {
+  std::size_t persistent_bytes = 0;
+  std::size_t ephemeral_peak_bytes = 0;
+  MemoryCurve curve;  // ephemeral bytes over the last iteration
+};
+
 class TurnGate {
  public:
   virtual ~TurnGate() = default;
@@ -22,8 +31,9 @@ class TurnGate {
   // in-process). A job already holding its turn returns true at once. Throws Error(cancelled)
   // when the job was cancelled, DeviceError when the gate's keeper is gone.
   virtual bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) = 0;
-  // The iteration ended (or never started here after acquire): the turn goes back.
-  virtual void release(JobId job) = 0;
+  // The iteration ended (with what the job measured of its memory, when it measured any) or
+  // never started here after acquire (null): the turn goes back.
+  virtual void release(JobId job, const MeasuredMemory* measured) = 0;
   // Stops waiting (after an acquire that timed out); a held turn goes back.
   virtual void withdraw(JobId job) = 0;
   // The job left or was cancelled: the keeper forgets it. Never throws.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace salus::remote {
 namespace {
@@ -24,10 +25,11 @@ BodyShape shape_of(MessageType type) {
     case MessageType::job_added:
       return {sizeof(JobAdded)};
     case MessageType::begin_iteration:
-    case MessageType::end_iteration:
     case MessageType::withdraw:
     case MessageType::finish_job:
       return {sizeof(JobCall)};
+    case MessageType::end_iteration:
+      return {sizeof(EndIteration)};
     case MessageType::turn:
       return {sizeof(Turn)};
     case MessageType::take_pages:
@@ -221,6 +223,41 @@ std::vector<std::byte> encode_body(MessageType type, std::uint64_t seq,
   std::memcpy(out.data(), &h, sizeof(Header));
   if (!body.empty()) std::memcpy(out.data() + sizeof(Header), body.data(), body.size());
   return out;
+}
+
+MemoryReport report_of(const MeasuredMemory* measured) {
+  MemoryReport r;
+  if (measured == nullptr) return r;
+  r.known = 1;
+  r.persistent_bytes = measured->persistent_bytes;
+  r.ephemeral_peak_bytes = measured->ephemeral_peak_bytes;
+  r.curve_seconds = measured->curve.duration_seconds;
+  // Both ends sample kCurveSamples buckets; a longer curve keeps its highest level per bucket.
+  const auto& bytes = measured->curve.bytes;
+  const std::size_t n = std::min(bytes.size(), kCurveSamples);
+  r.curve_samples = static_cast<std::uint32_t>(n);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const std::size_t b = i * n / bytes.size();
+    r.curve[b] = std::max<std::uint64_t>(r.curve[b], bytes[i]);
+  }
+  return r;
+}
+
+std::optional<MeasuredMemory> measured_of(const MemoryReport& report) {
+  if (report.known == 0) return std::nullopt;
+  if (report.curve_samples > kCurveSamples) {
+    throw ProtocolError(fmt::format("a memory report of {} curve samples (at most {})",
+                                    report.curve_samples, kCurveSamples));
+  }
+  if (!std::isfinite(report.curve_seconds) || report.curve_seconds < 0.0) {
+    throw ProtocolError(fmt::format("a memory report's curve lasts {} s", report.curve_seconds));
+  }
+  MeasuredMemory m;
+  m.persistent_bytes = report.persistent_bytes;
+  m.ephemeral_peak_bytes = report.ephemeral_peak_bytes;
+  m.curve.duration_seconds = report.curve_seconds;
+  m.curve.bytes.assign(report.curve.begin(), report.curve.begin() + report.curve_samples);
+  return m;
 }
 
 Failure failure_of(Errc code, std::string_view message) {

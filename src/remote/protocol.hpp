@@ -16,11 +16,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include "iteration_sched/turn_gate.hpp"
 
 #include "salus/error.hpp"
 
@@ -29,7 +32,8 @@ namespace salus::remote {
 inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order: a salus record
 // 2: pages travel with the interprocess fences of the work they may still be under.
 // 3: a job's turns may go on a connection of their own (attach_turns).
-inline constexpr std::uint16_t kProtocolVersion = 3;
+// 4: end_iteration carries the job's memory as its process measured it (EndIteration).
+inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -45,7 +49,7 @@ enum class MessageType : std::uint16_t {
   job_added,
   begin_iteration,  // JobCall (timeout_ns < 0: wait as long as it takes) -> Turn
   turn,
-  end_iteration,    // JobCall -> Done
+  end_iteration,    // EndIteration -> Done
   withdraw,         // JobCall -> Done
   finish_job,       // JobCall (flag: cancelled) -> Done
   take_pages,       // PageCount -> PagesHead, entries, fences (one descriptor per page)
@@ -123,6 +127,25 @@ struct JobCall {
   std::int64_t timeout_ns = -1;
   std::uint32_t flag = 0;
   std::uint32_t reserved = 0;
+};
+
+// What a job's process measured of its memory (its profile after the iteration), so that the
+// daemon's policies plan with it (pack's lanes, memory_aware's offsets): the daemon measures
+// nothing itself, each process carving its own blocks. curve_samples 0: no shape (flat at the
+// peak); known 0: nothing measured yet.
+inline constexpr std::size_t kCurveSamples = 64;
+struct MemoryReport {
+  std::uint64_t persistent_bytes = 0;
+  std::uint64_t ephemeral_peak_bytes = 0;
+  double curve_seconds = 0.0;
+  std::uint32_t curve_samples = 0;
+  std::uint32_t known = 0;
+  std::array<std::uint64_t, kCurveSamples> curve{};
+};
+
+struct EndIteration {
+  JobCall call;
+  MemoryReport memory;
 };
 
 // A job's turn connection joins its process's session. The daemon also checks that the peer is
@@ -257,6 +280,12 @@ std::vector<std::byte> encode(MessageType type, std::uint64_t seq, const T& body
 }
 // A Failure for `code` and `message`; and back again, as the typed exception it stands for.
 Failure failure_of(Errc code, std::string_view message);
+
+// A job's measured memory on the wire, and back: nullopt when nothing was measured; a report
+// whose curve claims more samples than it has room for, or a duration that is not a finite
+// non-negative number, is a ProtocolError.
+MemoryReport report_of(const MeasuredMemory* measured);
+std::optional<MeasuredMemory> measured_of(const MemoryReport& report);
 [[noreturn]] void throw_failure(const Failure& failure, std::string_view call);
 
 }  // namespace salus::remote

@@ -9,15 +9,24 @@ namespace salus::remote {
 TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job)
     : path_(link.socket_path()), channel_(connect_to(path_)) {
   const AttachTurns attach{link.welcome().session, link.welcome().token, daemon_job};
-  (void)exchange(encode(MessageType::attach_turns, next_seq_++, attach), "attach_turns");
+  const std::uint64_t seq = next_seq_++;
+  (void)exchange(encode(MessageType::attach_turns, seq, attach), "attach_turns", seq);
 }
 
 Received TurnConnection::call(MessageType type, const JobCall& body) {
   std::lock_guard lock(mu_);
-  return exchange(encode(type, next_seq_++, body), to_string(type));
+  const std::uint64_t seq = next_seq_++;
+  return exchange(encode(type, seq, body), to_string(type), seq);
 }
 
-Received TurnConnection::exchange(std::span<const std::byte> record, std::string_view what) {
+Received TurnConnection::call(MessageType type, const EndIteration& body) {
+  std::lock_guard lock(mu_);
+  const std::uint64_t seq = next_seq_++;
+  return exchange(encode(type, seq, body), to_string(type), seq);
+}
+
+Received TurnConnection::exchange(std::span<const std::byte> record, std::string_view what,
+                                  std::uint64_t seq) {
   std::optional<Received> reply;
   try {
     channel_.send(record);
@@ -28,6 +37,11 @@ Received TurnConnection::exchange(std::span<const std::byte> record, std::string
     throw salusd_gone(path_, e.what());
   }
   if (!reply) throw salusd_gone(path_, "its connection closed");
+  // One call at a time on this socket: another answer than this call's is a daemon's bug.
+  if (reply->record.header.seq != seq) {
+    throw ProtocolError(fmt::format("{}: the answer is to call {}, not to this call ({})", what,
+                                    reply->record.header.seq, seq));
+  }
   if (reply->record.type() == MessageType::failure) {
     throw_failure(body_as<Failure>(reply->record), what);
   }
@@ -88,17 +102,18 @@ bool RemoteTurns::acquire(JobId job,
   return turn.admitted != 0;
 }
 
-void RemoteTurns::release(JobId job) {
+void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
   const Entry e = entry(job);
   if (!e.holding) return;
   set_holding(job, false);
-  (void)e.turns->call(MessageType::end_iteration, JobCall{e.daemon_job, -1, 0, 0});
+  const EndIteration end{JobCall{e.daemon_job, -1, 0, 0}, report_of(measured)};
+  (void)e.turns->call(MessageType::end_iteration, end);
 }
 
 void RemoteTurns::withdraw(JobId job) {
   const Entry e = entry(job);
   if (e.holding) {
-    release(job);  // granted after the wait ran out: it goes back as an empty iteration
+    release(job, nullptr);  // granted after the wait ran out: it goes back as an empty iteration
     return;
   }
   (void)e.turns->call(MessageType::withdraw, JobCall{e.daemon_job, -1, 0, 0});

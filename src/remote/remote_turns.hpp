@@ -25,9 +25,10 @@ class TurnConnection {
   // Sends `type` for the job and waits for the answer: a Failure is thrown as its typed error,
   // the daemon's absence as DeviceError SALUSD_GONE.
   Received call(MessageType type, const JobCall& body);
+  Received call(MessageType type, const EndIteration& body);
 
  private:
-  Received exchange(std::span<const std::byte> record, std::string_view what);
+  Received exchange(std::span<const std::byte> record, std::string_view what, std::uint64_t seq);
 
   const std::string path_;
   std::mutex mu_;  // one call at a time
@@ -41,7 +42,7 @@ class RemoteTurns final : public TurnGate {
 
   void add(JobId job, const JobSpec& spec) override;
   bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) override;
-  void release(JobId job) override;
+  void release(JobId job, const MeasuredMemory* measured) override;
   void withdraw(JobId job) override;
   void finish(JobId job, bool cancelled) noexcept override;
 

@@ -314,6 +314,56 @@ TEST_F(Salusd, ActivationPagesGoToTheNextProcess) {
   EXPECT_NE(json.find("salusd pages gpu0"), std::string::npos);
 }
 
+// pack plans with what each process measured of its job and reported at its iterations' ends:
+// two processes of 4 MiB persistent and 8 MiB ephemeral each run their iterations side by side
+// on a device that holds both peaks (24 MiB of 40), and take turns, with nobody out of memory,
+// on one that holds both persistents and one peak only (16 MiB). Before the reports the daemon
+// knew nothing of their memory and ran them side by side in both, so that one ran out.
+TEST_F(Salusd, PackRunsProcessesSideBySideOnlyWhereTheirReportedMemoryFits) {
+  const std::vector<std::string> args = {"--iterations", "12", "--iteration-ms", "40",
+                                         "--persistent-mib", "4", "--ephemeral-mib", "8"};
+  auto overlaps = [&](const std::string& x_name, const std::string& y_name) {
+    int n = 0;
+    for (const auto& x : iterations(log(x_name))) {
+      for (const auto& y : iterations(log(y_name))) n += x.first < y.second && y.first < x.second;
+    }
+    return n;
+  };
+  auto run_pair = [&](const std::string& x, const std::string& y) {
+    const pid_t px = client(x, args);
+    const pid_t py = client(y, args);
+    EXPECT_EQ(wait_for(px), 0) << read_file(log(x)) << read_file(dir_ + "/" + x + ".err");
+    EXPECT_EQ(wait_for(py), 0) << read_file(log(y)) << read_file(dir_ + "/" + y + ".err");
+    EXPECT_EQ(iterations(log(x)).size(), 12u);
+    EXPECT_EQ(iterations(log(y)).size(), 12u);
+  };
+  start_daemon({"--policy", "pack", "--memory", "40MiB"});
+  run_pair("a", "b");
+  EXPECT_GE(overlaps("a", "b"), 4) << "room for both, yet they took turns";
+  stop_daemon();
+  start_daemon({"--policy", "pack", "--memory", "16MiB"});
+  run_pair("c", "d");
+  EXPECT_EQ(overlaps("c", "d"), 0) << "side by side where only one peak fits";
+}
+
+// The same pair with --reclaim never (the benchmarks' "without Salus" baseline): the daemon asks
+// nobody for the pages they cache, so the activation region no longer moves, both peaks do not
+// fit, and one of the two is told so with the reason while the other goes on to the end.
+TEST_F(Salusd, WithReclaimNeverCachedPagesStayWithTheirProcess) {
+  start_daemon({"--policy", "fair", "--memory", "16MiB", "--reclaim", "never"});
+  const std::vector<std::string> args = {"--iterations", "20", "--iteration-ms", "40",
+                                         "--persistent-mib", "4", "--ephemeral-mib", "8"};
+  const pid_t a = client("a", args);
+  const pid_t b = client("b", args);
+  const int ra = wait_for(a), rb = wait_for(b);
+  ASSERT_TRUE((ra == 0 && rb == 3) || (ra == 3 && rb == 0))
+      << ra << " " << rb << read_file(log("a")) << read_file(log("b"));
+  const std::string failed = read_file(log(ra == 3 ? "a" : "b"));
+  EXPECT_NE(failed.find("error out of memory"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("--reclaim never"), std::string::npos) << failed;
+  EXPECT_NE(status().find("reclaim never"), std::string::npos);
+}
+
 // A process's turn ends with a block freed while work on it is still queued (a fill behind a
 // 30 ms pause): its pages go to the other process behind an interprocess event, at once, and the
 // other's work on them waits for it. Every byte both wrote is checked; without the wait, the late
@@ -518,7 +568,7 @@ TEST_F(Salusd, ATurnConnectionJoinsOnlyItsOwnProcessesJobs) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->record.type(), MessageType::turn);
   EXPECT_EQ(body_as<Turn>(r->record).admitted, 1u);
-  c.send(encode(MessageType::end_iteration, 3, JobCall{job, -1, 0, 0}));
+  c.send(encode(MessageType::end_iteration, 3, EndIteration{JobCall{job, -1, 0, 0}, {}}));
   r = c.receive();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->record.type(), MessageType::done);

@@ -10,6 +10,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -105,6 +107,24 @@ std::uint64_t pick_id(FuzzInput& in, const std::vector<std::uint64_t>& known) {
 }
 
 // A well-formed record of a type drawn from the input.
+// An end_iteration's memory report: none, a plausible one, or one with a bad curve (too many
+// samples, a duration that is no number) that the daemon must refuse as a protocol error.
+EndIteration end_of(FuzzInput& in, const JobCall& call) {
+  EndIteration end{call, {}};
+  MemoryReport& m = end.memory;
+  m.known = static_cast<std::uint32_t>(in.below(2));
+  m.persistent_bytes = in.chance(90) ? in.below(8) * kMiB : in.bits(8);
+  m.ephemeral_peak_bytes = in.chance(90) ? in.below(8) * kMiB : in.bits(8);
+  m.curve_seconds = in.chance(95) ? static_cast<double>(in.below(100)) / 1000.0
+                                  : (in.chance(50) ? -1.0 : std::nan(""));
+  m.curve_samples = static_cast<std::uint32_t>(in.chance(95) ? in.below(kCurveSamples + 1)
+                                                              : in.bits(4));
+  for (std::uint32_t i = 0; i < std::min<std::uint32_t>(m.curve_samples, kCurveSamples); ++i) {
+    m.curve[i] = in.below(8) * kMiB;
+  }
+  return end;
+}
+
 std::vector<std::byte> structured(FuzzInput& in, Client& c, Seen& seen) {
   const auto type = static_cast<MessageType>(1 + in.below(kLastMessageType));
   std::vector<std::uint64_t> jobs, pages;
@@ -140,6 +160,7 @@ std::vector<std::byte> structured(FuzzInput& in, Client& c, Seen& seen) {
                    static_cast<std::uint32_t>(in.below(2)), 0};
       // An unbounded wait could block a worker for good behind a job that never ends: bounded.
       if (call.timeout_ns < 0) call.timeout_ns = 1000000;
+      if (type == MessageType::end_iteration) return encode(type, seq, end_of(in, call));
       return encode(type, seq, call);
     }
     case MessageType::take_pages:
@@ -224,9 +245,12 @@ void turn_connection(FuzzInput& in, Coordinator& coord, Seen& seen,
                        static_cast<std::int64_t>(in.below(3)) * 500000, 0, 0};
     try {
       Record r;
-      r.header = decode_header(encode(type, static_cast<std::uint64_t>(i) + 2, call));
-      r.body.resize(sizeof(call));
-      std::memcpy(r.body.data(), &call, sizeof(call));
+      const std::vector<std::byte> bytes =
+          type == MessageType::end_iteration
+              ? encode(type, static_cast<std::uint64_t>(i) + 2, end_of(in, call))
+              : encode(type, static_cast<std::uint64_t>(i) + 2, call);
+      r.header = decode_header(bytes);
+      r.body.assign(bytes.begin() + sizeof(Header), bytes.end());
       const std::vector<std::byte> reply = coord.turn_call(link, r);
       const Header h = decode_header(reply);
       if (h.seq != static_cast<std::uint64_t>(i) + 2) salus::fuzz::fail("a turn reply's seq is not its call's");
