@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from ._checks import parse_size
 from .errors import DeviceError, InvalidArgument
@@ -83,6 +83,37 @@ def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10
         raise DeviceError(f"salusd did not start at '{path}' within {wait_s:.0f} s; its log:\n{tail}",
                           call="salusd", status="NOT_STARTED", status_code=0)
     return True
+
+
+class DeviceUse(NamedTuple):
+    """One GPU of a salusd, in bytes: what its processes hold now, the most they held at once,
+    and what the daemon hands out."""
+
+    granted: int
+    peak: int
+    capacity: int
+
+
+def device_use(path: str) -> list[DeviceUse]:
+    """Each GPU's use, from the table of the salusd at ``path`` (``salusd --status``);
+    DeviceError when none answers."""
+    done = subprocess.run([salusd_binary(), "--socket", path, "--status"], capture_output=True,
+                          text=True, timeout=10)
+    if done.returncode != 0:
+        raise DeviceError(f"salusd --status at '{path}': {done.stderr.strip()}", call="salusd",
+                          status="NOT_ANSWERING", status_code=done.returncode)
+    out: list[DeviceUse] = []
+    lines = iter(done.stdout.splitlines())
+    for line in lines:
+        if line.startswith("device "):
+            break
+    for line in lines:  # device  pages  granted MiB  peak MiB  capacity MiB  fenced  behind
+        cols = line.split()
+        if not cols or not cols[0].isdigit():
+            break
+        mib = [int(float(c) * (1 << 20)) for c in cols[2:5]]
+        out.append(DeviceUse(*mib))
+    return out
 
 
 def stop_daemon(path: str, wait_s: float = 10.0) -> None:

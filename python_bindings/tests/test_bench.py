@@ -31,6 +31,7 @@ SUPPORTED = {
     "cluster": ("simulate",),
     "harvesting": ("run",),  # the C++ study (salus_harvest_study); tested on its own below
     "ray_trials": (),  # ray mode only: test_bench_ray.py
+    "unmodified_scripts": (),  # scripts mode only: test_bench_scripts.py
 }
 MODES = ("simulate", "run", "torch")
 

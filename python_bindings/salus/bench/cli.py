@@ -27,6 +27,8 @@ _MODE_HELP = {
     "torch": "real PyTorch jobs (small models on the CPU through salus.torch) on a simulated GPU",
     "ray": "trials on a local Ray cluster of simulated GPUs, three ways: one per GPU, Ray "
            "fractional GPUs (no memory check), Salus on Ray (needs ray; experiments with [ray])",
+    "scripts": "unmodified PyTorch training scripts as processes on one simulated GPU: one at a "
+               "time, all at once without Salus, and under salusd (experiments with [scripts])",
 }
 
 
@@ -37,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                     "placements and cluster sizes on measured workloads, from a simulator to "
                     "real PyTorch jobs.",
         epilog="EXPERIMENT is the name of a file in benchmarks/experiments/ (jct, hyperparam, "
-               "inference, colocation, harvesting, cluster, ray_trials) or a path to any .toml "
+               "inference, colocation, harvesting, cluster, ray_trials, unmodified_scripts) or a path to any .toml "
                "file.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)

@@ -43,9 +43,15 @@ The keys (all tables optional unless said)::
                                 num_gpus per trial), context_memory (a process's CUDA
                                 context), time_scale, memory_scale, max_steps,
                                 limit_minus_context (Salus's GPU limit leaves out the context),
-                                weights_in_first_iteration (else when a Salus trial starts)
+                                weights_in_first_iteration (else when a Salus trial starts),
+                                trial_processes (also Salus on Ray with each trial a process
+                                of a salusd: SalusCluster(processes=True))
     [harvest]                   the memory-harvesting study (run mode): policy, gpus,
                                 gpu_memory, topology, configs, iterations, warmup, [[harvest.job]]
+    [scripts]                   unmodified training scripts as processes (scripts mode): folder
+                                (relative to the file), steps (passed as --steps), cpus (the CPUs
+                                they run on: the simulated GPU's compute), policies (salusd's),
+                                timeout_seconds, [[scripts.script]] name, path, args
     [scale.small], [scale.full] any of the above, merged over it
 """
 
@@ -79,7 +85,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.9 and 3.10 need the backport
     import tomli as tomllib
 
-MODES = ("simulate", "run", "torch", "ray")
+MODES = ("simulate", "run", "torch", "ray", "scripts")
 SCALES = ("small", "full")
 # The names the native simulator and runtime accept (salus._salus.simulate, salus.Runtime);
 # checked here as well so that a typo is reported at its line in the experiment file.
@@ -190,6 +196,7 @@ _SCHEMA_FIELDS: dict[str, Any] = {
         "max_steps": Num(1, integer=True),
         "limit_minus_context": Bool(),
         "weights_in_first_iteration": Bool(),
+        "trial_processes": Bool(),
     }),
     "harvest": Table({
         "policy": _POLICY,
@@ -207,6 +214,18 @@ _SCHEMA_FIELDS: dict[str, Any] = {
             "forward_ms": Num(0.0, open_low=True),
         }, required=("name", "persistent", "ephemeral", "layers", "forward_ms"))),
     }, required=("job",)),
+    "scripts": Table({
+        "folder": Str(),
+        "steps": Num(1, integer=True),
+        "cpus": ListOf(Num(0, integer=True), unique=True),
+        "policies": ListOf(Str(BUILTIN_POLICIES, "policy"), min_items=0, unique=True),
+        "timeout_seconds": Num(1.0),
+        "script": ArrayOfTables(Table({
+            "name": Str(),
+            "path": Str(),
+            "args": ListOf(Str(), min_items=0),
+        }, required=("name", "path"))),
+    }, required=("script",)),
 }
 _REQUIRED = ("name", "description", "cluster")
 _ROOT = Table({**_SCHEMA_FIELDS,
@@ -330,6 +349,10 @@ class Experiment:
         return "harvest" in self.data
 
     @property
+    def is_scripts(self) -> bool:
+        return "scripts" in self.data
+
+    @property
     def is_cluster(self) -> bool:
         cluster = self.data["cluster"]
         return int(cluster.get("machines", 1)) > 1 or "sweep" in self.data
@@ -343,6 +366,10 @@ class Experiment:
         said = self.section("modes").get(mode, True)
         if said is not True:
             raise ModeNotSupported(self.name, mode, str(said))
+        if (mode == "scripts") != self.is_scripts:
+            raise ModeNotSupported(self.name, mode, "scripts mode runs the unmodified scripts "
+                                   "of a [scripts] table, and only those" if mode == "scripts" else
+                                   "its jobs are unmodified scripts: use scripts mode")
         if mode == "simulate" and self.is_harvesting:
             raise ModeNotSupported(self.name, mode, "the discrete-event simulator has no memory "
                                    "tiers: it cannot spill to peer GPUs or the host")
@@ -358,6 +385,10 @@ class Experiment:
     def variants(self, policies: Optional[list[str]] = None) -> list[Variant]:
         """The configurations compared, in the order the summary shows them: the ``[compare]``
         cross of policies and placements, the dedicated baseline, then the ``[sweep]``."""
+        if self.is_scripts:
+            from .scripts_mode import script_arms
+
+            return script_arms(self, policies)
         if self.is_harvesting:
             harvest = self.data["harvest"]
             return [Variant(config, harvest.get("policy", "fair"), "-", 1, int(harvest["gpus"]),
@@ -394,6 +425,8 @@ class Experiment:
         are then left out."""
         if self.is_harvesting:
             return next((v for v in variants if v.label == "no-spill"), None)
+        if self.is_scripts:
+            return next((v for v in variants if v.group == "baseline"), None)
         name = self.data["compare"].get("baseline")
         if name is None:
             return None
@@ -483,7 +516,7 @@ def load_experiment(path: Path, scale: str = "full") -> Experiment:
 
 def _check_consistency(exp: Experiment) -> None:
     """The rules that tie keys together."""
-    if exp.is_harvesting:
+    if exp.is_harvesting or exp.is_scripts:
         return
     for name in ("jobs", "compare"):
         if name not in exp.data:

@@ -83,11 +83,12 @@ def run(experiment: str, mode: str, *, out: Optional[Path] = None, seed: int = D
     exp = load_experiment(find_experiment(experiment), scale)
     exp.check_mode(mode)
     variants, baseline = _variants(exp, mode, policies)
-    jobset = JobSet([]) if exp.is_harvesting else make_jobs(exp, seed)
+    jobset = JobSet([]) if exp.is_harvesting or exp.is_scripts else make_jobs(exp, seed)
     _preflight(exp, mode)  # after the input is checked: its mistakes come first
     folder = Path(out) if out is not None else Path("bench-results") / f"{exp.name}-{mode}"
     folder.mkdir(parents=True, exist_ok=True)
-    log(f"{exp.name}: {len(jobset.jobs)} jobs, {len(variants)} variants, mode {mode}, "
+    jobs = len(exp.section("scripts")["script"]) if exp.is_scripts else len(jobset.jobs)
+    log(f"{exp.name}: {jobs} jobs, {len(variants)} variants, mode {mode}, "
         f"{scale} scale, seed {seed}")
     bar = _Progress(len(variants), progress, f"{exp.name} ({mode})")
     try:
@@ -128,6 +129,10 @@ def _preflight(exp: Experiment, mode: str) -> None:
         from .ray_mode import check_ray
 
         check_ray(exp)
+    if mode == "scripts":
+        from .scripts_mode import check_scripts
+
+        check_scripts(exp)
     if exp.is_harvesting:
         from .harvest import check_harvest
 
@@ -142,6 +147,10 @@ def _run_mode(exp: Experiment, mode: str, jobset: JobSet, variants: list[Variant
         from .simulate import simulate_variants
 
         return simulate_variants(exp, jobset, variants, bar), _simulate_notes(exp)
+    if mode == "scripts":
+        from .scripts_mode import scripts_variants
+
+        return scripts_variants(exp, variants, folder, bar)
     if exp.is_harvesting:
         from .harvest import run_harvest
 
