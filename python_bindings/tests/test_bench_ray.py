@@ -19,6 +19,7 @@ from salus.bench.cli import main
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "benchmarks" / "experiments"
 ONE, FRACTIONAL, SALUS = "one-per-GPU", "Ray fractional 0.25", "Salus on Ray (pack)"
+PROCESSES = "Salus on Ray, trial processes (pack)"
 
 
 @pytest.fixture(autouse=True)
@@ -26,18 +27,19 @@ def _experiments_from_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SALUS_BENCH_EXPERIMENTS", str(EXPERIMENTS))
 
 
-def test_three_arms_run_the_same_trials(tmp_path: Path) -> None:
+def test_the_arms_run_the_same_trials(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     outcome = run("ray_trials", "ray", out=tmp_path, scale="small", seed=1)
     for f in ("jobs.csv", "summary.json", "summary.md", "bars.png", "jct_cdf.png"):
         assert (tmp_path / f).stat().st_size > 0, f
     results = {r.variant.label: r for r in outcome.summary.results}
-    assert list(results) == [ONE, FRACTIONAL, SALUS]
+    assert list(results) == [ONE, FRACTIONAL, SALUS, PROCESSES]
     names = {label: sorted(j.name for j in r.jobs) for label, r in results.items()}
-    assert len(names[ONE]) == 8 and names[ONE] == names[FRACTIONAL] == names[SALUS]
+    assert len(names[ONE]) == 8
+    assert names[ONE] == names[FRACTIONAL] == names[SALUS] == names[PROCESSES]
 
     failed = {label: [j for j in r.jobs if j.error] for label, r in results.items()}
-    assert failed[ONE] == [] and failed[SALUS] == []
+    assert failed[ONE] == [] and failed[SALUS] == [] and failed[PROCESSES] == []
     assert failed[FRACTIONAL], "four trials per GPU by count should not all fit"
     assert all("OutOfMemory" in j.error for j in failed[FRACTIONAL])
     for label, r in results.items():
@@ -47,6 +49,10 @@ def test_three_arms_run_the_same_trials(tmp_path: Path) -> None:
         assert len(r.devices) == 2 and all(d.busy > 0 for d in r.devices)
     assert results[ONE].extra["peak_trials_per_gpu"] == 1
     assert results[FRACTIONAL].extra["peak_trials_per_gpu"] == 4  # Ray's count, no memory look
+    # Trials as processes of salusd: packed by the same rule, inside the GPU's memory (the
+    # daemon's own count of the pages it handed out at once).
+    assert results[PROCESSES].extra["peak_trials_per_gpu"] >= 2
+    assert all(0 < d.peak_memory <= 16 << 30 for d in results[PROCESSES].devices)
 
     metrics = outcome.summary.metrics
     assert metrics[SALUS]["makespan"] < metrics[ONE]["makespan"]

@@ -10,6 +10,9 @@
 3. **Salus on Ray**: a SalusCluster whose placer admits trials by Salus's rule (persistent
    memory plus the largest ephemeral peak fits the GPU) and whose workers share each GPU at
    iteration granularity under a Salus policy.
+4. **Salus on Ray, trial processes** (``[ray] trial_processes = true``): the same placer, each
+   trial in a Ray actor process of its own, a process of a salusd the cluster starts
+   (``SalusCluster(processes=True)``).
 
 Every arm runs the same trials (the experiment's jobs, coarsened to ``max_steps`` iterations,
 time and memory scaled as in run mode): per iteration a trial holds its ephemeral bytes while a
@@ -39,10 +42,10 @@ from .results import DeviceResult, JobResult, VariantResult
 MiB = 1 << 20
 ONE_PER_GPU = "one-per-GPU"
 # Variant.group says which arm a variant is.
-_ONE, _FRACTIONAL, _SALUS = "baseline", "ray-fractional", "compare"
+_ONE, _FRACTIONAL, _SALUS, _PROCESSES = "baseline", "ray-fractional", "compare", "processes"
 _DEFAULTS = {"fraction": 0.25, "context_memory": 500 * MiB, "time_scale": 0.05,
              "memory_scale": 1 / 16, "max_steps": 10, "limit_minus_context": True,
-             "weights_in_first_iteration": True}
+             "weights_in_first_iteration": True, "trial_processes": False}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class RaySettings:
     contention: str
     limit_minus_context: bool
     weights_in_first_iteration: bool
+    trial_processes: bool
 
     @classmethod
     def of(cls, exp: Experiment) -> "RaySettings":
@@ -72,7 +76,7 @@ class RaySettings:
         return cls(gpus, memory, float(cfg["fraction"]), math.ceil(context * scale / MiB) * MiB,
                    context, float(cfg["time_scale"]), scale, int(cfg["max_steps"]),
                    exp.contention, bool(cfg["limit_minus_context"]),
-                   bool(cfg["weights_in_first_iteration"]))
+                   bool(cfg["weights_in_first_iteration"]), bool(cfg["trial_processes"]))
 
     @property
     def per_gpu(self) -> int:
@@ -125,6 +129,9 @@ def ray_arms(exp: Experiment, policies: Optional[list[str]] = None) -> list[Vari
                     f"Ray num_gpus={s.fraction:g}", 1, s.gpus, group=_FRACTIONAL)]
     arms += [Variant(f"Salus on Ray ({p})", p, "Salus admission rule", 1, s.gpus, group=_SALUS)
              for p in chosen]
+    if s.trial_processes:
+        arms += [Variant(f"Salus on Ray, trial processes ({p})", p, "Salus admission rule", 1,
+                         s.gpus, group=_PROCESSES) for p in chosen]
     return arms
 
 
@@ -151,7 +158,8 @@ def ray_variants(exp: Experiment, jobset: JobSet, variants: list[Variant],
     try:
         for variant in variants:
             progress(variant.label)
-            arm = {_ONE: _one_per_gpu, _FRACTIONAL: _fractional, _SALUS: _salus}[variant.group]
+            arm = {_ONE: _one_per_gpu, _FRACTIONAL: _fractional, _SALUS: _salus,
+                   _PROCESSES: _trial_processes}[variant.group]
             t0, records, devices, extra = arm(ray, variant, plans, s)
             results.append(_variant_result(variant, specs, records, devices, t0, s, extra))
     finally:
@@ -212,6 +220,49 @@ def _one_per_gpu(ray: Any, variant: Variant, plans: list[TrialPlan], s: RaySetti
 
 def _salus(ray: Any, variant: Variant, plans: list[TrialPlan], s: RaySettings) -> Arm:
     return _on_salus_cluster(ray, variant.policy, None, plans, s)
+
+
+def _trial_processes(ray: Any, variant: Variant, plans: list[TrialPlan],
+                     s: RaySettings) -> Arm:
+    """Salus on Ray with each trial a process of the cluster's salusd. The workers measure no
+    device activity here (each trial's kernels run in its own process's simulated device), so
+    utilization is each device's trials' kernel time at their occupancy, and the peak memory the
+    daemon's."""
+    from salus.cli import device_use
+    from salus.ray import SalusCluster
+
+    memory = s.gpu_memory - s.context if s.limit_minus_context else s.gpu_memory
+    cluster = SalusCluster(simulated_gpus=s.gpus, gpu_memory=memory, policy=variant.policy,
+                           torch=False, processes=True)
+    try:
+        t0 = time.time()
+        trials = [cluster.submit(salus_trial, p, name=p.name,
+                                 hints={"persistent": p.persistent, "ephemeral_peak": p.ephemeral})
+                  for p in plans]
+        records = _collect(ray, [t.ref for t in trials], plans)
+        stats = cluster.stats()
+        socket = cluster.daemon_socket
+        assert socket is not None
+        use = device_use(socket)
+    finally:
+        cluster.shutdown()
+    by_name = {p.name: p for p in plans}
+    span = max((r.finish for r in records), default=t0) - t0
+    devices = []
+    for w in stats:
+        mine = [r for r in records if r.gpu == w.worker]
+        # Overlapping kernels of different processes are not slowed (no contention between
+        # processes' simulated devices): the sums are capped at the arm's span.
+        kernels = min(span, sum(r.steps * by_name[r.name].step_seconds * by_name[r.name].occupancy
+                                for r in mine))
+        busy = min(span, sum(r.steps * by_name[r.name].step_seconds for r in mine))
+        devices.append(DeviceResult(device=w.worker, busy=busy / s.time_scale,
+                                    utilization=kernels / s.time_scale,
+                                    work=kernels / s.time_scale,
+                                    peak_memory=int(use[w.worker].peak / s.memory_scale),
+                                    jobs=len(mine)))
+    return t0, records, devices, {"peak_trials_per_gpu": float(max(w.peak_running
+                                                                   for w in stats))}
 
 
 def _on_salus_cluster(ray: Any, policy: str, per_gpu: Optional[int], plans: list[TrialPlan],
@@ -470,4 +521,13 @@ def _notes(s: RaySettings, results: list[VariantResult]) -> list[str]:
         "other host work between iterations (time slicing hides some of it, so fractional GPUs "
         "fare better on real input-bound trials), and the host overhead of Ray and Python "
         "threads on this machine, which adds to every arm's makespan",
-    ]
+    ] + ([
+        "trial processes: each trial starts a Ray actor process of its own once the placer "
+        "admits it (its start, about a second here, is in the makespan, as a Tune trial "
+        "actor's is), a process of the cluster's salusd, which orders the turns and moves the "
+        "pages; the daemon plans with the memory each process reports. Not charged: the CUDA "
+        "context each trial process would hold (the limit leaves out one, as for the workers). "
+        "Each process's kernels run on a simulated device of its own, so iterations of "
+        "different processes that overlap (pack) are not slowed by each other: optimistic for "
+        "pack; utilization is the trials' kernel time at their occupancy, capped at the span"
+    ] if s.trial_processes else [])

@@ -238,6 +238,11 @@ class SalusCluster:
     def workers(self) -> list[Any]:
         return list(self._workers)
 
+    @property
+    def daemon_socket(self) -> Optional[str]:
+        """The socket of the salusd whose processes the trials are (``processes=True``)."""
+        return self._daemon.socket if self._daemon is not None else None
+
     # --- life ---
     def shutdown(self) -> None:
         """Kills the workers and the placer: trials still running end with an actor error."""
