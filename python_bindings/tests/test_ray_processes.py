@@ -77,6 +77,8 @@ def test_trials_in_processes_pack_and_train_as_one_per_gpu(local_ray: None) -> N
     assert os.getpid() not in pids
     assert max(s.peak_running for s in stats) == 2, stats  # packed: two at once on a GPU
     assert sum(s.finished for s in stats) == len(CONFIGS)
+    # The bytes are the daemon's count of the trials' pages: a GPU held at most its size.
+    assert all(0 < s.peak_allocated <= 64 << 20 for s in stats), stats
 
 
 def test_a_failing_trial_fails_alone(local_ray: None) -> None:

@@ -112,6 +112,42 @@ def test_three_unmodified_scripts_take_turns_and_train_as_alone(traced: Daemon,
     assert handovers >= steps, f"{handovers} hand-overs in {len(spans)} iterations"
 
 
+THIRD_PARTY = Path(__file__).with_name("third_party_train.py")
+
+
+@pytest.mark.parametrize("policy", ["pack"])
+def test_third_party_models_as_unmodified_scripts_train_as_alone(policy: str,
+                                                                  tmp_path: Path) -> None:
+    """torchvision, timm and transformers models in scripts that know nothing of Salus, three
+    processes at once under pack (which plans with the memory each process reports), end bitwise
+    where the same scripts end alone in plain PyTorch."""
+    for library in ("torchvision", "timm", "transformers"):
+        pytest.importorskip(library)
+    assert "salus" not in THIRD_PARTY.read_text().split('"""', 2)[2]
+    models, steps = ["mobilenet", "vit", "gpt2"], 4
+    daemon = Daemon(tmp_path, "--policy", policy, "--memory", "256MiB")
+    try:
+        procs = {m: subprocess.Popen(
+            [salus_cli(), "run", "--socket", daemon.socket, "--name", m, "--stats",
+             str(tmp_path / f"{m}.stats.json"), "--", sys.executable, str(THIRD_PARTY),
+             "--model", m, "--steps", str(steps), "--out", str(tmp_path / f"{m}.json")],
+            stderr=subprocess.PIPE, text=True) for m in models}
+        for m, p in procs.items():
+            _, err = p.communicate(timeout=240)
+            assert p.returncode == 0, f"{m}: {err}"
+    finally:
+        daemon.stop()
+    for m in models:
+        out = tmp_path / f"alone-{m}.json"
+        subprocess.run([sys.executable, str(THIRD_PARTY), "--model", m, "--steps", str(steps),
+                        "--out", str(out)], check=True, timeout=240)
+        shared = json.loads((tmp_path / f"{m}.json").read_text())
+        assert shared["weights"] == json.loads(out.read_text())["weights"], m  # bitwise
+        stats = json.loads((tmp_path / f"{m}.stats.json").read_text())
+        assert stats["iterations"] == steps, (m, stats)
+        assert stats["memory"]["ephemeral"]["peak"] > 0, (m, stats["memory"])
+
+
 def test_a_script_over_its_limit_fails_alone_with_salus_out_of_memory(traced: Daemon,
                                                                       tmp_path: Path) -> None:
     # The MLP's first layer alone is 1.5 MiB.

@@ -87,10 +87,13 @@ class ProcessGpuWorker:
             return None
 
     def stats(self) -> WorkerStats:
-        """Counts of the trials here; the bytes are the trials' processes' (not measured here:
-        0)."""
+        """Counts of the trials here; the bytes are what the daemon has handed out on this GPU
+        to the trials' processes (now, and the most at once since it started)."""
+        from ..cli import device_use
+
+        use = device_use(self._socket)[self.index]
         with self._lock:
-            return WorkerStats(self.index, "sim", self._capacity, 0, 0,
+            return WorkerStats(self.index, "sim", self._capacity, use.granted, use.peak,
                                [name for name, _ in self._live.values()], self._peak_running,
                                **self._counts)
 
