@@ -52,8 +52,9 @@ def test_unmodified_scripts_at_small_scale(tmp_path: Path) -> None:
     alone = sorted(by_label["one at a time"].jobs, key=lambda j: j.first_start)
     for before, after in zip(alone, alone[1:]):
         assert before.finish <= after.first_start
-    # Under salusd the scripts took turns: each waited for the others' at least once.
-    assert all(j.waiting > 0 for j in by_label["salusd fair"].jobs)
+    # Under salusd the scripts took turns: each waited for the others' (a step's worth at least:
+    # its statistics count the wait for the daemon's turn).
+    assert all(j.waiting > 0.02 for j in by_label["salusd fair"].jobs), by_label["salusd fair"]
     notes = "\n".join(outcome.summary.notes)
     assert "--reclaim never" in notes and "training time alone" in notes
 

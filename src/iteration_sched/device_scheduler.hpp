@@ -140,6 +140,8 @@ class DeviceScheduler {
   // The job is about to wait for the gate's turn: as while it waits for this scheduler's, a safe
   // point at which its pages may move (to make room for another process).
   void before_gate_wait(JobRecordState& job);
+  // The job waited that long for the gate's turn: its waiting statistics count it.
+  void count_gate_wait(JobRecordState& job, SteadyClock::duration waited);
   [[nodiscard]] TurnGate* gate() const { return gate_.get(); }
   // Jobs' memory comes from reports (RuntimeAccess::measure_elsewhere), not from this
   // scheduler's own measurements. Set before any job is added.

@@ -394,8 +394,12 @@ StreamHandle Job::begin_iteration() {
 
 bool Job::take_gate_turn(TurnGate& gate, std::optional<SteadyClock::time_point> deadline) {
   scheduler().before_gate_wait(*state_);
+  const auto asked = SteadyClock::now();
   try {
-    return gate.acquire(state_->id, deadline);
+    const bool granted = gate.acquire(state_->id, deadline);
+    // The daemon's turn is most of a connected job's wait: its statistics count it.
+    scheduler().count_gate_wait(*state_, SteadyClock::now() - asked);
+    return granted;
   } catch (const Error& e) {
     if (e.code() == Errc::cancelled) throw JobCancelled(state_->spec.name);
     throw;

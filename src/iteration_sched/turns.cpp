@@ -72,6 +72,13 @@ void DeviceScheduler::before_gate_wait(JobRecordState& job) {
   }
 }
 
+void DeviceScheduler::count_gate_wait(JobRecordState& job, SteadyClock::duration waited) {
+  const double seconds = std::chrono::duration<double>(waited).count();
+  std::lock_guard lock(mu_);
+  job.waiting_seconds += seconds;
+  job.max_wait_seconds = std::max(job.max_wait_seconds, seconds);
+}
+
 void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   job.state = JobState::waiting;
   job.started = false;

@@ -593,6 +593,8 @@ TEST_F(Salusd, ACancelFromAnotherThreadEndsAWaitForTheDaemonsTurn) {
   (void)a.begin_iteration();
   EXPECT_FALSE(c.try_begin_iteration(std::chrono::milliseconds(20)))
       << "a second job took the daemon's turn while the first held it";
+  // The wait for the daemon's turn is the job's wait, in its statistics too.
+  EXPECT_GE(c.stats().waiting_seconds, 0.019);
   std::promise<std::string> outcome;
   std::thread waiter([&] {
     try {
