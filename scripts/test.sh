@@ -19,7 +19,9 @@ START=$SECONDS
 passed=0
 failed=0
 failures=()
-log() { printf '\n[test] %s\n' "$*"; }
+# Each step says when it began (minutes:seconds since the start, set-up included): where a
+# run's time goes, for the CI budget.
+log() { printf '\n[test %dm%02ds] %s\n' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)) "$*"; }
 pass() { passed=$((passed + ${2:-1})); }
 fail() { failed=$((failed + ${2:-1})); failures+=("$1"); printf '[test] FAILED: %s\n' "$1" >&2; }
 

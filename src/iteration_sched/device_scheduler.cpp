@@ -373,10 +373,10 @@ void DeviceScheduler::report_memory(JobRecordState& job, const MeasuredMemory& m
 std::optional<MeasuredMemory> DeviceScheduler::measured_memory(const JobRecordState& job) const {
   std::lock_guard lock(mu_);
   const JobProfile& p = job.profile;
-  // An iteration that allocated nothing ephemeral says nothing of the job's activations: the
-  // first step of a salus.torch job makes them all persistent (memory made before the first
-  // step returns is), and a keeper that took its peak for 0 would run it beside others that its
-  // next iteration's activations do not fit. Until one did (or a hint says), nothing is known.
+  // An iteration that allocated nothing ephemeral (one that only built the model, say) says
+  // nothing of the job's activations: a keeper that took its peak for 0 would run it beside
+  // others that its next iteration's activations do not fit. Until one did (or a hint says),
+  // nothing is known.
   if (!p.memory_known || (p.iterations_profiled == 0 && p.ephemeral_peak_bytes == 0)) {
     return std::nullopt;
   }

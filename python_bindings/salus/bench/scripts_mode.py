@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..errors import Error
 from ..policies import BUILTIN_POLICIES
 from .errors import InputError, ModeNotSupported
 from .experiment import Experiment, Variant
@@ -177,14 +178,18 @@ class _Sampler(threading.Thread):
         last_t, last_busy = time.time(), _cpu_busy(self._cpus)
         while not self._halt.wait(_SAMPLE_SECONDS):
             t, busy = time.time(), _cpu_busy(self._cpus)
-            granted, _ = self._daemon.device_bytes()
+            try:
+                granted, _ = self._daemon.device_bytes()
+            except (Error, subprocess.TimeoutExpired):
+                return  # the daemon is gone: the arm is ending, or failed (its caller says)
             share = (busy - last_busy) / max(1e-9, (t - last_t) * len(self._cpus))
             self.samples.append((t, min(1.0, share), float(granted)))
             last_t, last_busy = t, busy
 
     def finish(self) -> None:
         self._halt.set()
-        self.join()
+        if self.is_alive():
+            self.join()
 
 
 def _daemon_args(plan: ScriptsPlan, variant: Variant, trace: Path) -> list[str]:
@@ -259,6 +264,23 @@ class ArmRun:
     busy_seconds: float
 
 
+def _run_scripts(plan: ScriptsPlan, variant: Variant, socket: str, files: Path,
+                 procs: dict[str, subprocess.Popen[bytes]], deadline: float,
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """Starts the scripts (the baseline one after another, the others together) into
+    ``procs``; returns when each started and exited."""
+    started: dict[str, float] = {}
+    exited: dict[str, float] = {}
+    for script in plan.scripts:
+        started[script.name] = time.time()
+        procs[script.name] = _launch(plan, script, variant, socket, files)
+        if variant.group == _BASELINE:
+            exited.update(_wait({script.name: procs[script.name]}, deadline))
+    if variant.group != _BASELINE:
+        exited = _wait(procs, deadline)
+    return started, exited
+
+
 def _run_arm(plan: ScriptsPlan, variant: Variant, folder: Path) -> ArmRun:
     files = folder / "scripts" / re.sub(r"[^A-Za-z0-9_.-]+", "_", variant.label)
     files.mkdir(parents=True, exist_ok=True)
@@ -268,31 +290,28 @@ def _run_arm(plan: ScriptsPlan, variant: Variant, folder: Path) -> ArmRun:
     others = mine - set(plan.cpus)
     if others:
         os.sched_setaffinity(0, others)
-    daemon = _Daemon(_daemon_args(plan, variant, folder / trace_name(variant)))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    daemon: Optional[_Daemon] = None
+    sampler: Optional[_Sampler] = None
     try:
+        daemon = _Daemon(_daemon_args(plan, variant, folder / trace_name(variant)))
         sampler = _Sampler(daemon, plan.cpus)
         t0, busy0 = time.time(), _cpu_busy(plan.cpus)
         sampler.start()
         deadline = t0 + plan.timeout
-        started: dict[str, float] = {}
-        exited: dict[str, float] = {}
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        if variant.group == _BASELINE:
-            for script in plan.scripts:
-                started[script.name] = time.time()
-                one = {script.name: _launch(plan, script, variant, daemon.socket, files)}
-                exited.update(_wait(one, deadline))
-                procs.update(one)
-        else:
-            for script in plan.scripts:
-                started[script.name] = time.time()
-                procs[script.name] = _launch(plan, script, variant, daemon.socket, files)
-            exited = _wait(procs, deadline)
+        started, exited = _run_scripts(plan, variant, daemon.socket, files, procs, deadline)
         busy = _cpu_busy(plan.cpus) - busy0
         sampler.finish()
         _, peak = daemon.device_bytes()
     finally:
-        daemon.stop()
+        if sampler is not None:
+            sampler.finish()
+        for proc in procs.values():  # an error or ^C here: no script outlives the arm
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if daemon is not None:
+            daemon.stop()
         if others:
             os.sched_setaffinity(0, mine)
     runs = []
