@@ -161,6 +161,46 @@ TEST(RuntimeMemoryWait, AnIterationThisThreadRunsIsNotWaitedFor) {
   EXPECT_TRUE(got);
 }
 
+// RuntimeOptions::allocation_wait_limit bounds the wait for another thread's iteration: the
+// allocation fails with OutOfMemory once the limit has passed (here, while the iteration that
+// holds the memory goes on), and with no limit it waits until that iteration frees the memory.
+TEST(RuntimeMemoryWait, TheAllocationWaitLimitBoundsTheWaitForAnotherThreadsIteration) {
+  for (const auto limit : {std::chrono::milliseconds(150), std::chrono::milliseconds(0)}) {
+    SCOPED_TRACE(limit.count());
+    Runtime runtime(sim(64 * MiB), {.policy = "pack", .allocation_wait_limit = limit});
+    Job a = runtime.add_job(hinted("a", 1 * MiB, 2 * MiB));
+    Job b = runtime.add_job(hinted("b", 1 * MiB, 2 * MiB));
+    std::barrier holding(2);
+    std::atomic<bool> release{false};
+    std::thread holder([&] {
+      auto it = a.iteration();
+      const DevicePtr held = a.allocate(48 * MiB);
+      holding.arrive_and_wait();
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      a.deallocate(held);
+    });
+    holding.arrive_and_wait();
+    const auto start = std::chrono::steady_clock::now();
+    if (limit.count() > 0) {
+      EXPECT_THROW((void)b.allocate(32 * MiB), OutOfMemory);
+      const auto waited = std::chrono::steady_clock::now() - start;
+      EXPECT_GE(waited, limit) << "it failed before the limit";
+      EXPECT_LT(waited, std::chrono::seconds(5)) << "it did not stop at the limit";
+      release = true;
+    } else {
+      std::thread releaser([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        release = true;
+      });
+      const DevicePtr p = b.allocate(32 * MiB);  // waits for a's iteration to free its memory
+      EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+      b.deallocate(p);
+      releaser.join();
+    }
+    holder.join();
+  }
+}
+
 // Hints beyond what the device can ever give are refused with a typed error that says why, under
 // every policy, instead of a begin_iteration that never returns.
 TEST(RuntimeMemoryWait, HintsBeyondTheDeviceAreRefusedAtOnce) {

@@ -360,7 +360,8 @@ SALUS_API salus_status salus_stream_unbind(salus_runtime* runtime, int device, v
 SALUS_API salus_status salus_stream_create(salus_runtime* runtime, int device, int priority,
                                            void** stream);
 SALUS_API salus_status salus_stream_destroy(salus_runtime* runtime, int device, void* stream);
-/* For a stream the framework made itself and is about to destroy: retire its memory as above. */
+/* For a stream the framework made itself and is about to destroy: retire its memory as above.
+ * Retiring (or destroying) a stream also ends its binding to a job (salus_stream_bind). */
 SALUS_API salus_status salus_stream_retire(salus_runtime* runtime, int device, void* stream);
 /* Returns cached, unused pages to the devices; *released_bytes (may be NULL) says how many. */
 SALUS_API salus_status salus_trim(salus_runtime* runtime, size_t* released_bytes);

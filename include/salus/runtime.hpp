@@ -53,6 +53,13 @@ struct RuntimeOptions {
   // `fair`, `srtf` and the statistics see), and a block is handed out with no work pending on any
   // stream, so the host may touch it at once (AllocationRequest::host_access).
   bool host_compute = false;
+  // How long an allocation that the device refuses may wait for other iterations on its device
+  // to end (what they free may make it fit) before it fails with OutOfMemory. A minute outlasts
+  // any training iteration, and turns into an error what would otherwise wait for good: a wait
+  // for an iteration that only the waiting thread would end (a thread that drives two jobs, or
+  // PyTorch's autograd engine, which runs every job's backward on a device on one thread). Zero
+  // waits as long as any other iteration runs.
+  std::chrono::milliseconds allocation_wait_limit{std::chrono::minutes(1)};
 };
 
 enum class JobState : std::uint8_t { idle, waiting, running, left, cancelled };

@@ -168,18 +168,21 @@ class Runtime:
     ``spill``: "none", "host_only" or "peer_then_host" (memory harvesting). ``device_limits``:
     bytes Salus may hold per device. ``contention``: how simulated kernels (:meth:`sim_kernel`)
     that run at once share a simulated GPU: "processor_sharing", "time_slicing" or "none".
+    ``allocation_wait``: seconds an allocation the device refuses may wait for other jobs'
+    iterations to end before it raises :class:`salus.OutOfMemory` (0: as long as one runs).
     """
 
     def __init__(self, backend: str = "auto", *, devices: int = 1, memory: Size = "4GiB",
                  topology: str = "none", policy: str = "fair", spill: str = "none",
                  lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
                  device_limits: Optional[Sequence[Size]] = None,
-                 contention: str = "processor_sharing") -> None:
+                 contention: str = "processor_sharing", allocation_wait: float = 60.0) -> None:
         check_str(backend, "backend")
         check_int(devices, "devices", 1, MAX_SIM_DEVICES)
         check_str(topology, "topology")
         check_str(spill, "spill")
         check_str(contention, "contention")
+        wait = check_number(allocation_wait, "allocation_wait", 0.0)
         if not isinstance(policy, str):
             raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
         limits = [parse_size(v, f"device_limits[{i}]")
@@ -190,7 +193,8 @@ class Runtime:
             backend=backend, devices=devices, memory=parse_size(memory, "memory"),
             topology=topology, policy=policy, spill=spill, lend_reserve=reserve,
             host_limit=None if host_limit is None else parse_size(host_limit, "host_limit"),
-            device_limits=limits, python_policies=python_policies, contention=contention)
+            device_limits=limits, python_policies=python_policies, contention=contention,
+            allocation_wait=wait)
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
 

@@ -5,6 +5,7 @@
 // job's turn, a stream's work) also wake for signals, so Ctrl-C ends them (waits.cpp). A policy
 // written in Python is called with the scheduler's lock held and takes the GIL then, so no thread
 // may hold the GIL while it waits for that lock: hence no exception to the rule above.
+#include <cmath>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -182,6 +183,7 @@ struct RuntimeArgs {
   std::vector<std::size_t> device_limits;
   std::vector<std::pair<std::string, py::object>> python_policies;
   std::string contention;  // simulated GPUs only
+  double allocation_wait_seconds = 60.0;  // RuntimeOptions::allocation_wait_limit (0: none)
 };
 
 // One Python-visible runtime. Destroyed without the GIL: its stream threads may be waiting for it
@@ -211,6 +213,10 @@ class PyRuntime {
     options.memory.harvest.spill = spill_policy(args.spill);
     options.memory.harvest.lend_reserve_bytes = args.lend_reserve;
     if (args.host_limit) options.memory.harvest.host_limit_bytes = *args.host_limit;
+    // Python checked it is finite and >= 0; beyond about 30 million years it is "no limit".
+    const double wait_ms = std::ceil(args.allocation_wait_seconds * 1000.0);
+    options.allocation_wait_limit = std::chrono::milliseconds(
+        wait_ms < 1e15 ? static_cast<std::int64_t>(wait_ms) : std::int64_t{0});
     for (auto& [name, factory] : args.python_policies) {
       python_policy_ = python_policy_ || name == args.policy;
       auto shared = std::make_shared<py::object>(std::move(factory));
@@ -366,16 +372,16 @@ void bind_runtime(py::module_& m) {
                        std::optional<std::size_t> host_limit,
                        std::vector<std::size_t> device_limits,
                        std::vector<std::pair<std::string, py::object>> python_policies,
-                       std::string contention) {
+                       std::string contention, double allocation_wait) {
              return std::make_unique<PyRuntime>(RuntimeArgs{
                  std::move(backend), devices, memory, std::move(topology), std::move(policy),
                  std::move(spill), lend_reserve, host_limit, std::move(device_limits),
-                 std::move(python_policies), std::move(contention)});
+                 std::move(python_policies), std::move(contention), allocation_wait});
            }),
            py::arg("backend"), py::arg("devices"), py::arg("memory"), py::arg("topology"),
            py::arg("policy"), py::arg("spill"), py::arg("lend_reserve"), py::arg("host_limit"),
            py::arg("device_limits"), py::arg("python_policies"),
-           py::arg("contention") = "processor_sharing")
+           py::arg("contention") = "processor_sharing", py::arg("allocation_wait") = 60.0)
       .def("close", &PyRuntime::close)
       .def_property_readonly("closed", &PyRuntime::closed)
       .def_property_readonly("python_policy", &PyRuntime::python_policy)

@@ -116,6 +116,45 @@ def test_device_out_of_memory_names_the_device(runtime: salus.Runtime) -> None:
     assert info.value.requested == 2 << 30 and info.value.device_limit == 1 << 30
 
 
+def test_an_allocation_waits_for_another_threads_iteration_at_most_allocation_wait() -> None:
+    """The wait for memory another job's iteration holds ends with OutOfMemory at the limit."""
+    rt = salus.Runtime("sim", memory="64MiB", policy="pack", allocation_wait=0.2)
+    try:
+        a = rt.add_job("a", hints={"persistent": "1MiB", "ephemeral_peak": "2MiB"})
+        b = rt.add_job("b", hints={"persistent": "1MiB", "ephemeral_peak": "2MiB"})
+        holding, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with a.iteration():
+                ptr = a.allocate("48MiB")
+                holding.set()
+                release.wait(30)
+                a.deallocate(ptr)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert holding.wait(30)
+        start = time.monotonic()
+        with pytest.raises(salus.OutOfMemory) as info:
+            b.allocate("32MiB")
+        waited = time.monotonic() - start
+        release.set()
+        holder.join()
+        assert 0.2 <= waited < 5.0, waited
+        assert info.value.job == b.id and info.value.requested == 32 << 20
+        b.deallocate(b.allocate("32MiB"))  # a's iteration freed it: b goes on
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("value, error", [(-1, salus.InvalidArgument),
+                                          (float("nan"), salus.InvalidArgument),
+                                          ("1s", TypeError)])
+def test_a_bad_allocation_wait_is_refused_by_name(value: object, error: type) -> None:
+    with pytest.raises(error, match="allocation_wait"):
+        salus.Runtime("sim", memory="64MiB", allocation_wait=value)  # type: ignore[arg-type]
+
+
 def test_trace_shows_iterations(runtime: salus.Runtime, tmp_path: Path) -> None:
     job = runtime.add_job("traced")
     with job.iteration():

@@ -35,7 +35,8 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                                  std::shared_ptr<MemoryManager> memory,
                                  std::shared_ptr<TraceRecorder> trace, int device,
                                  std::unique_ptr<Policy> policy,
-                                 std::shared_ptr<const std::atomic<bool>> host_compute)
+                                 std::shared_ptr<const std::atomic<bool>> host_compute,
+                                 std::chrono::milliseconds allocation_wait_limit)
     : backend_(std::move(backend)),
       memory_(std::move(memory)),
       trace_(std::move(trace)),
@@ -43,6 +44,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       policy_(std::move(policy)),
       epoch_(trace_->epoch()),
       host_compute_(std::move(host_compute)),
+      allocation_wait_limit_(allocation_wait_limit),
       timers_(backend_, device),
       core_(*policy_, budget_of(*memory_, device)) {}
 
@@ -333,11 +335,7 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
   std::size_t peak = 0;
   for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
   if (samples.empty()) return;  // nothing allocated through Salus this iteration
-  // Peaks vary between iterations (the first makes the optimizer's state; batches differ): plans
-  // count the largest of the last few, so that lanes placed side by side by one lucky iteration
-  // do not outgrow the device in the next.
-  p.recent_peaks[p.iterations_profiled++ % p.recent_peaks.size()] = peak;
-  p.ephemeral_peak_bytes = *std::max_element(p.recent_peaks.begin(), p.recent_peaks.end());
+  p.note_peak(peak);
   // Resample to a fixed number of buckets, each the highest level reached within it.
   p.curve.duration_seconds = std::max(host_seconds, 1e-9);
   p.curve.bytes.assign(kCurveSamples, 0);
@@ -360,8 +358,7 @@ void DeviceScheduler::report_memory(JobRecordState& job, const MeasuredMemory& m
   JobProfile& p = job.profile;
   p.persistent_bytes = measured.persistent_bytes;
   p.memory_known = true;
-  p.recent_peaks[p.iterations_profiled++ % p.recent_peaks.size()] = measured.ephemeral_peak_bytes;
-  p.ephemeral_peak_bytes = *std::max_element(p.recent_peaks.begin(), p.recent_peaks.end());
+  p.note_peak(measured.ephemeral_peak_bytes);
   p.curve = measured.curve;
   // As measured here: the last iteration's shape beside the largest recent peak; with no shape
   // (a process that sent none), flat at the peak.

@@ -5,6 +5,7 @@
 // host thread is already enqueueing.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -38,6 +39,14 @@ struct JobProfile {
   // The ephemeral peaks of the last iterations (ephemeral_peak_bytes is the largest).
   std::array<std::size_t, 4> recent_peaks{};
   std::uint64_t iterations_profiled = 0;
+
+  // Records one iteration's ephemeral peak. Peaks vary between iterations (the first makes the
+  // optimizer's state; batches differ): plans count the largest of the last few, so that lanes
+  // placed side by side by one lucky iteration do not outgrow the device in the next.
+  void note_peak(std::size_t peak) {
+    recent_peaks[iterations_profiled++ % recent_peaks.size()] = peak;
+    ephemeral_peak_bytes = *std::max_element(recent_peaks.begin(), recent_peaks.end());
+  }
 };
 
 // One job as its device's scheduler keeps it. Everything mutable is guarded by the scheduler's
@@ -81,10 +90,12 @@ struct JobRecordState {
 
 class DeviceScheduler {
  public:
-  // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs.
+  // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs;
+  // `allocation_wait_limit`: RuntimeOptions::allocation_wait_limit.
   DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
                   std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy,
-                  std::shared_ptr<const std::atomic<bool>> host_compute);
+                  std::shared_ptr<const std::atomic<bool>> host_compute,
+                  std::chrono::milliseconds allocation_wait_limit);
   ~DeviceScheduler();
   DeviceScheduler(const DeviceScheduler&) = delete;
   DeviceScheduler& operator=(const DeviceScheduler&) = delete;
@@ -245,6 +256,7 @@ class DeviceScheduler {
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
   const std::shared_ptr<const std::atomic<bool>> host_compute_;
+  const std::chrono::milliseconds allocation_wait_limit_;
   const process::Birth birth_ = process::birth_now();
   std::shared_ptr<TurnGate> gate_;
   bool memory_reported_ = false;  // set before any job: read without the lock

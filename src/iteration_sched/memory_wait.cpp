@@ -51,6 +51,7 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
                                             const AllocationRequest& request) {
   std::optional<StartHold> hold;
   bool settled = false;
+  std::optional<SteadyClock::time_point> give_up;  // RuntimeOptions::allocation_wait_limit
   for (;;) {
     try {
       return memory_->allocate(request);
@@ -59,6 +60,15 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
       std::unique_lock lock(mu_);
       check_usable(job, "allocate");  // cancelled meanwhile: that says more
       if (!hold) hold.emplace(*this, job.state == JobState::running);
+      if (!give_up && allocation_wait_limit_.count() > 0) {
+        give_up = SteadyClock::now() + allocation_wait_limit_;
+      }
+      if (give_up && SteadyClock::now() >= *give_up) {
+        log::warn("device {}: job {}'s allocation of {} bytes waited {} ms for other "
+                  "iterations to end (RuntimeOptions::allocation_wait_limit) and fails",
+                  device_, job.id.value, request.bytes, allocation_wait_limit_.count());
+        throw;
+      }
       if (wait_for_memory(job, lock)) continue;
       if (std::exchange(settled, true)) throw;
       // Nothing left to wait for, but what an iteration that just ended freed on its stream may

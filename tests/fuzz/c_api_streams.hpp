@@ -86,6 +86,8 @@ class StreamCalls {
     if (destroy) {
       m_.streams.erase(m_.streams.begin() + static_cast<long>(k));
       m_.destroyed_streams.push_back(s.handle);
+    } else {
+      m_.streams[k].bound_job = 0;  // a retired stream is bound to no job (c_api.h)
     }
     m_.check_all(call);
   }

@@ -40,10 +40,15 @@ class Program {
   explicit Program(FuzzInput& in) : in_(in) {}
 
   // The runtime is made in C++ and wrapped in a C handle (as the C ABI tests with a backend of
-  // their own do), for one option the C ABI does not carry: how long an allocation waits for a
-  // safe point before it fails. By default 2 s, and in a single-threaded program with no job
-  // waiting for its turn no safe point ever comes, so each out-of-memory took 2 s. The C ABI's own
-  // option handling is fuzz_runtime_options' part.
+  // their own do), for two options the C ABI does not carry:
+  //  - how long an allocation waits for a safe point before it fails. By default 2 s, and in a
+  //    single-threaded program with no job waiting for its turn no safe point ever comes, so
+  //    each out-of-memory took 2 s;
+  //  - how long an allocation the device refuses waits for other iterations to end. By default
+  //    a minute, and here the main thread ends every iteration, also one that a Waiter began and
+  //    handed over: an allocation behind it waits out the whole limit (with no limit it waited
+  //    for good: regressions/fuzz_c_api/allocation_behind_a_handed_over_iteration).
+  // The C ABI's own option handling is fuzz_runtime_options' part.
   void create() {
     const int devices = 2 + static_cast<int>(in_.below(3));
     const std::size_t memory = (in_.chance(50) ? 32 : 64) * kMiB;
@@ -54,6 +59,7 @@ class Program {
     harvest.lend_reserve_bytes = 0;  // every peer lends all its free memory: the budget is exact
     harvest.host_limit_bytes = (std::size_t{8} << in_.below(3)) * kMiB;  // 8, 16 or 32 MiB
     harvest.recall_wait = std::chrono::milliseconds(20);
+    options.allocation_wait_limit = std::chrono::milliseconds(20);
     try {
       m_.runtime = salus::capi::wrap(std::make_shared<salus::Runtime>(
           salus::make_sim_backend(salus::SimConfig::nvlink_mesh(devices, memory)), options));
