@@ -41,27 +41,31 @@ run_ctest() {
   out=$(mktemp)
   (cd "$dir" && "${CTEST_WRAPPER[@]}" ctest --output-on-failure --timeout 900 "$@") 2>&1 | tee "$out" ||
     status=$?
-  local summary total bad
+  local summary total bad names
   summary=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$out" | tail -n1 || true)
+  # The names of the failed tests, so that the last lines of the log (all CI shows) say which.
+  names=$(sed -n '/The following tests FAILED:/,$p' "$out" | grep -E '^[[:space:]]+[0-9]+ - ' |
+    sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd';' - || true)
   rm -f "$out"
   if [[ -z $summary ]]; then fail "$label: ctest did not finish"; return; fi
   bad=$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$summary")
   total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$summary")
   ((total > 0)) || { fail "$label: no tests ran"; return; }
   pass "$label" $((total - bad))
-  if ((bad > 0 || status != 0)); then fail "$label" "$((bad > 0 ? bad : 1))"; fi
+  if ((bad > 0 || status != 0)); then
+    fail "$label: ${names:-ctest exited with status $status}" "$((bad > 0 ? bad : 1))"
+  fi
 }
 CTEST_WRAPPER=()
 
-# run_suite LABEL DIR [ctest args...]: the tests, then the soak tests two at a time. Each soak
-# runs for a fixed time whatever its speed (they are about two thirds of ctest's time), so two at
-# once halve their share without changing what each checks; the others run one at a time, as
-# their timing expectations assume an otherwise idle machine.
-SOAK='^Soak\.'
+# run_suite LABEL DIR [ctest args...]: the tests, then those labelled soak (tests/soak) two at a
+# time. Each soak runs for a fixed time whatever its speed (they are about two thirds of ctest's
+# time), so two at once halve their share without changing what each checks; the others run one
+# at a time, as their timing expectations assume an otherwise idle machine.
 run_suite() {
   local label=$1 dir=$2; shift 2
-  run_ctest "$label" "$dir" "$@" -E "$SOAK"
-  run_ctest "$label, soak" "$dir" -R "$SOAK" -j 2
+  run_ctest "$label" "$dir" "$@" -LE soak
+  run_ctest "$label, soak" "$dir" "$@" -L soak -j 2
 }
 
 # --- 1. normal build: every test, the link check, the demo's build -------------------------------
@@ -124,10 +128,12 @@ log "python: pytest (the salus package, PyTorch on the simulated backend)"
 run_pytest() {
   local out status=0
   out=$(mktemp)
-  .venv/bin/python -m pytest -q -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
+  # -rfE: pytest's short summary names each failure and error (a teardown's too).
+  .venv/bin/python -m pytest -q -rfE -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
     status=$?
-  local summary ok bad
+  local summary ok bad names
   summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$out" | tail -n1 || true)
+  names=$(grep -E '^(FAILED|ERROR) ' "$out" | cut -c1-240 | paste -sd';' - || true)
   rm -f "$out"
   ok=$(grep -oE '[0-9]+ passed' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
   bad=0
@@ -136,7 +142,9 @@ run_pytest() {
   done
   ((ok > 0)) || { fail "pytest: no tests ran"; return; }
   pass "pytest" "$ok"
-  if ((bad > 0 || status != 0)); then fail "pytest" "$((bad > 0 ? bad : 1))"; fi
+  if ((bad > 0 || status != 0)); then
+    fail "pytest (status $status; $summary): ${names:-no test named}" "$((bad > 0 ? bad : 1))"
+  fi
 }
 if [[ -x .venv/bin/python ]]; then
   run_pytest

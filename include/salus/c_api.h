@@ -48,8 +48,9 @@ extern "C" {
 
 #define SALUS_C_API_VERSION_MAJOR 1
 /* 1: salus_device_stats carries every field. 2: salus_job_stats too (appended to 1.1's, whose
- * struct_size is still accepted). 3: salus_runtime_connect. */
-#define SALUS_C_API_VERSION_MINOR 3
+ * struct_size is still accepted). 3: salus_runtime_connect. 4: salus_runtime_options'
+ * allocation_wait_ms (appended; 1.3's struct_size is still accepted). */
+#define SALUS_C_API_VERSION_MINOR 4
 
 typedef enum salus_status {
   SALUS_OK = 0,
@@ -154,7 +155,14 @@ typedef struct salus_runtime_options {
   salus_spill_policy spill;
   size_t lend_reserve_bytes; /* each device keeps this for itself; default 1/8 of its limit */
   size_t host_limit_bytes;   /* host memory for spilled pages; default unlimited */
+  /* 1.4 (grows at the end only: a caller built against 1.3 sets struct_size to its sizeof, which
+   * is offsetof(salus_runtime_options, allocation_wait_ms), and gets the default). How long an
+   * allocation the device refuses may wait for other jobs' iterations to free memory before it
+   * fails with SALUS_ERROR_OUT_OF_MEMORY: milliseconds; 0: as long as one runs;
+   * SALUS_DEFAULT_WAIT: the library's default (a minute). Other negative values are refused. */
+  int64_t allocation_wait_ms;
 } salus_runtime_options;
+#define SALUS_DEFAULT_WAIT ((int64_t)-1)
 
 /* Defaults: AUTO backend, one 1 GiB simulated GPU without links, policy "fair", no spilling. */
 SALUS_API void salus_runtime_options_init(salus_runtime_options* options);

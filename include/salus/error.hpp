@@ -2,6 +2,7 @@
 // these exceptions (or, through the C ABI, an error code plus a message).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -77,6 +78,9 @@ struct OutOfMemoryInfo {
   std::size_t device_in_use_bytes = 0;  // live bytes on the device
   std::size_t device_limit_bytes = 0;   // physical bytes Salus may hold on the device
   std::string reason;                   // which budget said no
+  // How long the allocation waited for the device's other iterations to end before it failed:
+  // 0 when it failed at once; RuntimeOptions::allocation_wait_limit when that limit ended it.
+  std::chrono::milliseconds waited{0};
 };
 
 class SALUS_API OutOfMemory : public Error {

@@ -169,20 +169,23 @@ class Runtime:
     bytes Salus may hold per device. ``contention``: how simulated kernels (:meth:`sim_kernel`)
     that run at once share a simulated GPU: "processor_sharing", "time_slicing" or "none".
     ``allocation_wait``: seconds an allocation the device refuses may wait for other jobs'
-    iterations to end before it raises :class:`salus.OutOfMemory` (0: as long as one runs).
+    iterations to end before it raises :class:`salus.OutOfMemory` (0: as long as one runs;
+    None: the runtime's default, a minute).
     """
 
     def __init__(self, backend: str = "auto", *, devices: int = 1, memory: Size = "4GiB",
                  topology: str = "none", policy: str = "fair", spill: str = "none",
                  lend_reserve: Optional[Size] = None, host_limit: Optional[Size] = None,
                  device_limits: Optional[Sequence[Size]] = None,
-                 contention: str = "processor_sharing", allocation_wait: float = 60.0) -> None:
+                 contention: str = "processor_sharing",
+                 allocation_wait: Optional[float] = None) -> None:
         check_str(backend, "backend")
         check_int(devices, "devices", 1, MAX_SIM_DEVICES)
         check_str(topology, "topology")
         check_str(spill, "spill")
         check_str(contention, "contention")
-        wait = check_number(allocation_wait, "allocation_wait", 0.0)
+        wait = (None if allocation_wait is None
+                else check_number(allocation_wait, "allocation_wait", 0.0))
         if not isinstance(policy, str):
             raise TypeError(f"policy must be a policy name, not {type(policy).__name__}")
         limits = [parse_size(v, f"device_limits[{i}]")

@@ -54,7 +54,9 @@ class OutOfMemory(Error, MemoryError):
 
     Fields: ``job`` (id, 0 when unattributed) and ``job_name``; ``device``; ``requested`` bytes;
     ``job_in_use`` and ``job_limit`` (0 unless a job budget said no); ``device_in_use`` and
-    ``device_limit``; ``reason`` (which budget said no).
+    ``device_limit``; ``reason`` (which budget said no); ``waited``: seconds the allocation waited
+    for other jobs' iterations to end before it failed (0.0 when it failed at once; the
+    runtime's ``allocation_wait`` when that limit ended the wait).
     """
 
     job: int
@@ -66,6 +68,7 @@ class OutOfMemory(Error, MemoryError):
     device_in_use: int
     device_limit: int
     reason: str
+    waited: float
 
 
 def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> Error:

@@ -52,7 +52,8 @@ void translate(std::exception_ptr p) {
                    py::arg("job_in_use") = i.job_in_use_bytes,
                    py::arg("job_limit") = i.job_limit_bytes,
                    py::arg("device_in_use") = i.device_in_use_bytes,
-                   py::arg("device_limit") = i.device_limit_bytes, py::arg("reason") = i.reason));
+                   py::arg("device_limit") = i.device_limit_bytes, py::arg("reason") = i.reason,
+                   py::arg("waited") = static_cast<double>(i.waited.count()) / 1000.0));
   } catch (const JobCancelled& e) {
     raise("JobCancelled", e.what(), py::dict());
   } catch (const UnknownJob& e) {
@@ -183,7 +184,8 @@ struct RuntimeArgs {
   std::vector<std::size_t> device_limits;
   std::vector<std::pair<std::string, py::object>> python_policies;
   std::string contention;  // simulated GPUs only
-  double allocation_wait_seconds = 60.0;  // RuntimeOptions::allocation_wait_limit (0: none)
+  // RuntimeOptions::allocation_wait_limit (0: none; not given: the runtime's default).
+  std::optional<double> allocation_wait_seconds;
 };
 
 // One Python-visible runtime. Destroyed without the GIL: its stream threads may be waiting for it
@@ -213,10 +215,12 @@ class PyRuntime {
     options.memory.harvest.spill = spill_policy(args.spill);
     options.memory.harvest.lend_reserve_bytes = args.lend_reserve;
     if (args.host_limit) options.memory.harvest.host_limit_bytes = *args.host_limit;
-    // Python checked it is finite and >= 0; beyond about 30 million years it is "no limit".
-    const double wait_ms = std::ceil(args.allocation_wait_seconds * 1000.0);
-    options.allocation_wait_limit = std::chrono::milliseconds(
-        wait_ms < 1e15 ? static_cast<std::int64_t>(wait_ms) : std::int64_t{0});
+    if (args.allocation_wait_seconds) {
+      // Python checked it is finite and >= 0; beyond about 30 million years it is "no limit".
+      const double wait_ms = std::ceil(*args.allocation_wait_seconds * 1000.0);
+      options.allocation_wait_limit = std::chrono::milliseconds(
+          wait_ms < 1e15 ? static_cast<std::int64_t>(wait_ms) : std::int64_t{0});
+    }
     for (auto& [name, factory] : args.python_policies) {
       python_policy_ = python_policy_ || name == args.policy;
       auto shared = std::make_shared<py::object>(std::move(factory));
@@ -372,7 +376,7 @@ void bind_runtime(py::module_& m) {
                        std::optional<std::size_t> host_limit,
                        std::vector<std::size_t> device_limits,
                        std::vector<std::pair<std::string, py::object>> python_policies,
-                       std::string contention, double allocation_wait) {
+                       std::string contention, std::optional<double> allocation_wait) {
              return std::make_unique<PyRuntime>(RuntimeArgs{
                  std::move(backend), devices, memory, std::move(topology), std::move(policy),
                  std::move(spill), lend_reserve, host_limit, std::move(device_limits),
@@ -381,7 +385,7 @@ void bind_runtime(py::module_& m) {
            py::arg("backend"), py::arg("devices"), py::arg("memory"), py::arg("topology"),
            py::arg("policy"), py::arg("spill"), py::arg("lend_reserve"), py::arg("host_limit"),
            py::arg("device_limits"), py::arg("python_policies"),
-           py::arg("contention") = "processor_sharing", py::arg("allocation_wait") = 60.0)
+           py::arg("contention") = "processor_sharing", py::arg("allocation_wait") = std::nullopt)
       .def("close", &PyRuntime::close)
       .def_property_readonly("closed", &PyRuntime::closed)
       .def_property_readonly("python_policy", &PyRuntime::python_policy)

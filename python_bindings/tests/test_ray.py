@@ -338,17 +338,44 @@ def test_bad_arguments_are_named(local_ray: None) -> None:
         salus_ray.job()
 
 
+def quiet_then_return(config: dict[str, Any]) -> dict[str, float]:
+    """A trial that reports nothing until it returns, more than a second later."""
+    job = salus_ray.job()
+    with job.iteration():
+        job.sim_kernel(config["quiet_seconds"], 0.5)
+        job.synchronize()
+    return {"quiet": 1.0}
+
+
+def fit_within(tuner: Any, seconds: float) -> Any:
+    """tuner.fit(), failing the test instead of hanging it when Tune never finishes."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(tuner.fit).result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        pytest.fail(f"Tune did not finish its trials within {seconds} s")
+    finally:
+        pool.shutdown(wait=False)
+
+
 @pytest.mark.parametrize("processes", [False, True], ids=["worker-threads", "trial-processes"])
 def test_ray_tune_trials_run_as_salus_jobs(processes: bool, local_ray: None,
                                            tmp_path: Any) -> None:
     """Tune's function trainables, each trial a job of a GPU worker (threads) or a process of
-    its own of the cluster's salusd: reports reach Tune, a failing trial fails alone."""
+    its own of the cluster's salusd: reports reach Tune, a failing trial fails alone, and a
+    trial that reports nothing for longer than the placer takes to check on its owner (once a
+    second) finishes (Tune's trial actor, whose one thread waits for the trial meanwhile, once
+    kept that check from ever returning)."""
     tune = pytest.importorskip("ray.tune")
     import salus.ray.tune as salus_tune
 
     def pick(config: dict[str, Any]) -> Any:
-        if config["fail"]:
+        if config["kind"] == "fail":
             return raise_value_error(config)
+        if config["kind"] == "quiet":
+            return quiet_then_return(config)
         return hold_and_iterate(config)
 
     with salus_ray.SalusCluster(simulated_gpus=1, gpu_memory="64MiB", torch=False,
@@ -357,16 +384,18 @@ def test_ray_tune_trials_run_as_salus_jobs(processes: bool, local_ray: None,
             salus_tune.trainable(pick, cluster, hints=hints(2 * MiB, 2 * MiB)), {"cpu": 0.1})
         tuner = tune.Tuner(
             trainable,
-            param_space={"fail": tune.grid_search([False, True]), "persistent": 2 * MiB,
-                         "ephemeral": 2 * MiB, "steps": 5},
+            param_space={"kind": tune.grid_search(["iterate", "fail", "quiet"]),
+                         "persistent": 2 * MiB, "ephemeral": 2 * MiB, "steps": 5,
+                         "quiet_seconds": 1.5},
             run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0))
-        results = {r.config["fail"]: r for r in tuner.fit()}
-        assert results[False].error is None
-        assert results[False].metrics["step"] == 5  # every report came through tune.report
-        assert len(results[False].metrics_dataframe) == 5
-        assert isinstance(results[True].error, Exception)
-        assert "bad config" in str(results[True].error)
+        results = {r.config["kind"]: r for r in fit_within(tuner, TIMEOUT)}
+        assert results["iterate"].error is None
+        assert results["iterate"].metrics["step"] == 5  # every report came through tune.report
+        assert len(results["iterate"].metrics_dataframe) == 5
+        assert isinstance(results["fail"].error, Exception)
+        assert "bad config" in str(results["fail"].error)
+        assert results["quiet"].error is None and results["quiet"].metrics["quiet"] == 1.0
         (stats,) = cluster.stats()
-        assert (stats.finished, stats.failed) == (1, 1)
+        assert (stats.finished, stats.failed) == (2, 1)
         if not processes:  # a trial process's pages come back once it has exited, a little later
             assert stats.allocated == 0

@@ -109,6 +109,7 @@ def test_device_out_of_memory_names_the_device(runtime: salus.Runtime) -> None:
         job.allocate("600MiB")
     assert info.value.job_limit == 0 and info.value.device_limit == 1 << 30
     assert info.value.job_in_use == 600 << 20 and info.value.device == 0
+    assert info.value.waited == 0.0  # no other iteration to wait for: it failed at once
     job.deallocate(first)
     # A request no device could ever hold is out of memory, as PyTorch's allocator says.
     with pytest.raises(salus.OutOfMemory, match="never fit") as info:
@@ -142,6 +143,7 @@ def test_an_allocation_waits_for_another_threads_iteration_at_most_allocation_wa
         holder.join()
         assert 0.2 <= waited < 5.0, waited
         assert info.value.job == b.id and info.value.requested == 32 << 20
+        assert 0.2 <= info.value.waited <= waited  # the error says it waited, and how long
         b.deallocate(b.allocate("32MiB"))  # a's iteration freed it: b goes on
     finally:
         rt.close()

@@ -3,6 +3,9 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
 #include <new>
 
 #include "capi/capi.hpp"
@@ -84,6 +87,14 @@ salus::RuntimeOptions runtime_options(const salus_runtime_options& o) {
   }
   if (o.lend_reserve_bytes != SALUS_DEFAULT_SIZE) harvest.lend_reserve_bytes = o.lend_reserve_bytes;
   if (o.host_limit_bytes != SALUS_DEFAULT_SIZE) harvest.host_limit_bytes = o.host_limit_bytes;
+  if (o.allocation_wait_ms != SALUS_DEFAULT_WAIT) {
+    if (o.allocation_wait_ms < 0) {
+      throw salus::InvalidArgument(fmt::format(
+          "allocation_wait_ms {} is negative (0: no limit; SALUS_DEFAULT_WAIT: the default)",
+          o.allocation_wait_ms));
+    }
+    options.allocation_wait_limit = std::chrono::milliseconds(o.allocation_wait_ms);
+  }
   return options;
 }
 
@@ -99,14 +110,22 @@ std::shared_ptr<salus::DeviceBackend> backend_for(const salus_runtime_options& o
       fmt::format("backend {} is not a salus_backend_kind", backend));
 }
 
-// The options a caller passed, or the defaults for NULL.
+// 1.3's salus_runtime_options ended before allocation_wait_ms; such callers still work.
+constexpr std::size_t kRuntimeOptionsSize13 = offsetof(salus_runtime_options, allocation_wait_ms);
+static_assert(kRuntimeOptionsSize13 % alignof(salus_runtime_options) == 0,
+              "1.3's struct had no tail padding: its sizeof is this offset");
+
+// The options a caller passed (the defaults where its version has no field), or the defaults
+// for NULL.
 salus_runtime_options options_or_defaults(const salus_runtime_options* given, const char* call) {
   salus_runtime_options o;
   salus_runtime_options_init(&o);
   if (given == nullptr) return o;
-  salus::capi::require_struct_size(given->struct_size, sizeof(salus_runtime_options),
-                                   "salus_runtime_options", call);
-  return *given;
+  const std::size_t size = given->struct_size;
+  salus::capi::require_struct_size(size, sizeof(salus_runtime_options), "salus_runtime_options",
+                                   call, kRuntimeOptionsSize13);
+  std::memcpy(&o, given, size);  // a 1.3 caller's struct ends before allocation_wait_ms
+  return o;
 }
 
 void forget_default_handle_in_child() noexcept;
@@ -153,6 +172,7 @@ void salus_runtime_options_init(salus_runtime_options* options) {
   options->spill = SALUS_SPILL_NONE;
   options->lend_reserve_bytes = SALUS_DEFAULT_SIZE;
   options->host_limit_bytes = SALUS_DEFAULT_SIZE;
+  options->allocation_wait_ms = SALUS_DEFAULT_WAIT;
 }
 
 salus_status salus_runtime_create(const salus_runtime_options* options, salus_runtime** out) {

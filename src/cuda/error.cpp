@@ -42,10 +42,13 @@ namespace {
 std::string describe(const OutOfMemoryInfo& i) {
   return fmt::format(
       "out of memory: job {} ('{}') asked for {} bytes on device {}: {}; job holds {} bytes{}, "
-      "device has {} bytes live of {} bytes it may hold",
+      "device has {} bytes live of {} bytes it may hold{}",
       i.job.value, i.job_name, i.requested_bytes, i.device, i.reason, i.job_in_use_bytes,
       i.job_limit_bytes ? fmt::format(" (limit {})", i.job_limit_bytes) : std::string{},
-      i.device_in_use_bytes, i.device_limit_bytes);
+      i.device_in_use_bytes, i.device_limit_bytes,
+      i.waited.count() > 0
+          ? fmt::format("; it waited {} ms for other iterations to end first", i.waited.count())
+          : std::string{});
 }
 }  // namespace
 

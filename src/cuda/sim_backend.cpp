@@ -85,7 +85,10 @@ void SimBackend::check_device(int device, const char* what) const {
 
 DeviceProperties SimBackend::do_properties(int device) const {
   const auto& d = config_.devices[static_cast<std::size_t>(device)];
-  DeviceProperties props{d.name, d.memory_bytes, d.granularity};
+  DeviceProperties props;
+  props.name = d.name;
+  props.total_memory = d.memory_bytes;
+  props.granularity = d.granularity;
   props.host_chunks = true;  // the simulator always has its host pool
   props.host_chunk_location = "sim";
   return props;

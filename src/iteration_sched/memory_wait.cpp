@@ -51,7 +51,18 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
                                             const AllocationRequest& request) {
   std::optional<StartHold> hold;
   bool settled = false;
-  std::optional<SteadyClock::time_point> give_up;  // RuntimeOptions::allocation_wait_limit
+  std::optional<SteadyClock::time_point> began;  // the first refusal: the wait's start
+  bool waited = false;
+  // The error says how long the allocation waited before it gave up (OutOfMemoryInfo::waited);
+  // one that had nothing to wait for failed at once.
+  const auto fail = [&](const OutOfMemory& e) -> OutOfMemory {
+    OutOfMemoryInfo info = e.info();
+    if (waited) {
+      info.waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - *began);
+    }
+    return OutOfMemory(std::move(info));
+  };
   for (;;) {
     try {
       return memory_->allocate(request);
@@ -60,17 +71,19 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
       std::unique_lock lock(mu_);
       check_usable(job, "allocate");  // cancelled meanwhile: that says more
       if (!hold) hold.emplace(*this, job.state == JobState::running);
-      if (!give_up && allocation_wait_limit_.count() > 0) {
-        give_up = SteadyClock::now() + allocation_wait_limit_;
-      }
-      if (give_up && SteadyClock::now() >= *give_up) {
+      if (!began) began = SteadyClock::now();
+      if (allocation_wait_limit_.count() > 0 &&
+          SteadyClock::now() >= *began + allocation_wait_limit_) {
         log::warn("device {}: job {}'s allocation of {} bytes waited {} ms for other "
                   "iterations to end (RuntimeOptions::allocation_wait_limit) and fails",
                   device_, job.id.value, request.bytes, allocation_wait_limit_.count());
-        throw;
+        throw fail(e);
       }
-      if (wait_for_memory(job, lock)) continue;
-      if (std::exchange(settled, true)) throw;
+      if (wait_for_memory(job, lock)) {
+        waited = true;
+        continue;
+      }
+      if (std::exchange(settled, true)) throw fail(e);
       // Nothing left to wait for, but what an iteration that just ended freed on its stream may
       // still be behind that stream's work (its reuse elsewhere waits for it): settle it once,
       // waiting for that work (trim), and try again before saying out of memory.

@@ -42,8 +42,8 @@ RemoteBackend::RemoteBackend(std::shared_ptr<DeviceBackend> local,
       address_granularity_(smallest_granularity(*local_)),
       page_bytes_(link_->welcome().page_bytes),
       devices_(static_cast<std::size_t>(local_->device_count())),
-      fetching_(devices_.size(), false),
-      fence_streams_(devices_.size(), StreamHandle{}) {
+      fence_streams_(devices_.size(), StreamHandle{}),
+      fetching_(devices_.size(), false) {
   if (page_bytes_ != local_->granularity(Location::gpu(0))) {
     throw InvalidArgument(fmt::format(
         "salusd pages are {} bytes, this process's device granularity is {}: they must agree",

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -132,6 +133,66 @@ TEST(CApiRuntime, OptionsChooseTopologyPolicyAndLimits) {
   o.policy = "lottery";
   EXPECT_EQ(salus_runtime_create(&o, &runtime), SALUS_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(salus_last_error()).find("lottery"), std::string::npos);
+}
+
+// allocation_wait_ms (1.4) bounds how long an allocation waits for another thread's iteration to
+// free memory; a caller built against 1.3 (its struct ends before the field) gets the default,
+// and a negative value other than SALUS_DEFAULT_WAIT is refused by name.
+TEST(CApiRuntime, AllocationWaitBoundsTheWaitAndA13SizedStructGetsTheDefault) {
+  salus_runtime_options o;
+  salus_runtime_options_init(&o);
+  EXPECT_EQ(o.allocation_wait_ms, SALUS_DEFAULT_WAIT);
+  o.backend = SALUS_BACKEND_SIM;
+  o.sim_device_memory_bytes = 64 * kMiB;
+  o.policy = "pack";
+  o.allocation_wait_ms = 100;
+  salus_runtime* runtime = nullptr;
+  ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
+  uint32_t jobs[2] = {0, 0};
+  for (uint32_t& job : jobs) {
+    salus_job_spec spec;
+    salus_job_spec_init(&spec);
+    spec.name = &job == jobs ? "holder" : "waiter";
+    spec.hint_persistent_bytes = 1 * kMiB;
+    spec.hint_ephemeral_peak_bytes = 2 * kMiB;  // both fit as lanes: the refusal comes later
+    ASSERT_EQ(salus_job_add(runtime, &spec, &job), SALUS_OK) << salus_last_error();
+  }
+  std::atomic<bool> holding{false}, release{false};
+  std::thread holder([&] {
+    void* stream = nullptr;
+    void* held = nullptr;
+    ASSERT_EQ(salus_job_begin_iteration(runtime, jobs[0], &stream), SALUS_OK);
+    ASSERT_EQ(salus_allocate(runtime, 48 * kMiB, 0, stream, jobs[0], SALUS_EPHEMERAL, &held),
+              SALUS_OK);
+    holding = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(salus_deallocate(runtime, held, 48 * kMiB, 0), SALUS_OK);
+    EXPECT_EQ(salus_job_end_iteration(runtime, jobs[0]), SALUS_OK);
+  });
+  while (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  void* p = nullptr;
+  EXPECT_STATUS(salus_allocate(runtime, 32 * kMiB, 0, nullptr, jobs[1], SALUS_PERSISTENT, &p),
+                SALUS_ERROR_OUT_OF_MEMORY, "waited");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(100));
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "the wait did not stop at allocation_wait_ms";
+  release = true;
+  holder.join();
+  salus_runtime_destroy(runtime);
+
+  o.allocation_wait_ms = -2;
+  EXPECT_STATUS(salus_runtime_create(&o, &runtime), SALUS_ERROR_INVALID_ARGUMENT,
+                "allocation_wait_ms -2");
+  EXPECT_EQ(runtime, nullptr);
+  // A 1.3 caller: whatever lies past its struct is not read.
+  o.struct_size = offsetof(salus_runtime_options, allocation_wait_ms);
+  ASSERT_EQ(salus_runtime_create(&o, &runtime), SALUS_OK) << salus_last_error();
+  salus_runtime_destroy(runtime);
+  o.struct_size = offsetof(salus_runtime_options, allocation_wait_ms) - 8;
+  EXPECT_STATUS(salus_runtime_create(&o, &runtime), SALUS_ERROR_INVALID_ARGUMENT,
+                "in an earlier version");
+  EXPECT_GE(salus_c_api_version() & 0xffff, 4u) << "1.4 is the version of allocation_wait_ms";
 }
 
 TEST(CApiRuntime, VersionAndStatusNames) {

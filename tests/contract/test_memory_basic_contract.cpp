@@ -273,15 +273,22 @@ TEST_P(MemoryBasicContract, BadInputGetsAClearErrorAndLosesNothing) {
 
 TEST_P(MemoryBasicContract, RejectsInconsistentOptions) {
   build(1, 64 * MiB);
-  EXPECT_THROW(MemoryManager(backend, {.device_limits = {128 * MiB}}), InvalidArgument);
-  EXPECT_THROW(MemoryManager(backend, {.device_limits = {MiB, MiB}}), InvalidArgument);
-  EXPECT_THROW(MemoryManager(backend, {.device_limits = {}, .device_headroom_bytes = 0, .va_factor = 0}),
-               InvalidArgument);
+  const auto limits = [](std::vector<std::size_t> bytes) {
+    MemoryOptions options;
+    options.device_limits = std::move(bytes);
+    return options;
+  };
+  EXPECT_THROW(MemoryManager(backend, limits({128 * MiB})), InvalidArgument);
+  EXPECT_THROW(MemoryManager(backend, limits({MiB, MiB})), InvalidArgument);
+  MemoryOptions no_room;
+  no_room.device_headroom_bytes = 0;
+  no_room.va_factor = 0;
+  EXPECT_THROW(MemoryManager(backend, no_room), InvalidArgument);
   EXPECT_THROW(MemoryManager(nullptr), InvalidArgument);
-  MemoryOptions reserve_too_large{.device_limits = {16 * MiB}};
+  MemoryOptions reserve_too_large = limits({16 * MiB});
   reserve_too_large.harvest.lend_reserve_bytes = 32 * MiB;  // more than any device may hold
   EXPECT_THROW(MemoryManager(backend, reserve_too_large), InvalidArgument);
-  MemoryManager limited(backend, {.device_limits = {16 * MiB}});
+  MemoryManager limited(backend, limits({16 * MiB}));
   EXPECT_EQ(limited.device_stats(0).limit, 16 * MiB);
 }
 

@@ -9,6 +9,7 @@
 // in functions local to the pybind11 module: not reachable without Python (their C ABI
 // equivalents are the enums fuzzed here).
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -131,10 +132,19 @@ void runtime_options(FuzzInput& in) {
   valid = valid && spill >= 0 && spill <= 2;
   o.lend_reserve_bytes = in.chance(50) ? SALUS_DEFAULT_SIZE : pick_bytes(in);
   o.host_limit_bytes = in.chance(50) ? SALUS_DEFAULT_SIZE : pick_bytes(in);
+  static constexpr std::int64_t kWaits[] = {SALUS_DEFAULT_WAIT, 0, 20, -2, INT64_MIN};
+  o.allocation_wait_ms = kWaits[in.below(5)];
+  bool wait_ok = o.allocation_wait_ms >= 0 || o.allocation_wait_ms == SALUS_DEFAULT_WAIT;
   if (in.chance(10)) {
-    o.struct_size = in.chance(50) ? sizeof o - 8 : sizeof o + 8;
-    valid = false;
+    // 1.3's size is accepted, and the field past it is not read; any other size is refused.
+    constexpr std::size_t kSize13 = offsetof(salus_runtime_options, allocation_wait_ms);
+    switch (in.below(3)) {
+      case 0: o.struct_size = kSize13; wait_ok = true; break;
+      case 1: o.struct_size = kSize13 - 8; valid = false; break;
+      default: o.struct_size = sizeof o + 8; valid = false; break;
+    }
   }
+  valid = valid && wait_ok;
   const bool pass_null = in.chance(3);
   salus_runtime* runtime = nullptr;
   const salus_status st = salus_runtime_create(pass_null ? nullptr : &o, &runtime);

@@ -34,9 +34,11 @@ class Request:
     profile: str
     hinted: bool  # spec's hints say what it needs
     enforce: bool  # limit the job to what placement reserved for it
-    # The actor that waits for the result (a Ray Tune trial), when not the driver: if it dies,
-    # nobody wants the trial any more, so it is cancelled. (A driver's death takes the cluster's
-    # actors with it.)
+    # An actor that lives as long as somebody wants the result (a Ray Tune trial's), when that
+    # is not the driver: when it dies, the trial is cancelled. The placer asks it whether it is
+    # alive (__ray_ready__) once a second, so it must answer while the trial runs: not an actor
+    # whose one thread waits for the trial (salus.ray.tune passes a sentinel its trial made).
+    # (A driver's death takes the cluster's actors with it.)
     owner: Any = None
 
 

@@ -25,6 +25,14 @@ from .cluster import SalusCluster
 from .context import trial
 
 
+@ray.remote(num_cpus=0)
+class _Sentinel:
+    """Stands for a Tune trial to the placer, which cancels the trial when its owner dies. Ray
+    ends an actor with the worker that made it, so this one lives as long as the trial's actor;
+    and unlike that actor, whose one thread is busy running the trial (Tune's function trainable
+    runs one call at a time), it answers the placer's "are you alive" at once."""
+
+
 class _KeepReports:
     """The function, returning its reports with its value: the last reports of a trial come back
     with its result, not by polling a worker that has forgotten it."""
@@ -56,9 +64,9 @@ def trainable(fn: Callable[[Any], Any], cluster: SalusCluster, *,
 
         name = tune.get_context().get_trial_name() or "tune-trial"
         named = profile(config) if callable(profile) else (profile or wrapped.__qualname__)
+        sentinel = _Sentinel.remote()  # type: ignore[attr-defined]
         submitted = handle.submit(wrapped, config, name=name, seed=int(config.get(seed_key, 0)),
-                                  hints=hints, profile=named, priority=0,
-                                  owner=ray.get_runtime_context().current_actor)
+                                  hints=hints, profile=named, priority=0, owner=sentinel)
         seen = 0
         finished = False
         try:
@@ -71,6 +79,7 @@ def trainable(fn: Callable[[Any], Any], cluster: SalusCluster, *,
         finally:
             if not finished:  # Tune stopped the trial, or waiting failed: stop it in its worker
                 ray.cancel(submitted.ref)
+            ray.kill(sentinel)
         for metrics in reports[seen:]:
             tune.report(metrics)
         if not reports and isinstance(value, dict):
