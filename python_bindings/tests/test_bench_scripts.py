@@ -87,3 +87,22 @@ def test_an_unknown_salusd_policy_names_its_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
         run(str(path), "scripts", out=tmp_path / "out")
     assert caught.value.line == 6 and "fastest" in caught.value.reason
+
+
+def test_the_scripts_cpus_default_to_one_this_process_may_use(tmp_path: Path) -> None:
+    """A machine that pins its jobs may not give CPU 0: the default is the first CPU allowed,
+    and a CPU not allowed is refused, naming its line."""
+    import os
+
+    from salus.bench.experiment import load_experiment
+    from salus.bench.scripts_mode import ScriptsPlan
+
+    (tmp_path / "a.py").write_text("")
+    script = '[[scripts.script]]\nname = "a"\npath = "a.py"\n'
+    plan = ScriptsPlan.of(load_experiment(_experiment(tmp_path, "[scripts]\n" + script)))
+    assert plan.cpus == (min(os.sched_getaffinity(0)),)
+    beyond = max(os.sched_getaffinity(0)) + 1
+    path = _experiment(tmp_path, f"[scripts]\ncpus = [{beyond}]\n" + script)
+    with pytest.raises(InputError) as caught:
+        ScriptsPlan.of(load_experiment(path))
+    assert caught.value.line == 6 and "are not among" in caught.value.reason

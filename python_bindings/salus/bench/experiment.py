@@ -50,7 +50,8 @@ The keys (all tables optional unless said)::
                                 gpu_memory, topology, configs, iterations, warmup, [[harvest.job]]
     [scripts]                   unmodified training scripts as processes (scripts mode): folder
                                 (relative to the file), steps (passed as --steps), cpus (the CPUs
-                                they run on: the simulated GPU's compute), policies (salusd's),
+                                they run on: the simulated GPU's compute; default the first
+                                this process may use), policies (salusd's),
                                 timeout_seconds, [[scripts.script]] name, path, args
     [scale.small], [scale.full] any of the above, merged over it
 """

@@ -76,8 +76,9 @@ class ScriptsPlan:
         names = [s.name for s in scripts]
         if len(set(names)) != len(names):
             raise exp.error(("scripts", "script"), f"script names repeat: {names}")
-        cpus = tuple(int(c) for c in cfg.get("cpus", [0]))
         mine = os.sched_getaffinity(0)
+        # Not given: the first CPU this process may use (CPU 0 may not be among them).
+        cpus = tuple(int(c) for c in cfg.get("cpus", [min(mine)]))
         if not set(cpus) <= mine:
             raise exp.error(("scripts", "cpus"), f"CPUs {sorted(set(cpus) - mine)} are not "
                             f"among this process's ({sorted(mine)})")
