@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -367,6 +369,64 @@ inline Report replay_with_runtime(const Trace& trace, Runtime& runtime, Job& job
       },
       [&] { return runtime.memory().device_stats(0); });
   return report;
+}
+
+// What the last pass of replay_passes shows a caller: the span of each steady iteration's
+// allocations and frees, between its begin_iteration and its end_iteration.
+struct SteadyHooks {
+  std::function<void()> inside_begins;  // an iteration has begun: its allocations come next
+  std::function<void()> inside_ends;    // its last free is done: end_iteration comes next
+  // Iterations of the last pass left uncounted: they make the weights and the optimizer's
+  // state again (the steady state begins after them).
+  std::size_t skip_iterations = 2;
+};
+
+// Runs `trace` through `job` `passes` times, as the same training program run again in one
+// process: each pass makes its setup and iterations anew, and what a pass left live is freed
+// before the next one. The earlier passes map what the job needs; `hooks` see the steady
+// iterations of the last one.
+inline void replay_passes(const Trace& trace, Job& job, int passes, const SteadyHooks& hooks) {
+  const bool has_setup = std::any_of(trace.ops.begin(), trace.ops.end(),
+                                     [](const Op& op) { return op.kind == Op::Kind::end_setup; });
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool last = pass + 1 == passes;
+    std::vector<DevicePtr> ptrs(trace.ids, 0);
+    bool setup = has_setup;
+    bool inside = false;
+    std::size_t iteration = 0;
+    const auto counted = [&] { return last && iteration >= hooks.skip_iterations; };
+    const auto begin = [&] {
+      if (inside) return;
+      (void)job.begin_iteration();
+      inside = true;
+      if (counted() && hooks.inside_begins) hooks.inside_begins();
+    };
+    for (const Op& op : trace.ops) {
+      switch (op.kind) {
+        case Op::Kind::allocate:
+          if (!setup) begin();
+          ptrs[op.id] = job.allocate(op.bytes);
+          break;
+        case Op::Kind::free:
+          if (!setup) begin();
+          job.deallocate(std::exchange(ptrs[op.id], 0));
+          break;
+        case Op::Kind::end_setup:
+          setup = false;
+          break;
+        case Op::Kind::end_iteration:
+          begin();  // an iteration with no event is still one
+          if (counted() && hooks.inside_ends) hooks.inside_ends();
+          job.end_iteration();
+          inside = false;
+          ++iteration;
+          break;
+      }
+    }
+    for (DevicePtr& ptr : ptrs) {
+      if (ptr != 0) job.deallocate(std::exchange(ptr, 0));
+    }
+  }
 }
 
 }  // namespace salus::alloc_trace

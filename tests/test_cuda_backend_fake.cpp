@@ -344,10 +344,12 @@ TEST_F(CudaBackendFake, StreamsRunInTheirDeviceContextAndRestoreTheCallers) {
   EXPECT_EQ(creates[0].context_device, 2);
   EXPECT_EQ(creates[0].args[0], CU_STREAM_NON_BLOCKING);
   EXPECT_EQ(static_cast<int>(creates[0].args[1]), -5);
+  // A created stream names its context: the call runs in the thread's (none here).
   backend_.synchronize_stream(stream);
-  EXPECT_EQ(fake_.calls("cuStreamSynchronize")[0].context_device, 2);
-  backend_.synchronize_stream(StreamHandle{0});  // the legacy default stream
+  EXPECT_EQ(fake_.calls("cuStreamSynchronize")[0].context_device, -1);
+  backend_.synchronize_stream(StreamHandle{0});  // the legacy default stream: device 0's
   EXPECT_EQ(fake_.calls("cuStreamSynchronize")[1].args[0], 0u);
+  EXPECT_EQ(fake_.calls("cuStreamSynchronize")[1].context_device, 0);
   // The thread's context is restored after every call (none was current in this test thread).
   const auto all = fake_.calls();
   EXPECT_EQ(all.back().name, "cuCtxSetCurrent");
@@ -367,7 +369,7 @@ TEST_F(CudaBackendFake, EventsQueryNotReadyAsFalse) {
   EXPECT_FALSE(backend_.query_event(event));
   const StreamHandle other = backend_.create_stream(0, 0);
   backend_.stream_wait_event(other, event, 0);
-  EXPECT_EQ(fake_.calls("cuStreamWaitEvent")[0].context_device, 0);  // the waiting stream's
+  EXPECT_EQ(fake_.calls("cuStreamWaitEvent")[0].context_device, -1);  // the handles name theirs
   // The default stream (handle 0) of the named device waits, not the event's device's.
   backend_.stream_wait_event(StreamHandle{0}, event, 0);
   EXPECT_EQ(fake_.calls("cuStreamWaitEvent")[1].context_device, 0);
@@ -384,6 +386,48 @@ TEST_F(CudaBackendFake, EventsQueryNotReadyAsFalse) {
   backend_.destroy_stream(stream);
   backend_.destroy_stream(other);
   EXPECT_EQ(fake_.live_events(), 0u);
+}
+
+// Calls on stream and event handles cost one driver call each: no cuCtxGetCurrent, no
+// cuCtxSetCurrent (the hot path's fences and queries). A driver that wanted a current context
+// for them would answer CUDA_ERROR_INVALID_CONTEXT: then, and only then, the device's context is
+// bound for a second try, and the caller's is restored.
+TEST(CudaBackendContexts, HandleCallsBindAContextOnlyWhenTheDriverAsks) {
+  for (const bool need : {false, true}) {
+    FakeDriverConfig config = FakeDriverConfig::uniform(2, 8 * GiB);
+    config.handle_calls_need_context = need;
+    FakeDriver fake(config);
+    CudaBackend backend(fake.api());
+    const StreamHandle stream = backend.create_stream(1, 0);
+    const EventHandle event = backend.create_event(1);
+    fake.clear_calls();
+    backend.record_event(event, stream);
+    EXPECT_TRUE(backend.query_event(event));
+    EXPECT_TRUE(backend.query_stream(stream, 1));
+    backend.stream_wait_event(stream, event, 1);
+    EXPECT_FALSE(backend.stream_capturing(stream));
+    backend.synchronize_event(event);
+    const std::vector<std::string> names = fake.call_names(true);
+    const std::vector<std::string> calls = {"cuEventRecord", "cuEventQuery", "cuStreamQuery",
+                                            "cuStreamWaitEvent", "cuStreamIsCapturing",
+                                            "cuEventSynchronize"};
+    if (!need) {
+      EXPECT_EQ(names, calls);
+    } else {
+      // Each: refused, then the context saved, bound, the call again, the caller's restored.
+      std::vector<std::string> expected;
+      for (const auto& call : calls) {
+        expected.insert(expected.end(),
+                        {call, "cuCtxGetCurrent", "cuCtxSetCurrent", call, "cuCtxSetCurrent"});
+      }
+      EXPECT_EQ(names, expected);
+      for (const FakeCall& c : fake.calls()) {
+        if (c.name == "cuEventRecord" && c.result == CUDA_SUCCESS) EXPECT_EQ(c.context_device, 1);
+      }
+    }
+    backend.destroy_event(event);
+    backend.destroy_stream(stream);
+  }
 }
 
 TEST_F(CudaBackendFake, HostFunctionsRunAndTheirExceptionsStayOut) {

@@ -152,5 +152,30 @@ TEST_F(MemoryOnCudaFake, DriverOutOfMemoryBecomesATypedOutOfMemory) {
   memory_->deallocate(kept);
 }
 
+// A free of a block its job may also use on another stream fences that stream with an event.
+// The events come from a pool: after the first frees, each free records one (the GPU needs it)
+// and creates and destroys none.
+TEST_F(MemoryOnCudaFake, FencesReuseTheirEvents) {
+  const StreamHandle own = backend_->create_stream(0, 0);
+  const StreamHandle other = backend_->create_stream(0, 0);
+  const JobId job = memory_->register_job("two streams");
+  memory_->add_job_stream(job, 0, other);  // its blocks may be used on `other` too
+  auto pair = [&] {
+    memory_->deallocate(memory_->allocate({.bytes = 4096, .device = 0, .stream = own, .job = job}));
+  };
+  for (int i = 0; i < 4; ++i) pair();  // warm-up: the pool fills
+  fake_.clear_calls();
+  constexpr int kPairs = 200;
+  for (int i = 0; i < kPairs; ++i) pair();
+  EXPECT_EQ(fake_.count("cuEventCreate"), 0u);
+  EXPECT_EQ(fake_.count("cuEventDestroy"), 0u);
+  EXPECT_EQ(fake_.count("cuEventRecord"), static_cast<std::size_t>(kPairs));
+  memory_->release_job(job);
+  memory_->retire_stream(0, own);
+  memory_->retire_stream(0, other);
+  backend_->destroy_stream(own);
+  backend_->destroy_stream(other);
+}
+
 }  // namespace
 }  // namespace salus::testing

@@ -93,6 +93,21 @@ struct HarvestOptions {
   std::chrono::milliseconds recall_wait{2000};
 };
 
+// Who keeps allocations out of a CUDA graph capture. Salus serves none while the allocation's
+// stream captures: memory handed to a capture would have to stay the graph's for as long as the
+// graph lives, and the fences Salus keeps would query the capturing stream, which invalidates
+// the capture.
+enum class CaptureGuard : std::uint8_t {
+  // Salus asks the driver whether the allocation's stream is capturing: one cuStreamIsCapturing
+  // per allocation on CUDA (none on a default stream, nor on the simulated backend).
+  salus_asks,
+  // The framework refuses captures before they begin, so Salus asks nothing: no driver call.
+  // salus::torch::enable_cuda sets it, since PyTorch tells its allocator of every capture before
+  // it begins (CUDAAllocator::beginAllocateToPool), and Salus's allocator refuses there.
+  framework_refuses,
+};
+[[nodiscard]] SALUS_API const char* to_string(CaptureGuard guard) noexcept;
+
 struct MemoryOptions {
   // Physical bytes Salus may hold on each device; 0 = the device's total memory minus
   // `device_headroom_bytes`. A device with no entry uses 0.
@@ -103,6 +118,7 @@ struct MemoryOptions {
   // address space never decides whether an allocation fits.
   std::size_t va_factor = 4;
   HarvestOptions harvest;
+  CaptureGuard capture_guard = CaptureGuard::salus_asks;
 };
 
 // Live bytes of one class: SALUS_CLASS_BYTES_FIELDS (salus/stats_fields.h).
@@ -267,6 +283,10 @@ class SALUS_API MemoryManager {
   [[nodiscard]] std::size_t reachable_bytes(int device) const;
   // The peers `device` may borrow from, best first.
   [[nodiscard]] std::vector<Lender> lenders(int device) const;
+  // Changes MemoryOptions::capture_guard (a framework's glue sets it as it takes allocations
+  // over); allocations after the call follow it.
+  void set_capture_guard(CaptureGuard guard);
+  [[nodiscard]] CaptureGuard capture_guard() const;
   // Called after every round of page moves (from the thread that moved them).
   void set_move_observer(std::function<void(const MoveRecord&)> observer);
 

@@ -87,6 +87,11 @@ struct SimDeviceActivity {
   double utilization_seconds = 0.0;  // integral over time of device_utilization (contention.hpp)
   double work_seconds = 0.0;         // sum over completed kernels of seconds * occupancy
   std::uint64_t kernels = 0;         // completed kernels
+  // Tasks handed to the device's stream threads: kernels, copies, host functions, and event
+  // records and waits that could not complete at once (an event recorded on an idle stream
+  // completes at once, as on a GPU). Each is a thread hand-over, a wake-up when the thread slept:
+  // a steady iteration that computes on the host hands over none.
+  std::uint64_t stream_tasks = 0;
 };
 // Under processor_sharing, utilization_seconds equals work_seconds once the kernels have
 // completed (work is conserved). Throws InvalidArgument like launch_sim_kernel for a backend that

@@ -91,6 +91,10 @@ SALUS_TORCH_API void set_around(Around around, AroundCalls calls = AroundCalls::
 // salus/torch_cuda.hpp).
 // The runtime CUDA mode routes to; null when the glue is off or in CPU mode.
 [[nodiscard]] SALUS_TORCH_API std::shared_ptr<Runtime> cuda_runtime();
+// The enabled CUDA glue's runtime stops asking the driver whether each allocation's stream
+// captures a graph (CaptureGuard::framework_refuses), until disable(): called by
+// install_cuda_allocator, whose allocator refuses captures before they begin.
+SALUS_TORCH_API void refuse_captures();
 // The block at `ptr` (allocated through salus_torch_cuda_malloc) is also used on `stream`.
 // Returns false, doing nothing, when `ptr` is no block of the glue (another allocator's).
 SALUS_TORCH_API bool record_stream(void* ptr, StreamHandle stream);

@@ -24,7 +24,11 @@ namespace salus::cuda {
 
 // Thread-safe. Every call that concerns a device makes that device's primary context current for
 // the duration of the call and then restores whatever the thread had current before, so the
-// application's own notion of "current device" (e.g. PyTorch's) is left alone.
+// application's own notion of "current device" (e.g. PyTorch's) is left alone. Calls on a stream
+// or event handle other than a default stream are the exception: the handle names its context,
+// so they run in whatever context the thread has (no cuCtxGetCurrent, no cuCtxSetCurrent: the
+// hot path's events and queries cost one driver call each), and bind the device's context only
+// when the driver answers CUDA_ERROR_INVALID_CONTEXT.
 //
 // Stream handle 0 is the legacy default stream. Calls that take only a stream use the stream's
 // device; for handle 0 they use the device of the event involved if there is one, else device 0
@@ -159,6 +163,19 @@ class CudaBackend final : public DeviceBackend {
   // The primary context of `device`, retained on first use (thread-safe).
   [[nodiscard]] CUcontext context(int device) const;
   [[nodiscard]] ScopedContext bind(int device) const;
+  // `call()` (a driver call on a stream or event handle that names its context) as it is; again
+  // with `device`'s context bound if the driver wants a current context for it.
+  template <class Call>
+  CUresult on_handle(int device, Call&& call) const {
+    const CUresult rc = call();
+    if (rc != CUDA_ERROR_INVALID_CONTEXT) return rc;
+    const auto scope = bind(device);
+    return call();
+  }
+  // As on_handle for a created stream; a default stream (0, legacy, per-thread) means the current
+  // context's, so `device`'s is bound for it.
+  template <class Call>
+  CUresult on_stream(StreamHandle stream, int device, Call&& call) const;
   // For calls about no device in particular (address space, host chunks): a device whose context
   // is already retained, so that such calls never retain one more; device 0 when none is.
   [[nodiscard]] int any_device() const noexcept;

@@ -45,6 +45,14 @@ bool is_default_stream(StreamHandle stream) {
 
 }  // namespace
 
+// A default stream is the current context's: its device's context is bound for the call.
+template <class Call>
+CUresult CudaBackend::on_stream(StreamHandle stream, int device, Call&& call) const {
+  if (!is_default_stream(stream)) return on_handle(device, std::forward<Call>(call));
+  const auto scope = bind(device);
+  return call();
+}
+
 int CudaBackend::device_of(StreamHandle stream, int fallback) const {
   if (is_default_stream(stream)) return fallback;
   {
@@ -144,21 +152,24 @@ void CudaBackend::do_destroy_stream(StreamHandle stream) {
 }
 
 void CudaBackend::do_synchronize_stream(StreamHandle stream) {
-  const auto scope = bind(device_of(stream));
-  SALUS_CU(api_, cuStreamSynchronize, to_cu(stream));
+  const int device = device_of(stream);
+  check(api_, "cuStreamSynchronize", on_stream(stream, device, [&] {
+          return api_.cuStreamSynchronize(to_cu(stream));
+        }));
 }
 
 bool CudaBackend::do_stream_capturing(StreamHandle stream) {
   if (is_default_stream(stream)) return false;  // the legacy stream cannot capture
-  const auto scope = bind(device_of(stream));
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  SALUS_CU(api_, cuStreamIsCapturing, to_cu(stream), &status);
+  check(api_, "cuStreamIsCapturing", on_handle(device_of(stream), [&] {
+          return api_.cuStreamIsCapturing(to_cu(stream), &status);
+        }));
   return status != CU_STREAM_CAPTURE_STATUS_NONE;  // an invalidated capture is not over yet
 }
 
 bool CudaBackend::do_query_stream(StreamHandle stream, int device) {
-  const auto scope = bind(device_of(stream, device));
-  const CUresult rc = api_.cuStreamQuery(to_cu(stream));
+  const CUresult rc = on_stream(stream, device_of(stream, device),
+                                [&] { return api_.cuStreamQuery(to_cu(stream)); });
   if (rc == CUDA_SUCCESS) return true;
   if (rc == CUDA_ERROR_NOT_READY) return false;
   throw driver_error(api_, "cuStreamQuery", rc);
@@ -269,29 +280,31 @@ EventHandle CudaBackend::do_import_event(int device, const SharedEvent& shared) 
 
 void CudaBackend::do_record_event(EventHandle event, StreamHandle stream) {
   const int device = device_of(event);
-  const auto scope = bind(device_of(stream, device));
-  SALUS_CU(api_, cuEventRecord, to_cu(event), to_cu(stream));
+  check(api_, "cuEventRecord", on_stream(stream, device_of(stream, device), [&] {
+          return api_.cuEventRecord(to_cu(event), to_cu(stream));
+        }));
 }
 
 bool CudaBackend::do_query_event(EventHandle event) {
-  const auto scope = bind(device_of(event));
-  const CUresult rc = api_.cuEventQuery(to_cu(event));
+  const CUresult rc =
+      on_handle(device_of(event), [&] { return api_.cuEventQuery(to_cu(event)); });
   if (rc == CUDA_SUCCESS) return true;
   if (rc == CUDA_ERROR_NOT_READY) return false;
   throw driver_error(api_, "cuEventQuery", rc);
 }
 
 void CudaBackend::do_synchronize_event(EventHandle event) {
-  const auto scope = bind(device_of(event));
-  SALUS_CU(api_, cuEventSynchronize, to_cu(event));
+  check(api_, "cuEventSynchronize",
+        on_handle(device_of(event), [&] { return api_.cuEventSynchronize(to_cu(event)); }));
 }
 
 void CudaBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   (void)device_of(event);  // refuses unknown events before any driver call
   // The wait is enqueued on the stream, so the stream's context is the one that matters; the
   // event may belong to another device (cross-device dependencies are allowed).
-  const auto scope = bind(device_of(stream, device));
-  SALUS_CU(api_, cuStreamWaitEvent, to_cu(stream), to_cu(event), CU_EVENT_WAIT_DEFAULT);
+  check(api_, "cuStreamWaitEvent", on_stream(stream, device_of(stream, device), [&] {
+          return api_.cuStreamWaitEvent(to_cu(stream), to_cu(event), CU_EVENT_WAIT_DEFAULT);
+        }));
 }
 
 void CudaBackend::do_launch_host_func(StreamHandle stream, std::function<void()> fn) {

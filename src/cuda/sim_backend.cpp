@@ -52,6 +52,7 @@ SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
     address_granularity_ = std::min(address_granularity_, pool.granularity);
   }
   default_streams_.resize(count);
+  stream_tasks_ = std::make_unique<std::atomic<std::uint64_t>[]>(count);
   for (std::size_t i = 0; i < count; ++i) {
     engines_.push_back(std::make_unique<ComputeEngine>(config_.contention));
   }

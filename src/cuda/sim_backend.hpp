@@ -13,6 +13,7 @@
 // Tests and the layers above may downcast the DeviceBackend to SimBackend for introspection.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -245,6 +246,11 @@ class SimBackend final : public DeviceBackend {
   // One compute engine per device (sim_compute.hpp), each with its own lock; the vector itself
   // is fixed at construction.
   std::vector<std::unique_ptr<ComputeEngine>> engines_;
+  // Per device: tasks handed to its stream threads (SimDeviceActivity::stream_tasks). Fixed size.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> stream_tasks_;
+  [[nodiscard]] std::atomic<std::uint64_t>& tasks_of(int device) const {
+    return stream_tasks_[static_cast<std::size_t>(device)];
+  }
 
   mutable std::mutex stream_mutex_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Stream>> streams_;

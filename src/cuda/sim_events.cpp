@@ -80,6 +80,17 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
   // push leave the event untouched.
   std::lock_guard lock(ev->mutex);
   const std::uint64_t generation = ev->recorded + 1;
+  // On an idle stream the record completes at once, as a GPU's does: no task, no thread woken.
+  if (const std::optional<EventCapture> now = target->capture_if_idle()) {
+    ev->recorded = generation;
+    ev->captured = generation;
+    ev->last = *now;
+    if (ev->shared) {
+      ev->shared->publish_recorded(generation);
+      ev->shared->publish_completed(generation);
+    }
+    return;  // a waiter waits for a generation it saw recorded: this one is new, nobody waits
+  }
   // The marker runs on `on`'s worker, which outlives it (a raw pointer: a stream's queue must not
   // own the stream). It reads the busy clock there, where only that thread writes it.
   target->push([ev, generation, on = target.get()](std::stop_token) {
@@ -87,9 +98,10 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
                                std::chrono::steady_clock::now()};
     {
       std::lock_guard done(ev->mutex);
+      std::erase(ev->pending, generation);
       // Records on different streams may complete out of order; the newest one counts.
-      if (generation > ev->completed) {
-        ev->completed = generation;
+      if (generation > ev->captured) {
+        ev->captured = generation;
         ev->last = capture;
       }
     }
@@ -97,6 +109,7 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
     ev->cv.notify_all();
   });
   ev->recorded = generation;
+  ev->pending.push_back(generation);
   if (ev->shared) ev->shared->publish_recorded(generation);
 }
 
@@ -114,7 +127,7 @@ void SimBackend::do_synchronize_event(EventHandle event) {
   }
   std::unique_lock lock(ev->mutex);
   const std::uint64_t target = ev->recorded;
-  ev->cv.wait(lock, [&] { return ev->completed >= target; });
+  ev->cv.wait(lock, [&] { return ev->reached(target); });
 }
 
 void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
@@ -130,11 +143,11 @@ void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, in
   std::lock_guard lock(ev->mutex);
   // The wait is for the record captured now; later records must not move it (as in CUDA).
   const std::uint64_t target = ev->recorded;
-  if (ev->completed >= target) return;
+  if (ev->reached(target)) return;
   waiter->push([ev, target](std::stop_token st) {
     std::unique_lock wait_lock(ev->mutex);
     // Shutdown (a stop request) releases the wait even if the event never completes.
-    ev->cv.wait(wait_lock, st, [&] { return ev->completed >= target; });
+    ev->cv.wait(wait_lock, st, [&] { return ev->reached(target); });
   });
 }
 

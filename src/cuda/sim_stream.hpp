@@ -1,6 +1,8 @@
 // Internal: the sim backend's streams and events, shared by sim_streams.cpp and sim_events.cpp.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -9,19 +11,33 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+#include <vector>
 
 #include "cuda/sim_backend.hpp"
 
 namespace salus::sim {
 
+// Where and when a stream reached an event's record.
+struct SimBackend::EventCapture {
+  int device = 0;
+  std::uint64_t stream = 0;   // Stream::id
+  double busy_seconds = 0.0;  // the stream's busy clock then
+  std::chrono::steady_clock::time_point at{};
+};
+
 // One worker thread running the stream's tasks in order.
 struct SimBackend::Stream {
   // `id` is the stream's handle value (0 for a device's default stream); ids are never reused.
-  Stream(int device_index, int priority_value, std::uint64_t id_value);
+  // `tasks` counts what push hands to the worker (the device's SimDeviceActivity::stream_tasks).
+  Stream(int device_index, int priority_value, std::uint64_t id_value,
+         std::atomic<std::uint64_t>& tasks);
 
   // Throws when the stream is being destroyed: its worker may already have left.
   void push(Task task);
   [[nodiscard]] bool idle();
+  // Where and when the stream is now, if it is idle (everything enqueued has run): an event
+  // recorded now completes at once there, with no task for the worker.
+  [[nodiscard]] std::optional<EventCapture> capture_if_idle();
   void synchronize();
   // Runs what is queued, then joins. With `cancel_waits`, event waits give up at once (shutdown).
   void close(bool cancel_waits);
@@ -29,7 +45,8 @@ struct SimBackend::Stream {
 
   // The stream's busy clock: seconds it has spent running kernels and copies (not host functions,
   // not waits for other streams). Only tasks touch it, and they all run on the worker thread, so
-  // it needs no lock: read it from a task of this stream.
+  // it needs no lock: read it from a task of this stream (or under the stream's lock once it is
+  // idle, as capture_if_idle does).
   [[nodiscard]] double busy_seconds() const noexcept { return busy; }
   void add_busy(double seconds) noexcept { busy += seconds; }
 
@@ -47,16 +64,9 @@ struct SimBackend::Stream {
   std::uint64_t enqueued = 0;
   std::uint64_t completed = 0;
   bool closing = false;
-  double busy = 0.0;    // worker thread only (see busy_seconds)
+  double busy = 0.0;    // written by the worker only (see busy_seconds)
+  std::atomic<std::uint64_t>& tasks_handed;
   std::jthread worker;  // last: starts once the state above exists, joins before it goes
-};
-
-// Where and when a stream reached an event's record.
-struct SimBackend::EventCapture {
-  int device = 0;
-  std::uint64_t stream = 0;   // Stream::id
-  double busy_seconds = 0.0;  // the stream's busy clock then
-  std::chrono::steady_clock::time_point at{};
 };
 
 // A shareable event's state, in shared memory (sim_shared_events.cpp): the generation counters
@@ -81,13 +91,21 @@ struct SimBackend::SharedEventMemory {
   State* const state;
 };
 
-// Generation counters: each record bumps `recorded`; the marker's task raises `completed`. A
-// shareable event also publishes both to its shared memory; an imported one has only that memory
-// (another process records it), which every query and wait reads.
+// Generations: each record bumps `recorded` and stays `pending` until its marker's task runs (at
+// once on an idle stream). As with CUDA, a wait or a query is for one record: a wait made for
+// generation g ends when g has run, whatever later records do (an event recorded again on an
+// idle stream completes at once, while the older record on a busy stream has not: a pooled
+// event re-recorded must not release the waits of its last use). A shareable event also
+// publishes both counts to its shared memory; an imported one has only that memory (another
+// process records it), which every query and wait reads.
 struct SimBackend::Event {
   Event(int device_index, bool timing_event) : device(device_index), timing(timing_event) {}
   [[nodiscard]] bool done() const {
-    return imported ? shared->reached(shared->recorded()) : completed >= recorded;
+    return imported ? shared->reached(shared->recorded()) : reached(recorded);
+  }
+  // Record `generation` (at most `recorded`) has run. With the lock held.
+  [[nodiscard]] bool reached(std::uint64_t generation) const {
+    return std::find(pending.begin(), pending.end(), generation) == pending.end();
   }
 
   const int device;
@@ -97,8 +115,9 @@ struct SimBackend::Event {
   std::mutex mutex;   // guards everything below
   std::condition_variable_any cv;
   std::uint64_t recorded = 0;
-  std::uint64_t completed = 0;
-  std::optional<EventCapture> last;  // of the newest completed record
+  std::vector<std::uint64_t> pending;  // records whose marker has not run (a few at most)
+  std::uint64_t captured = 0;          // the generation of `last`
+  std::optional<EventCapture> last;    // of the newest completed record
 };
 
 }  // namespace salus::sim

@@ -20,10 +20,12 @@
 
 namespace salus::sim {
 
-SimBackend::Stream::Stream(int device_index, int priority_value, std::uint64_t id_value)
+SimBackend::Stream::Stream(int device_index, int priority_value, std::uint64_t id_value,
+                           std::atomic<std::uint64_t>& tasks)
     : device(device_index),
       priority(priority_value),
       id(id_value),
+      tasks_handed(tasks),
       worker(process::running_thread([this](std::stop_token st) { run(st); })) {}
 
 void SimBackend::Stream::push(Task task) {
@@ -33,12 +35,20 @@ void SimBackend::Stream::push(Task task) {
     queue.push_back(std::move(task));
     ++enqueued;
   }
+  tasks_handed.fetch_add(1, std::memory_order_relaxed);
   work_cv.notify_one();
 }
 
 bool SimBackend::Stream::idle() {
   std::lock_guard lock(mutex);
   return completed >= enqueued;
+}
+
+std::optional<SimBackend::EventCapture> SimBackend::Stream::capture_if_idle() {
+  std::lock_guard lock(mutex);
+  if (completed < enqueued) return std::nullopt;
+  // The worker wrote `busy` before it counted its last task complete under this lock.
+  return EventCapture{device, id, busy, std::chrono::steady_clock::now()};
 }
 
 void SimBackend::Stream::synchronize() {
@@ -94,7 +104,7 @@ std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, 
   std::lock_guard lock(stream_mutex_);
   if (stream.value == 0) {
     auto& fallback = default_streams_[static_cast<std::size_t>(device)];
-    if (!fallback) fallback = std::make_shared<Stream>(device, config_.priorities.least, 0);
+    if (!fallback) fallback = std::make_shared<Stream>(device, config_.priorities.least, 0, tasks_of(device));
     return fallback;
   }
   auto it = streams_.find(stream.value);
@@ -111,7 +121,7 @@ StreamHandle SimBackend::do_create_stream(int device, int priority) {
   const int clamped = std::clamp(priority, config_.priorities.greatest, config_.priorities.least);
   std::lock_guard lock(stream_mutex_);
   const std::uint64_t id = next_stream_++;
-  streams_.emplace(id, std::make_shared<Stream>(device, clamped, id));
+  streams_.emplace(id, std::make_shared<Stream>(device, clamped, id, tasks_of(device)));
   return StreamHandle{id};
 }
 
@@ -233,7 +243,9 @@ void SimBackend::launch_kernel(StreamHandle stream, int device, double seconds, 
 
 SimDeviceActivity SimBackend::activity(int device) {
   check_device(device, "sim_device_activity");
-  return engines_[static_cast<std::size_t>(device)]->activity();
+  SimDeviceActivity a = engines_[static_cast<std::size_t>(device)]->activity();
+  a.stream_tasks = tasks_of(device).load(std::memory_order_relaxed);
+  return a;
 }
 
 void SimBackend::shutdown_streams() noexcept {

@@ -38,7 +38,8 @@ DevicePtr MemoryManager::Impl::allocate(const AllocationRequest& request) {
   // A capture records work for later replays: memory handed out now would have to stay the
   // graph's for as long as it lives, and the fences below would query the capturing stream,
   // which invalidates the capture. Not supported: refused before anything is touched.
-  if (device.backend().stream_capturing(request.stream)) {
+  if (capture_guard_.load(std::memory_order_relaxed) == CaptureGuard::salus_asks &&
+      device.backend().stream_capturing(request.stream)) {
     throw NotSupported(fmt::format(
         "allocate: stream {:#x} is capturing a CUDA graph; Salus does not serve allocations "
         "during graph capture (allocate the graph's memory before capturing)",
@@ -97,7 +98,7 @@ DevicePtr MemoryManager::Impl::place_charged(DeviceHeap& device, StreamHeap& hea
 // stream's work so far has finished, nothing can touch the block but its new holder.
 void MemoryManager::Impl::settle_for_host(DeviceHeap& device, StreamHandle stream) {
   if (device.backend().query_stream(stream, device.device())) return;
-  memory::Fence::after(device.shared_backend(), device.device(), std::span(&stream, 1))->wait();
+  memory::Fence::after(device.events(), std::span(&stream, 1))->wait();
 }
 
 MemoryManager::FreedBlockInfo MemoryManager::Impl::deallocate(DevicePtr ptr,

@@ -49,7 +49,8 @@ DeviceHeap::DeviceHeap(std::shared_ptr<DeviceBackend> backend, Tiers& tiers, Job
                 return std::any_of(lenders.begin(), lenders.end(),
                                    [to](const Lender& l) { return l.device == to; });
               }),
-      mover_(backend_, device, pool_.page_bytes(), tiers.options().move_batch_pages) {
+      mover_(backend_, device, pool_.page_bytes(), tiers.options().move_batch_pages),
+      events_(EventPool::make(backend_, device)) {
   tiers_.add_device(pool_);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memory/counter.hpp"
+#include "memory/event_pool.hpp"
 #include "memory/job_table.hpp"
 #include "memory/page_mover.hpp"
 #include "memory/page_pool.hpp"
@@ -60,6 +61,8 @@ class DeviceHeap {
   [[nodiscard]] std::size_t limit() const { return pool_.limit_bytes(); }
   [[nodiscard]] DeviceBackend& backend() const { return *backend_; }
   [[nodiscard]] const std::shared_ptr<DeviceBackend>& shared_backend() const { return backend_; }
+  // Where this device's fences get their events.
+  [[nodiscard]] EventPool& events() const { return *events_; }
   // The device's own pages. PagePool, not PageSource: stream heaps ask it on the allocation path
   // (StreamHeap::place, gather_pages), where no virtual call goes; pages of other sources come
   // through tiers(), whose pools are PageSources.
@@ -121,6 +124,7 @@ class DeviceHeap {
   AccessGrants grants_;
   DeviceCounters counters_;
   PageMover mover_;
+  const std::shared_ptr<EventPool> events_;
 
   // Published heap `i` (below published_count_).
   [[nodiscard]] StreamHeap* published(std::size_t i) const;

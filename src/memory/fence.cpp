@@ -2,15 +2,10 @@
 
 namespace salus::memory {
 
-FencePtr Fence::after(const std::shared_ptr<DeviceBackend>& backend, int device,
-                      std::span<const StreamHandle> streams) {
+FencePtr Fence::after(EventPool& pool, std::span<const StreamHandle> streams) {
   std::vector<std::shared_ptr<const Event>> events;
   events.reserve(streams.size());
-  for (StreamHandle stream : streams) {
-    auto event = std::make_shared<Event>(backend, device);
-    event->record(stream);
-    events.push_back(std::move(event));
-  }
+  for (StreamHandle stream : streams) events.push_back(pool.record(stream));
   return std::make_shared<const Fence>(std::move(events));
 }
 

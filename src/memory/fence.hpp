@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "memory/event_pool.hpp"
 #include "salus/device.hpp"
 
 namespace salus::memory {
@@ -19,9 +20,9 @@ class Fence {
  public:
   explicit Fence(std::vector<std::shared_ptr<const Event>> events) : events_(std::move(events)) {}
 
-  // A fence after the work enqueued so far on each of `streams` of `device`.
-  static FencePtr after(const std::shared_ptr<DeviceBackend>& backend, int device,
-                        std::span<const StreamHandle> streams);
+  // A fence after the work enqueued so far on each of `streams` (of the pool's device), its
+  // events from `events`.
+  static FencePtr after(EventPool& events, std::span<const StreamHandle> streams);
   // What both fences wait for (either may be null); null when neither has pending work.
   static FencePtr join(const FencePtr& a, const FencePtr& b);
 

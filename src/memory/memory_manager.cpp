@@ -60,6 +60,11 @@ const char* to_string(MoveReason reason) noexcept {
 MemoryManager::Impl::Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options)
     : backend_(checked(std::move(backend))), tiers_(*backend_, options.harvest) {
   if (options.va_factor == 0) throw InvalidArgument("MemoryOptions::va_factor must be at least 1");
+  if (options.capture_guard != CaptureGuard::salus_asks &&
+      options.capture_guard != CaptureGuard::framework_refuses) {
+    throw InvalidArgument("MemoryOptions::capture_guard is not a CaptureGuard");
+  }
+  capture_guard_.store(options.capture_guard, std::memory_order_relaxed);
   const int count = backend_->device_count();
   std::size_t largest = 0;
   if (static_cast<std::size_t>(count) < options.device_limits.size()) {
@@ -306,8 +311,7 @@ void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
     }
   });
   if (!busy.empty()) {
-    memory::Fence::after(heap.shared_backend(), device, busy)
-        ->order(heap.backend(), stream, device);
+    memory::Fence::after(heap.events(), busy)->order(heap.backend(), stream, device);
   }
   for (const auto& fence : retired) fence->order(heap.backend(), stream, device);
 }
@@ -329,7 +333,7 @@ void MemoryManager::retire_stream(int device, StreamHandle stream) {
   auto fence_now = [&]() -> const memory::FencePtr& {
     if (!std::exchange(fenced, true) && !heap.backend().query_stream(stream, device)) {
       const StreamHandle s[] = {stream};
-      fence = memory::Fence::after(heap.shared_backend(), device, s);
+      fence = memory::Fence::after(heap.events(), s);
     }
     return fence;
   };
@@ -382,6 +386,27 @@ std::size_t MemoryManager::reachable_bytes(int device) const {
 std::vector<Lender> MemoryManager::lenders(int device) const {
   (void)impl_->heap(device);
   return impl_->tiers_.lenders(device);
+}
+
+const char* to_string(CaptureGuard guard) noexcept {
+  switch (guard) {
+    case CaptureGuard::salus_asks:
+      return "salus_asks";
+    case CaptureGuard::framework_refuses:
+      return "framework_refuses";
+  }
+  return "unknown";
+}
+
+void MemoryManager::set_capture_guard(CaptureGuard guard) {
+  if (guard != CaptureGuard::salus_asks && guard != CaptureGuard::framework_refuses) {
+    throw InvalidArgument("set_capture_guard: not a CaptureGuard");
+  }
+  impl_->capture_guard_.store(guard, std::memory_order_relaxed);
+}
+
+CaptureGuard MemoryManager::capture_guard() const {
+  return impl_->capture_guard_.load(std::memory_order_relaxed);
 }
 
 void MemoryManager::set_move_observer(std::function<void(const MoveRecord&)> observer) {

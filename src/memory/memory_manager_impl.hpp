@@ -5,6 +5,8 @@
 //   safe_points.cpp      the safe-point controls (memory/safe_points.hpp).
 #pragma once
 
+#include <atomic>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -65,6 +67,7 @@ class MemoryManager::Impl final : public memory::SafePoints {
   memory::JobTable jobs_;
   std::vector<std::unique_ptr<memory::DeviceHeap>> heaps_;
   std::unique_ptr<memory::Harvester> harvester_;
+  std::atomic<CaptureGuard> capture_guard_{CaptureGuard::salus_asks};  // MemoryOptions's, or set
 
  private:
   // allocation.cpp

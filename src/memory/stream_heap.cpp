@@ -289,7 +289,7 @@ FreedBlock StreamHeap::free_block(Block* block) {
   streams_using(*block, others);
   FencePtr fence = block->fence;
   if (!others.empty()) {
-    fence = Fence::join(fence, Fence::after(device_.shared_backend(), device_.device(), others));
+    fence = Fence::join(fence, Fence::after(device_.events(), others));
   }
   const FreedBlock freed{block->job, block->lifetime, block->size, block->owner->record};
   ledger_.unlink(block);

@@ -25,8 +25,7 @@ const FencePtr& StreamHeap::OwnFence::get() {
     // unmapped at once. (Work enqueued from now on only touches live blocks.)
     const StreamHandle stream = heap_.stream();
     if (!heap_.device_.backend().query_stream(stream, heap_.device_.device())) {
-      fence_ = Fence::after(heap_.device_.shared_backend(), heap_.device_.device(),
-                            std::span(&stream, 1));
+      fence_ = Fence::after(heap_.device_.events(), std::span(&stream, 1));
     }
     asked_ = true;
   }

@@ -30,6 +30,7 @@ struct State {
   Runtime* runtime = nullptr;       // valid while blocks > 0 or enabled
   bool cpu = false;
   bool host_compute_before = false;  // cpu: the runtime's host_compute before enable
+  CaptureGuard capture_guard_before = CaptureGuard::salus_asks;  // cuda: the runtime's before
   std::uint64_t generation = 0;      // g_fork_generation when enabled (see "fork()" below)
   std::atomic<bool> enabled{true};
   std::atomic<std::int64_t> blocks{0};
@@ -300,6 +301,9 @@ void enable(std::shared_ptr<Runtime> runtime, bool cpu) {
     if (g_previous_cpu == nullptr) g_previous_cpu = c10::GetCPUAllocator();
     // A higher priority than the default's (0): c10 keeps the highest.
     c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/100);
+  } else {
+    // Salus's CUDA allocator object refuses captures (refuse_captures, when installed).
+    state->capture_guard_before = state->runtime->memory().capture_guard();
   }
   g_state.store(state);
 }
@@ -321,6 +325,8 @@ void disable() {
   if (state->cpu) {
     c10::SetCPUAllocator(g_previous_cpu, /*priority=*/100);
     state->runtime->set_host_compute(state->host_compute_before);
+  } else {
+    state->runtime->memory().set_capture_guard(state->capture_guard_before);
   }
   state->enabled.store(false);
   state->drop_if_unused();
@@ -383,6 +389,14 @@ std::exception_ptr take_last_error() {
 void set_around(Around a, AroundCalls calls) {
   g_around_calls.store(calls);
   g_around.store(a);
+}
+
+void refuse_captures() {
+  std::lock_guard lock(g_mu);
+  State* state = g_state.load();
+  if (state != nullptr && !state->cpu) {
+    state->runtime->memory().set_capture_guard(CaptureGuard::framework_refuses);
+  }
 }
 
 std::shared_ptr<Runtime> cuda_runtime() {

@@ -183,10 +183,14 @@ void install_cuda_allocator() {
   static std::shared_ptr<cca::CUDAAllocator> installed;
   std::lock_guard lock(mu);
   // PyTorch keeps its CUDA allocator for the life of the process once used: one install.
-  if (installed && cca::get() == installed.get()) return;
-  auto allocator = make_cuda_allocator();
-  ::torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
-  installed = std::move(allocator);
+  if (!installed || cca::get() != installed.get()) {
+    auto allocator = make_cuda_allocator();
+    ::torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    installed = std::move(allocator);
+  }
+  // PyTorch announces every capture to its allocator before it begins (beginAllocateToPool),
+  // and this one refuses there: the enabled runtime need not ask the driver at each allocation.
+  refuse_captures();
 }
 
 }  // namespace salus::torch

@@ -78,6 +78,33 @@ TEST_P(StreamSafetyContract, AnotherStreamsAllocationDoesNotTakePagesUnderQueued
   expect_clean_end();
 }
 
+// A stream's wait for an event is for the record it saw, as in CUDA: recording the event again
+// elsewhere (at once, on an idle stream) does not release it. Fences take their events from a pool
+// (memory/event_pool.hpp), so an event whose last fence went is recorded again while waits of its
+// last use are still queued; a backend that let the newer record end the older wait would run
+// the waiting stream's work before the work it waited for (the sim did: the stress test saw
+// foreign bytes).
+TEST_P(StreamSafetyContract, AWaitIsForTheRecordItSawNotALaterOne) {
+  build(1, 64 * MiB);
+  const StreamHandle s1 = new_stream(), s2 = new_stream(), idle = new_stream();
+  const DevicePtr p = alloc(4 * MiB, 0, kUnattributedJob, Lifetime::ephemeral, s1);
+  const std::uint64_t old_work = harness->enqueue_work(s1, p, 4 * MiB, 5, true);
+  {
+    const Event event(backend, 0);
+    event.record(s1);
+    backend->stream_wait_event(s2, event.handle(), 0);
+    event.record(idle);  // completes at once: nothing is queued on `idle`
+    EXPECT_TRUE(event.query());
+  }
+  const std::uint64_t new_work = harness->enqueue_work(s2, p, 4 * MiB, 6, false);
+  harness->expect_still_queued(old_work);
+  harness->expect_runs_after(new_work, old_work);
+  harness->drain(handles_);
+  EXPECT_EQ(harness->bad_stamps(p, 4 * MiB, 6), 0u) << "s2's work ran before s1's, which it waited for";
+  memory->deallocate(p);
+  expect_clean_end();
+}
+
 // trim() returns cached pages to the driver: those under queued work only once it is done.
 TEST_P(StreamSafetyContract, TrimDoesNotUnmapPagesUnderQueuedWork) {
   build(1, 64 * MiB);

@@ -127,6 +127,10 @@ struct FakeDriverConfig {
   int greatest_priority = -5;
   // cuMemcpyAsync fails with CUDA_ERROR_INVALID_VALUE unless both ranges are mapped.
   bool check_copy_ranges = true;
+  // Calls on a stream or event handle (record, query, synchronize, wait, is-capturing) answer
+  // CUDA_ERROR_INVALID_CONTEXT on a thread with no current context. Off by default: the handle
+  // names its context. On, it plays a driver that wants one anyway.
+  bool handle_calls_need_context = false;
   // cuMemImportFromShareableHandle of an allocation whose own handle is live returns that handle
   // (with one more reference to release) instead of a new one: the driver promises neither.
   bool import_returns_held_handle = false;

@@ -122,6 +122,7 @@ bool FakeDriver::State::breaks_capture(CUstream stream) {
 
 CUresult FakeDriver::State::stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status) {
   return run("cuStreamIsCapturing", {key(stream)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     const auto it = capturing_.find(key(stream));

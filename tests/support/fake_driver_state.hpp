@@ -212,6 +212,10 @@ class FakeDriver::State {
     return device >= 0 && device < device_count();
   }
   [[nodiscard]] int current_device() const;  // -1: no valid current context
+  // FakeDriverConfig::handle_calls_need_context, and the thread has no current context.
+  [[nodiscard]] bool lacks_context() const {
+    return config_.handle_calls_need_context && current_device() < 0;
+  }
   [[nodiscard]] CUcontext context_of(int device) const;
   // nullptr (legacy) is valid. A destroyed stream's handle is not, and using it is a violation:
   // a real driver may have handed the handle to a new stream meanwhile.

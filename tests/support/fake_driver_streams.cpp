@@ -50,6 +50,7 @@ CUresult FakeDriver::State::stream_destroy(CUstream stream) {
 CUresult FakeDriver::State::stream_synchronize(CUstream stream) {
   std::vector<std::uint64_t> waited;
   const CUresult rc = run("cuStreamSynchronize", {as_int(stream)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     if (breaks_capture(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     waited = stream_tails(stream);
@@ -62,6 +63,7 @@ CUresult FakeDriver::State::stream_synchronize(CUstream stream) {
 
 CUresult FakeDriver::State::stream_query(CUstream stream) {
   return run("cuStreamQuery", {as_int(stream)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     if (breaks_capture(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     const auto tail = tails_.find(std::bit_cast<std::uintptr_t>(stream));
@@ -95,6 +97,7 @@ std::map<std::uintptr_t, FakeDriver::State::Event>::iterator FakeDriver::State::
 
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
   return run("cuStreamWaitEvent", {as_int(stream), as_int(event), flags}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     const auto it = event_of(event);
     if (!valid_stream(stream) || it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -141,6 +144,7 @@ CUresult FakeDriver::State::event_destroy(CUevent event) {
 
 CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
   return run("cuEventRecord", {as_int(event), as_int(stream)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     const auto it = event_of(event);
     if (it == events_.end() || !valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
     // The record is an item of its own: it completes after the stream's work so far (at once on
@@ -154,6 +158,7 @@ CUresult FakeDriver::State::event_record(CUevent event, CUstream stream) {
 
 CUresult FakeDriver::State::event_query(CUevent event) {
   return run("cuEventQuery", {as_int(event)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     const auto it = event_of(event);
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     return finished(it->second.captured) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -163,6 +168,7 @@ CUresult FakeDriver::State::event_query(CUevent event) {
 CUresult FakeDriver::State::event_synchronize(CUevent event) {
   std::vector<std::uint64_t> waited;
   const CUresult rc = run("cuEventSynchronize", {as_int(event)}, [&] {
+    if (lacks_context()) return CUDA_ERROR_INVALID_CONTEXT;
     const auto it = event_of(event);
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     waited = {it->second.captured};
