@@ -214,6 +214,10 @@ class SALUS_API DeviceBackend {
   EventHandle create_event(int device);
   void destroy_event(EventHandle event);
   void record_event(EventHandle event, StreamHandle stream);
+  // As record_event, for a fence: false when the record completed at once because nothing was
+  // pending on `stream` (nothing need wait for the event then). A backend that cannot tell at no
+  // cost (CUDA: that would be a cuStreamQuery more) records and says true.
+  [[nodiscard]] bool record_pending(EventHandle event, StreamHandle stream);
   // True once all work captured by the last record has finished (or the event was never recorded).
   [[nodiscard]] bool query_event(EventHandle event);
   void synchronize_event(EventHandle event);
@@ -306,6 +310,10 @@ class SALUS_API DeviceBackend {
   virtual EventHandle do_create_event(int device) = 0;
   virtual void do_destroy_event(EventHandle event) = 0;
   virtual void do_record_event(EventHandle event, StreamHandle stream) = 0;
+  [[nodiscard]] virtual bool do_record_pending(EventHandle event, StreamHandle stream) {
+    do_record_event(event, stream);
+    return true;
+  }
   [[nodiscard]] virtual bool do_query_event(EventHandle event) = 0;
   virtual void do_synchronize_event(EventHandle event) = 0;
   virtual void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) = 0;

@@ -35,6 +35,7 @@ namespace salus {
 
 namespace memory {
 class SafePoints;
+class Curves;
 }  // namespace memory
 
 // Persistent: lives across iterations (weights, optimizer state). Ephemeral: one iteration
@@ -300,6 +301,7 @@ class SALUS_API MemoryManager {
   // Impl implements; this accessor hands it out. Not exported, and declared for ordinary lookup
   // only in that internal header.
   friend memory::SafePoints& safe_points(MemoryManager& memory) noexcept;
+  friend memory::Curves& memory_curves(MemoryManager& memory) noexcept;  // memory/curves.hpp
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -295,6 +295,11 @@ void DeviceBackend::record_event(EventHandle event, StreamHandle stream) {
   do_record_event(event, stream);
 }
 
+bool DeviceBackend::record_pending(EventHandle event, StreamHandle stream) {
+  check_event(event, "record_pending");
+  return do_record_pending(event, stream);
+}
+
 bool DeviceBackend::query_event(EventHandle event) {
   check_event(event, "query_event");
   return do_query_event(event);

@@ -139,6 +139,7 @@ class SimBackend final : public DeviceBackend {
   EventHandle do_create_event(int device) override;
   void do_destroy_event(EventHandle event) override;
   void do_record_event(EventHandle event, StreamHandle stream) override;
+  bool do_record_pending(EventHandle event, StreamHandle stream) override;
   [[nodiscard]] bool do_query_event(EventHandle event) override;
   void do_synchronize_event(EventHandle event) override;
   void do_stream_wait_event(StreamHandle stream, EventHandle event, int device) override;
@@ -215,7 +216,12 @@ class SimBackend final : public DeviceBackend {
   void check_device(int device, const char* what) const;
   // `device` (whose default stream handle 0 is) is in range.
   std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
+  std::shared_ptr<Stream> stream_locked(StreamHandle stream, int device);  // stream_mutex_ held
   std::shared_ptr<Event> event_for(EventHandle event) const;
+  std::shared_ptr<Event> event_locked(EventHandle event) const;  // stream_mutex_ held
+  // Both at once, under one lock (a record's hot path): `stream` of the event's device.
+  std::pair<std::shared_ptr<Event>, std::shared_ptr<Stream>> event_and_stream(EventHandle event,
+                                                                               StreamHandle stream);
   EventHandle make_event(int device, bool timing);  // `device` is in range
   EventHandle add_event(std::shared_ptr<Event> event);
   // The newest completed record of a timing event, or the error elapsed_seconds raises; `role`

@@ -32,12 +32,25 @@ SimBackend::EventCapture SimBackend::timing_capture(const std::shared_ptr<Event>
 std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) const {
   check_process("this simulated GPU's event");
   std::lock_guard lock(stream_mutex_);
+  return event_locked(event);
+}
+
+std::shared_ptr<SimBackend::Event> SimBackend::event_locked(EventHandle event) const {
   auto it = events_.find(event.value);
   if (it == events_.end()) {
     throw InvalidArgument(
         fmt::format("unknown event {} (never created or destroyed)", event.value));
   }
   return it->second;
+}
+
+std::pair<std::shared_ptr<SimBackend::Event>, std::shared_ptr<SimBackend::Stream>>
+SimBackend::event_and_stream(EventHandle event, StreamHandle stream) {
+  check_process("this simulated GPU's event");
+  std::lock_guard lock(stream_mutex_);
+  auto ev = event_locked(event);
+  auto target = stream_locked(stream, ev->device);
+  return {std::move(ev), std::move(target)};
 }
 
 EventHandle SimBackend::make_event(int device, bool timing) {
@@ -69,13 +82,16 @@ void SimBackend::do_destroy_event(EventHandle event) {
 }
 
 void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
-  auto ev = event_for(event);
+  (void)do_record_pending(event, stream);
+}
+
+bool SimBackend::do_record_pending(EventHandle event, StreamHandle stream) {
+  auto [ev, target] = event_and_stream(event, stream);
   if (ev->imported) {
     throw InvalidArgument(fmt::format(
         "record_event: event {} was imported: only the process that made it records it",
         event.value));
   }
-  auto target = stream_for(stream, ev->device);
   // Holding the event lock across push keeps generations in record order and lets a refused
   // push leave the event untouched.
   std::lock_guard lock(ev->mutex);
@@ -89,7 +105,7 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
       ev->shared->publish_recorded(generation);
       ev->shared->publish_completed(generation);
     }
-    return;  // a waiter waits for a generation it saw recorded: this one is new, nobody waits
+    return false;  // a waiter waits for a generation it saw recorded: this one is new
   }
   // The marker runs on `on`'s worker, which outlives it (a raw pointer: a stream's queue must not
   // own the stream). It reads the busy clock there, where only that thread writes it.
@@ -111,6 +127,7 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
   ev->recorded = generation;
   ev->pending.push_back(generation);
   if (ev->shared) ev->shared->publish_recorded(generation);
+  return true;
 }
 
 bool SimBackend::do_query_event(EventHandle event) {

@@ -102,6 +102,10 @@ void SimBackend::Stream::run(const std::stop_token& st) {
 std::shared_ptr<SimBackend::Stream> SimBackend::stream_for(StreamHandle stream, int device) {
   check_process("this simulated GPU's stream");
   std::lock_guard lock(stream_mutex_);
+  return stream_locked(stream, device);
+}
+
+std::shared_ptr<SimBackend::Stream> SimBackend::stream_locked(StreamHandle stream, int device) {
   if (stream.value == 0) {
     auto& fallback = default_streams_[static_cast<std::size_t>(device)];
     if (!fallback) fallback = std::make_shared<Stream>(device, config_.priorities.least, 0, tasks_of(device));

@@ -7,6 +7,7 @@
 
 #include "iteration_sched/attribution.hpp"
 #include "log/log.hpp"
+#include "memory/curves.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
@@ -235,6 +236,8 @@ void DeviceScheduler::end(JobRecordState& job) {
   // The end event goes on the stream before the decision below lets the next job of this lane
   // enqueue behind it: only this iteration's work lies between the two events.
   const bool timed = timer && stop_timer(job, *timer, stream);
+  // Its memory curve ends here: what it frees from now on is not this iteration's.
+  memory::CurveSamples samples = memory::end_curve(*memory_, job.id);
   lock.lock();
   check_running(job, "end_iteration");  // a cancel meanwhile released the timer
   // The switch first: decide and let the next job in; this iteration's bookkeeping comes after.
@@ -259,9 +262,6 @@ void DeviceScheduler::end(JobRecordState& job) {
                            seconds_since_start(job.iteration_started) * 1e6,
                            seconds_since_start(now) * 1e6,
                            job.iterations};
-  // Only this thread touches the samples of an idle job; take them out of the lock's reach.
-  auto samples = std::move(job.samples);
-  job.samples.clear();
   lock.unlock();
   wake(to_wake);
   // The woken job is the latency-critical path; on a busy or single core let it run before this
@@ -381,15 +381,6 @@ std::optional<MeasuredMemory> DeviceScheduler::measured_memory(const JobRecordSt
                         job.profile.curve};
 }
 
-void DeviceScheduler::note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta) {
-  if (job.state != JobState::running) return;
-  job.ephemeral_now =
-      static_cast<std::size_t>(static_cast<std::ptrdiff_t>(job.ephemeral_now) + ephemeral_delta);
-  const double t =
-      std::chrono::duration<double>(SteadyClock::now() - job.iteration_started).count();
-  job.samples.emplace_back(t, job.ephemeral_now);
-}
-
 DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
                                     std::optional<Lifetime> lifetime,
                                     std::optional<StreamHandle> on_stream) {
@@ -417,15 +408,6 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
     rethrow_if_finished(job);  // cancelled by another thread meanwhile
     throw;
   }
-  if (life == Lifetime::ephemeral) {
-    // A block is the request rounded up to the block alignment: no lookup needed. (Never ask the
-    // memory manager anything with mu_ held: a page move holds a heap lock while it waits for a
-    // lane stream, and a memory wait takes mu_ under it.)
-    constexpr std::size_t a = MemoryManager::kBlockAlignment;
-    const std::size_t block_bytes = (bytes + a - 1) / a * a;
-    lock.lock();
-    note_memory(job, static_cast<std::ptrdiff_t>(block_bytes));
-  }
   return ptr;
 }
 
@@ -441,11 +423,7 @@ void DeviceScheduler::deallocate(JobRecordState& job, DevicePtr ptr,
       // The owner is checked where the block is freed, under the lock that frees it: a cancel
       // from another thread may have freed the job's blocks, and another job reused the address.
       check.job = job.id;
-      const MemoryManager::FreedBlockInfo freed = memory_->deallocate(ptr, check);
-      if (freed.lifetime == Lifetime::ephemeral) {
-        std::lock_guard lock(mu_);
-        note_memory(job, -static_cast<std::ptrdiff_t>(freed.bytes));
-      }
+      (void)memory_->deallocate(ptr, check);  // the job's memory curve sees it (curves.hpp)
       return;
     } catch (const InvalidArgument&) {
       // The job may have ended meanwhile and handed the block to nobody (then it is still the
@@ -465,13 +443,6 @@ bool DeviceScheduler::holder_frees(const JobRecordState& job) const {
   if (ended && job.spec.blocks_outlive_job) return true;
   check_usable(job, "free");
   return false;
-}
-
-void DeviceScheduler::note_free(const MemoryManager::FreedBlockInfo& freed) {
-  if (freed.lifetime != Lifetime::ephemeral) return;
-  std::lock_guard lock(mu_);
-  const auto it = jobs_.find(freed.job);
-  if (it != jobs_.end()) note_memory(*it->second, -static_cast<std::ptrdiff_t>(freed.bytes));
 }
 
 std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {

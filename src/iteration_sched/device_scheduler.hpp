@@ -83,9 +83,6 @@ struct JobRecordState {
   std::optional<IterationTimers::Pair> timer;
   bool host_timed = false;  // the running iteration computes on the host: its host time counts
   JobProfile profile;
-  // The current iteration's ephemeral bytes over time: (seconds since begin, bytes).
-  std::size_t ephemeral_now = 0;
-  std::vector<std::pair<double, std::size_t>> samples;
 };
 
 class DeviceScheduler {
@@ -122,9 +119,6 @@ class DeviceScheduler {
   // Frees the job's block at `ptr`; `check` says what else the caller knows of it (its size and
   // device), checked where the block is freed.
   void deallocate(JobRecordState& job, DevicePtr ptr, MemoryManager::FreeCheck check = {});
-  // A block of one of this device's jobs was freed by a caller that named no job (the runtime's
-  // and the C ABI's free): its memory curve sees the free. Unknown jobs are ignored.
-  void note_free(const MemoryManager::FreedBlockInfo& freed);
   // The job whose iteration runs on `stream` now (one of this device's lane streams), else the
   // job `stream` is bound to, if any.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_on(StreamHandle stream);
@@ -224,7 +218,6 @@ class DeviceScheduler {
   // With mu_ held, as the job's iteration ends: its timer waits to be read when `timed` (its end
   // event was recorded), else goes back to the pool.
   void hand_off_timer(JobRecordState& job, bool timed);
-  void note_memory(JobRecordState& job, std::ptrdiff_t ephemeral_delta);
   // Memory waits (memory_wait.cpp). Device memory that other jobs' running iterations hold comes
   // back as they free it and end: an allocation the device refuses while they run waits for
   // them and tries again, and no new iteration starts meanwhile (holds_), so the memory they

@@ -91,12 +91,11 @@ struct Runtime::Impl {
     throw UnknownJob(id);
   }
 
-  // The memory manager checks what the caller knows of the block where it frees it, and says
-  // whose block it was, so that the job's memory curve sees the free (no lookup before it).
+  // The memory manager checks what the caller knows of the block where it frees it (and the
+  // job's memory curve sees the free there: memory/curves.hpp).
   void deallocate(DevicePtr ptr, const MemoryManager::FreeCheck& check) const {
     check_process();
-    const MemoryManager::FreedBlockInfo freed = memory->deallocate(ptr, check);
-    if (freed.job != kUnattributedJob) scheduler(freed.device).note_free(freed);
+    (void)memory->deallocate(ptr, check);
   }
 
   DeviceScheduler& scheduler(int device) const {

@@ -6,6 +6,7 @@
 
 #include "iteration_sched/attribution.hpp"
 #include "iteration_sched/device_scheduler.hpp"
+#include "memory/curves.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
@@ -124,19 +125,21 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
 void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   const StreamHandle stream = job.stream;
+  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
+  // host is timed on the host instead (at end()).
+  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
   lock.unlock();
   try {
     // Its memory (persistent blocks made on another stream included) is used on this stream
-    // from now on: frees and page moves are ordered after the work it enqueues here.
+    // from now on: frees and page moves are ordered after the work it enqueues here (a job that
+    // computes on the host may still queue work on its lane).
     memory_->add_job_stream(job.id, device_, stream);
     memory::activate_job(*memory_, job.id);
+    memory::begin_curve(*memory_, job.id);
   } catch (const UnknownJob&) {
     rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
     throw;
   }
-  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
-  // host is timed on the host instead (at end()).
-  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
   const std::optional<IterationTimers::Pair> timer =
       host_timed ? std::nullopt : start_timer(job, stream);
   lock.lock();
@@ -151,8 +154,6 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
   job.state = JobState::running;
   job.began_by = std::this_thread::get_id();
   job.iteration_started = now;
-  job.ephemeral_now = 0;
-  job.samples.clear();
   attribution::enter_iteration(job);
 }
 

@@ -60,6 +60,7 @@ DevicePtr MemoryManager::Impl::allocate(const AllocationRequest& request) {
     }
   }
   job.raise_peaks(request.lifetime, charge);
+  if (request.lifetime == Lifetime::ephemeral) job.sample_curve();
   return ptr;
 }
 
@@ -98,7 +99,9 @@ DevicePtr MemoryManager::Impl::place_charged(DeviceHeap& device, StreamHeap& hea
 // stream's work so far has finished, nothing can touch the block but its new holder.
 void MemoryManager::Impl::settle_for_host(DeviceHeap& device, StreamHandle stream) {
   if (device.backend().query_stream(stream, device.device())) return;
-  memory::Fence::after(device.events(), std::span(&stream, 1))->wait();
+  if (const auto fence = memory::Fence::after(device.events(), std::span(&stream, 1))) {
+    fence->wait();
+  }
 }
 
 MemoryManager::FreedBlockInfo MemoryManager::Impl::deallocate(DevicePtr ptr,
@@ -112,6 +115,7 @@ MemoryManager::FreedBlockInfo MemoryManager::Impl::deallocate(DevicePtr ptr,
   }
   const FreedBlock freed = heap->deallocate(ptr, bytes, job);
   freed.record->uncharge(freed.lifetime, freed.bytes);  // no lookup by id on the free path
+  if (freed.lifetime == Lifetime::ephemeral) freed.record->sample_curve();
   harvester_->on_free();
   return {freed.bytes, owner->device(), freed.job, freed.lifetime};
 }

@@ -21,18 +21,26 @@ std::shared_ptr<const Event> EventPool::record(StreamHandle stream) {
     }
   }
   if (!event) event = std::make_unique<Event>(backend_, device_);  // a driver call: no lock held
+  bool pending = false;
+  try {
+    pending = backend_->record_pending(event->handle(), stream);
+  } catch (...) {
+    give_back(event.release());  // unrecorded: as good as new
+    throw;
+  }
+  if (!pending) {
+    give_back(event.release());  // recorded and done: nothing will wait for it
+    return nullptr;
+  }
   // The deleter holds the pool weakly: a fence may outlive its device's heap (a page moved to
   // another tier keeps its fence), and then its events are simply destroyed.
-  std::shared_ptr<const Event> shared(
-      event.release(), [pool = weak_from_this()](const Event* e) {
-        if (const std::shared_ptr<EventPool> home = pool.lock()) {
-          home->give_back(const_cast<Event*>(e));
-        } else {
-          delete e;
-        }
-      });
-  shared->record(stream);  // on failure `shared` goes back to the pool, unrecorded
-  return shared;
+  return std::shared_ptr<const Event>(event.release(), [pool = weak_from_this()](const Event* e) {
+    if (const std::shared_ptr<EventPool> home = pool.lock()) {
+      home->give_back(const_cast<Event*>(e));
+    } else {
+      delete e;
+    }
+  });
 }
 
 std::size_t EventPool::cached() const {

@@ -24,8 +24,9 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
-  // An event recorded now on `stream`: after the work enqueued there so far. It returns to the
-  // pool when the last copy goes (or is destroyed, once the pool is gone). Throws what the
+  // An event recorded now on `stream`: after the work enqueued there so far; null when nothing
+  // was pending there (DeviceBackend::record_pending: the event went back at once). It returns
+  // to the pool when the last copy goes (or is destroyed, once the pool is gone). Throws what the
   // backend throws (nothing is lost: an event whose record failed goes back unrecorded).
   [[nodiscard]] std::shared_ptr<const Event> record(StreamHandle stream);
   // Events cached now (for tests).

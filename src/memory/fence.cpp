@@ -4,8 +4,10 @@ namespace salus::memory {
 
 FencePtr Fence::after(EventPool& pool, std::span<const StreamHandle> streams) {
   std::vector<std::shared_ptr<const Event>> events;
-  events.reserve(streams.size());
-  for (StreamHandle stream : streams) events.push_back(pool.record(stream));
+  for (StreamHandle stream : streams) {
+    if (auto event = pool.record(stream)) events.push_back(std::move(event));
+  }
+  if (events.empty()) return nullptr;
   return std::make_shared<const Fence>(std::move(events));
 }
 

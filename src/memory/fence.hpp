@@ -21,7 +21,7 @@ class Fence {
   explicit Fence(std::vector<std::shared_ptr<const Event>> events) : events_(std::move(events)) {}
 
   // A fence after the work enqueued so far on each of `streams` (of the pool's device), its
-  // events from `events`.
+  // events from `events`; null when none of them had work pending.
   static FencePtr after(EventPool& events, std::span<const StreamHandle> streams);
   // What both fences wait for (either may be null); null when neither has pending work.
   static FencePtr join(const FencePtr& a, const FencePtr& b);

@@ -59,6 +59,16 @@ void JobRecord::move_class(Lifetime from, Lifetime to, std::size_t bytes) {
   by_class[index(from)].sub(bytes);
 }
 
+void JobRecord::sample_curve() {
+  if (!sampling.load(std::memory_order_relaxed)) return;
+  const auto now = std::chrono::steady_clock::now();
+  const std::size_t level = by_class[index(Lifetime::ephemeral)].value();
+  std::lock_guard lock(curve_mu);
+  if (!sampling.load(std::memory_order_relaxed)) return;  // the iteration ended meanwhile
+  curve.emplace_back(std::chrono::duration<double>(now - curve_start).count(),
+                     level > curve_base ? level - curve_base : 0);
+}
+
 void JobRecord::note_heap(StreamHeap* heap) {
   std::lock_guard lock(heaps_mu);
   if (std::find(heaps.begin(), heaps.end(), heap) == heaps.end()) heaps.push_back(heap);

@@ -5,11 +5,13 @@
 #include <oneapi/tbb/concurrent_vector.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/counter.hpp"
@@ -61,6 +63,18 @@ struct JobRecord {
   std::atomic<std::uint64_t> activations_waited{0};
   std::atomic<std::uint64_t> fetched_bytes{0};
   std::atomic<std::uint64_t> prefetched_bytes{0};
+
+  // The running iteration's ephemeral bytes over time (memory/curves.hpp), while `sampling`:
+  // each ephemeral allocation and free appends (seconds since curve_start, ephemeral bytes above
+  // curve_base). The allocating thread samples under curve_mu, a leaf lock of the job's own: no
+  // other job's allocations meet it.
+  std::atomic<bool> sampling{false};
+  mutable std::mutex curve_mu;
+  std::chrono::steady_clock::time_point curve_start;  // guarded by curve_mu, as below
+  std::size_t curve_base = 0;
+  std::vector<std::pair<double, std::size_t>> curve;
+  // Appends the level now, if sampling.
+  void sample_curve();
 
   // The counts one charge produced: the peaks are raised to them once the bytes are placed.
   struct Charge {

@@ -311,7 +311,9 @@ void MemoryManager::add_job_stream(JobId job, int device, StreamHandle stream) {
     }
   });
   if (!busy.empty()) {
-    memory::Fence::after(heap.events(), busy)->order(heap.backend(), stream, device);
+    if (const auto fence = memory::Fence::after(heap.events(), busy)) {
+      fence->order(heap.backend(), stream, device);
+    }
   }
   for (const auto& fence : retired) fence->order(heap.backend(), stream, device);
 }

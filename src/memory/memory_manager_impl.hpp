@@ -17,13 +17,14 @@
 #include "memory/device_heap.hpp"
 #include "memory/harvester.hpp"
 #include "memory/job_table.hpp"
+#include "memory/curves.hpp"
 #include "memory/safe_points.hpp"
 #include "memory/tiers.hpp"
 #include "salus/memory.hpp"
 
 namespace salus {
 
-class MemoryManager::Impl final : public memory::SafePoints {
+class MemoryManager::Impl final : public memory::SafePoints, public memory::Curves {
  public:
   Impl(std::shared_ptr<DeviceBackend> backend, MemoryOptions options);
   ~Impl();
@@ -60,6 +61,10 @@ class MemoryManager::Impl final : public memory::SafePoints {
   void prefetch(JobId job) override;
   std::size_t demote(JobId job, int device) override;
   std::size_t demote_quiescent(int device, std::size_t pages) override;
+
+  // memory::Curves (curves.cpp)
+  void begin_curve(JobId job) override;
+  memory::CurveSamples end_curve(JobId job) override;
 
   // Declared in the order they must be built; torn down in reverse (see ~Impl).
   std::shared_ptr<DeviceBackend> backend_;

@@ -125,6 +125,9 @@ class RemoteBackend final : public DeviceBackend {
   }
   EventHandle do_create_event(int device) override { return local_->create_event(device); }
   void do_destroy_event(EventHandle event) override { local_->destroy_event(event); }
+  bool do_record_pending(EventHandle event, StreamHandle stream) override {
+    return local_->record_pending(event, stream);
+  }
   void do_record_event(EventHandle event, StreamHandle stream) override {
     local_->record_event(event, stream);
   }
