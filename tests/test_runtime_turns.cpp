@@ -177,6 +177,51 @@ TEST(RuntimeTurns, WithdrawAndTryBeginRefuseMisuse) {
 // A grant (another job ends its iteration) and a withdrawal at the same moment, many times, under
 // every kind of lane plan: whichever wins, the withdrawn job ends idle, nothing stays queued, and
 // both jobs get their turns afterwards. Run under TSan.
+// RuntimeOptions::turn_spin: the job next in a lane, whose turn is due (the iteration ahead of it
+// is short), watches for it instead of sleeping. With a window longer than the test, its thread
+// never sleeps for the turn: a start ends the spin with the turn, a cancel ends it with
+// JobCancelled (both move the job's signal), and a leave of the job ahead hands the turn over.
+TEST(RuntimeTurnsStress, AJobSpinningForItsTurnTakesItOrIsCancelled) {
+  RuntimeOptions options{.policy = "fair"};
+  options.turn_spin = std::chrono::seconds(30);
+  Runtime runtime(sim(), std::move(options));
+  Job ahead = runtime.add_job(one_lane_spec("ahead"));
+  Job next = runtime.add_job(one_lane_spec("next"));
+  Job cancelled = runtime.add_job(one_lane_spec("cancelled"));
+  (void)ahead.begin_iteration();  // an empty iteration: its host time is known, and short
+  ahead.end_iteration();
+  for (int round = 0; round < 50; ++round) {
+    (void)ahead.begin_iteration();
+    std::atomic<bool> began{false};
+    std::thread waiter([&] {
+      (void)next.begin_iteration();
+      began.store(true);
+      next.end_iteration();
+    });
+    while (waiting_jobs(runtime) == 0) std::this_thread::yield();
+    EXPECT_FALSE(began.load());
+    ahead.end_iteration();
+    waiter.join();
+    EXPECT_TRUE(began.load());
+  }
+  // Cancelled while it spins: the iteration ahead never ends here, only the cancel can end it.
+  (void)ahead.begin_iteration();
+  std::atomic<int> outcome{0};  // 1: JobCancelled
+  std::thread waiter([&] {
+    try {
+      (void)cancelled.begin_iteration();
+    } catch (const JobCancelled&) {
+      outcome.store(1);
+    }
+  });
+  while (waiting_jobs(runtime) == 0) std::this_thread::yield();
+  cancelled.cancel();
+  waiter.join();
+  EXPECT_EQ(outcome.load(), 1);
+  ahead.end_iteration();
+  EXPECT_EQ(next.stats().iterations, 50u);
+}
+
 TEST(RuntimeTurnsStress, WithdrawRacesAGrant) {
   for (const char* policy : {"fair", "pack", "memory_aware"}) {
     SCOPED_TRACE(policy);

@@ -206,9 +206,9 @@ EventHandle CudaBackend::do_create_timing_event(int device) {
 double CudaBackend::do_elapsed_seconds(EventHandle start, EventHandle end) {
   const int device = device_of(start);
   (void)device_of(end);  // refuses unknown events before any driver call
-  const auto scope = bind(device);
   float milliseconds = 0.0F;
-  const CUresult rc = api_.cuEventElapsedTime(&milliseconds, to_cu(start), to_cu(end));
+  const CUresult rc = on_handle(
+      device, [&] { return api_.cuEventElapsedTime(&milliseconds, to_cu(start), to_cu(end)); });
   if (rc == CUDA_ERROR_NOT_READY) {
     throw driver_error(api_, "cuEventElapsedTime", rc,
                        fmt::format("event {:#x} or {:#x} has not completed yet", start.value,

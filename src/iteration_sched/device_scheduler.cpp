@@ -1,6 +1,7 @@
 #include "iteration_sched/device_scheduler.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <thread>
@@ -15,6 +16,15 @@ namespace salus {
 namespace {
 
 constexpr std::size_t kCurveSamples = 64;
+constexpr double kHostWeight = 0.5;  // weight of the newest iteration in JobRecordState::host_seconds
+
+// CPUs this process may run on (its affinity), at least 1.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(CPU_COUNT(&set), 1);
+}
 
 // With harvesting, jobs are admitted against what the device can reach (its own memory, what
 // peers lend, the host); where their pages live is the memory manager's business.
@@ -37,7 +47,8 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                                  std::shared_ptr<TraceRecorder> trace, int device,
                                  std::unique_ptr<Policy> policy,
                                  std::shared_ptr<const std::atomic<bool>> host_compute,
-                                 std::chrono::milliseconds allocation_wait_limit)
+                                 std::chrono::milliseconds allocation_wait_limit,
+                                 std::chrono::microseconds turn_spin)
     : backend_(std::move(backend)),
       memory_(std::move(memory)),
       trace_(std::move(trace)),
@@ -46,6 +57,8 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       epoch_(trace_->epoch()),
       host_compute_(std::move(host_compute)),
       allocation_wait_limit_(allocation_wait_limit),
+      turn_spin_(std::max(turn_spin, std::chrono::microseconds::zero())),
+      many_cpus_(usable_cpus() > 1),
       timers_(backend_, device),
       core_(*policy_, budget_of(*memory_, device)) {}
 
@@ -194,7 +207,10 @@ void DeviceScheduler::prefetch_next(std::optional<int> lane) {
 }
 
 void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {
-  for (const auto& job : jobs) job->wakeup.notify_one();
+  for (const auto& job : jobs) {
+    job->signal.fetch_add(1, std::memory_order_release);
+    job->wakeup.notify_one();  // a spinning waiter is not in the wait: no system call then
+  }
 }
 
 int DeviceScheduler::take_free_slot() {
@@ -245,6 +261,9 @@ void DeviceScheduler::end(JobRecordState& job) {
   const double host_seconds = std::chrono::duration<double>(now - job.iteration_started).count();
   job.state = JobState::idle;
   ++job.iterations;
+  job.host_seconds = job.host_seconds > 0.0
+                         ? (1 - kHostWeight) * job.host_seconds + kHostWeight * host_seconds
+                         : host_seconds;
   running_on_stream_.erase(job.stream.value);
   release_slot(job.lane);
   attribution::leave_iteration(job);
@@ -489,6 +508,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     if (was_running) note_iteration_gone();
     jobs_.erase(job.id);
     std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
+    job.signal.fetch_add(1, std::memory_order_release);
     job.wakeup.notify_all();
     core_.set_unowned(unowned + leaving);
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted

@@ -58,6 +58,9 @@ struct JobRecordState {
   const JobSpec spec;
   const std::uint64_t arrival;
   std::condition_variable wakeup;  // its own: a start wakes exactly the job that starts
+  // Moves at every wake-up of this job (DeviceScheduler::wake, finish): a waiter that spins for
+  // its turn (RuntimeOptions::turn_spin) watches it instead of sleeping on `wakeup`.
+  std::atomic<std::uint32_t> signal{0};
 
   JobState state = JobState::idle;
   // Cancelled, and its handle then left: its id is retired (UnknownJob from now on, as for any
@@ -75,6 +78,9 @@ struct JobRecordState {
   double max_wait_seconds = 0.0;
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};  // host time: the memory curve's and trace's clock
+  // Its iterations' host time, begin to end (moving average; 0 until one ended): when the job
+  // behind it in its lane may expect its turn.
+  double host_seconds = 0.0;
   // The thread that began the running iteration: a thread blocked in an allocation cannot end
   // the iterations it began itself, so it does not wait for them (memory_wait.cpp).
   std::thread::id began_by{};
@@ -92,7 +98,8 @@ class DeviceScheduler {
   DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
                   std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy,
                   std::shared_ptr<const std::atomic<bool>> host_compute,
-                  std::chrono::milliseconds allocation_wait_limit);
+                  std::chrono::milliseconds allocation_wait_limit,
+                  std::chrono::microseconds turn_spin = {});
   ~DeviceScheduler();
   DeviceScheduler(const DeviceScheduler&) = delete;
   DeviceScheduler& operator=(const DeviceScheduler&) = delete;
@@ -189,6 +196,14 @@ class DeviceScheduler {
   // asked to be made again later.
   bool wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                       std::optional<SteadyClock::time_point> deadline);
+  // With mu_ held: when the waiting `job`'s turn is expected, if it is next in its lane behind
+  // an iteration whose host time is known and spinning is on (RuntimeOptions::turn_spin).
+  [[nodiscard]] std::optional<SteadyClock::time_point> turn_due(const JobRecordState& job) const;
+  // With mu_ held (by `lock`, released meanwhile): watches the job's signal until it moves or
+  // `until` passes, then takes mu_ back spinning too (the thread that granted the turn may
+  // still hold it: sleeping on it would cost the wake-up the spin saves).
+  void spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                     SteadyClock::time_point until);
   // With mu_ held: starts what the core decides; returns the jobs to wake (after unlocking, so
   // they do not wake only to block on mu_).
   std::vector<std::shared_ptr<JobRecordState>> run_decisions();
@@ -250,6 +265,8 @@ class DeviceScheduler {
   const SteadyClock::time_point epoch_;
   const std::shared_ptr<const std::atomic<bool>> host_compute_;
   const std::chrono::milliseconds allocation_wait_limit_;
+  const std::chrono::microseconds turn_spin_;  // 0: off
+  const bool many_cpus_;                       // the process may run on more than one CPU
   const process::Birth birth_ = process::birth_now();
   std::shared_ptr<TurnGate> gate_;
   bool memory_reported_ = false;  // set before any job: read without the lock

@@ -63,7 +63,7 @@ struct Runtime::Impl {
     for (int d = 0; d < memory->device_count(); ++d) {
       schedulers.push_back(std::make_shared<DeviceScheduler>(
           backend, memory, trace, d, options.policies.make(policy), host_compute,
-          options.allocation_wait_limit));
+          options.allocation_wait_limit, options.turn_spin));
       schedulers.back()->set_gate(gate);
     }
   }

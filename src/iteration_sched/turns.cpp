@@ -11,6 +11,19 @@
 
 namespace salus {
 
+namespace {
+
+// A spinning thread's pause: it lets the core's other hyperthread run and saves power.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   return *begin_turn(job, std::nullopt);
 }
@@ -102,12 +115,28 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
 
 bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                                      std::optional<SteadyClock::time_point> deadline) {
+  bool spun = false;  // one spin per wait: a turn that did not come in it is woken as usual
   while (!job.started && job.state == JobState::waiting) {
     // Wake at the deadline or at a recheck the core asked for, whichever comes first.
     std::optional<SteadyClock::time_point> until = recheck_at_;
     if (deadline) {
       if (SteadyClock::now() >= *deadline) return false;
       if (!until || *deadline < *until) until = deadline;
+    }
+    if (const std::optional<SteadyClock::time_point> due = spun ? std::nullopt : turn_due(job)) {
+      const auto now = SteadyClock::now();
+      const auto spin_from = *due - turn_spin_;
+      if (now < spin_from && (!until || spin_from < *until)) {
+        // Sleep until the turn is near (a start or a cancel still wakes it before).
+        job.wakeup.wait_until(lock, spin_from);
+        continue;
+      }
+      if (now >= spin_from) {
+        spun = true;
+        const auto stop = std::max(*due, now) + turn_spin_;
+        spin_for_turn(job, lock, until ? std::min(stop, *until) : stop);
+        continue;
+      }
     }
     if (until) {
       job.wakeup.wait_until(lock, *until);
@@ -120,6 +149,42 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
     }
   }
   return true;
+}
+
+std::optional<SteadyClock::time_point> DeviceScheduler::turn_due(const JobRecordState& job) const {
+  if (turn_spin_.count() == 0 || !many_cpus_ || host_compute_->load(std::memory_order_relaxed) ||
+      policy_->lanes() == LanePlan::memory_aware) {
+    return std::nullopt;
+  }
+  const std::optional<int> lane = core_.lane_of(job.id);
+  if (!lane || core_.next_in_lane(*lane) != job.id) return std::nullopt;
+  const auto index = static_cast<std::size_t>(*lane);
+  if (index >= lanes_.size() || !lanes_[index]) return std::nullopt;
+  const auto running = running_on_stream_.find(lanes_[index]->handle().value);
+  if (running == running_on_stream_.end()) return std::nullopt;
+  const auto ahead = jobs_.find(running->second);
+  if (ahead == jobs_.end() || ahead->second->host_seconds <= 0.0) return std::nullopt;
+  return ahead->second->iteration_started +
+         std::chrono::duration_cast<SteadyClock::duration>(
+             std::chrono::duration<double>(ahead->second->host_seconds));
+}
+
+void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                                    SteadyClock::time_point until) {
+  const std::uint32_t seen = job.signal.load(std::memory_order_acquire);
+  lock.unlock();
+  for (unsigned i = 1; job.signal.load(std::memory_order_acquire) == seen; ++i) {
+    cpu_relax();
+    if (i % 64 == 0 && SteadyClock::now() >= until) break;
+  }
+  // The granting thread may still hold mu_ for a moment: spin for it as well.
+  for (unsigned i = 0; !lock.try_lock(); ++i) {
+    if (i == 4096) {
+      lock.lock();
+      break;
+    }
+    cpu_relax();
+  }
 }
 
 void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {

@@ -123,12 +123,21 @@ class Arena {
   // again, and gets a fresh page when it needs one: an address that keeps needing its page back
   // would otherwise trade it back and forth every iteration.
   [[nodiscard]] bool gave_spare(std::size_t index) const { return gave_spare_[index]; }
+  // One past the highest page ever mapped here (a high-water mark): no page at or above it is
+  // mapped, so a walk for mapped pages stops there instead of crossing the (generous) unused
+  // address space. PageTable notes every page it maps (a page move remaps a mapped page).
+  void note_mapped(std::size_t index) { mapped_high_ = std::max(mapped_high_, index + 1); }
+  [[nodiscard]] std::size_t mapped_high() const { return mapped_high_; }
   void mark_gave_spare(std::size_t index) { gave_spare_[index] = true; }
 
-  // Free blocks, largest first (for reclaiming their pages).
+  // Free blocks that may hold a whole page (a page long or more), largest first, for reclaiming
+  // their pages; `visit` returns false to stop. The many small free blocks of a heap are never
+  // visited: the walk ends at the first one shorter than a page.
   template <class F>
-  void for_each_free_largest_first(F&& visit) const {
-    for (auto it = free_.rbegin(); it != free_.rend(); ++it) visit(**it);
+  void for_each_free_holding_pages(F&& visit) const {
+    for (auto it = free_.rbegin(); it != free_.rend() && (*it)->size >= page_bytes_; ++it) {
+      if (!visit(**it)) return;
+    }
   }
 
  private:
@@ -165,6 +174,7 @@ class Arena {
   FreeSet::node_type spare_node_;  // see insert_free
   std::vector<PageSlot> pages_;
   std::vector<bool> gave_spare_;  // by page, see gave_spare()
+  std::size_t mapped_high_ = 0;   // see mapped_high()
   std::uint64_t epoch_ = 1;       // see set_epoch
 };
 

@@ -88,6 +88,7 @@ void PageTable::map_pages(Arena& arena, std::size_t first, std::size_t last,
         pages.pop_back();
         const Page& taken = mapped_now.back().second;
         arena.page(i) = PageSlot{taken.chunk, taken.where, true, false, nullptr};
+        arena.note_mapped(i);
         device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
         device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
         if (const Tier tier = tier_of(taken.where, device_.device()); tier != Tier::local) {

@@ -47,14 +47,16 @@ void StreamHeap::return_stray_remote_pages(OwnFence& own) {
   std::vector<Page> pages;
   try {
     for_each_arena([&](Arena& arena) {
-      arena.for_each_free_largest_first([&](const Block& free_block) {
+      arena.for_each_free_holding_pages([&](const Block& free_block) {
         auto [first, last] = arena.pages_inside(free_block);
+        last = std::min(last, arena.mapped_high());
         for (std::size_t i = first; i < last; ++i) {
           const PageSlot& slot = arena.page(i);
           if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
             pages.push_back(table_.hand_off(arena, i, own.get()));
           }
         }
+        return true;
       });
     });
   } catch (const Error& e) {

@@ -112,9 +112,9 @@ std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& ou
   std::size_t taken = 0;
   const bool spare = take == Take::spare || take == Take::spare_fenced;
   auto visit = [&](Arena& arena, const Block& free_block) {
-    if (taken >= wanted) return;
     if (take == Take::spare && !quiet(free_block, own)) return;
     auto [first, last] = arena.pages_inside(free_block);
+    last = std::min(last, arena.mapped_high());  // nothing above was ever mapped
     for (std::size_t i = first; i < last && taken < wanted; ++i) {
       // Pages of other tiers in free space went home when they were freed.
       const PageSlot& slot = arena.page(i);
@@ -133,7 +133,11 @@ std::size_t StreamHeap::reclaim_locked(std::size_t wanted, std::vector<Page>& ou
     }
   };
   for_each_arena([&](Arena& arena) {
-    arena.for_each_free_largest_first([&](const Block& b) { visit(arena, b); });
+    if (taken >= wanted) return;
+    arena.for_each_free_holding_pages([&](const Block& b) {
+      visit(arena, b);
+      return taken < wanted;
+    });
   });
   return taken;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <poll.h>
 
 #include <array>
 #include <cerrno>
@@ -110,6 +111,11 @@ std::optional<Received> Channel::receive() const {
   out.record.body.assign(record.begin() + sizeof(Header), record.end());
   out.fds = std::move(fds);
   return out;
+}
+
+bool Channel::readable() const {
+  pollfd p{fd_.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 void Channel::shutdown() const noexcept {

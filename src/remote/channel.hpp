@@ -40,6 +40,9 @@ class Channel {
   // The next record, or nullopt when the peer closed the connection. A malformed record (too
   // long, cut, bad header) throws ProtocolError; its descriptors are closed.
   std::optional<Received> receive() const;
+  // True when a record (or the peer's close) is waiting to be received: receive() would not
+  // block. Does not wait.
+  [[nodiscard]] bool readable() const;
   // Ends both directions: a receive() blocked on another thread returns nullopt.
   void shutdown() const noexcept;
   [[nodiscard]] PeerCredentials peer() const;

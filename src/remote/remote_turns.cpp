@@ -6,8 +6,23 @@
 
 namespace salus::remote {
 
-TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job)
-    : path_(link.socket_path()), channel_(connect_to(path_)) {
+namespace {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr double kWaitWeight = 0.25;  // weight of the newest turn in recent_wait_
+
+}  // namespace
+
+TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job,
+                               std::chrono::microseconds spin)
+    : path_(link.socket_path()), channel_(connect_to(path_)), spin_(spin) {
   const AttachTurns attach{link.welcome().session, link.welcome().token, daemon_job};
   const std::uint64_t seq = next_seq_++;
   (void)exchange(encode(MessageType::attach_turns, seq, attach), "attach_turns", seq);
@@ -15,21 +30,70 @@ TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job)
 
 Received TurnConnection::call(MessageType type, const JobCall& body) {
   std::lock_guard lock(mu_);
+  settle_posted();
   const std::uint64_t seq = next_seq_++;
-  return exchange(encode(type, seq, body), to_string(type), seq);
+  if (type != MessageType::begin_iteration) return exchange(encode(type, seq, body), to_string(type), seq);
+  try {
+    channel_.send(encode(type, seq, body));
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    throw salusd_gone(path_, e.what());
+  }
+  const auto asked = std::chrono::steady_clock::now();
+  wait_for_answer(asked);
+  Received answer = receive_answer(to_string(type), seq);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  recent_wait_ = (1 - kWaitWeight) * recent_wait_ + kWaitWeight * waited;
+  return answer;
 }
 
-Received TurnConnection::call(MessageType type, const EndIteration& body) {
+void TurnConnection::wait_for_answer(std::chrono::steady_clock::time_point asked) {
+  const double spin = std::chrono::duration<double>(spin_).count();
+  if (spin <= 0.0 || recent_wait_ > spin) return;
+  const auto until = asked + 2 * spin_;
+  for (unsigned i = 1; !channel_.readable(); ++i) {
+    cpu_relax();
+    if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
+void TurnConnection::post(const EndIteration& body) {
   std::lock_guard lock(mu_);
+  settle_posted();
   const std::uint64_t seq = next_seq_++;
-  return exchange(encode(type, seq, body), to_string(type), seq);
+  try {
+    channel_.send(encode(MessageType::end_iteration, seq, body));
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    throw salusd_gone(path_, e.what());
+  }
+  posted_ = seq;
+}
+
+void TurnConnection::settle_posted() {
+  if (const std::optional<std::uint64_t> seq = std::exchange(posted_, std::nullopt)) {
+    (void)receive_answer(to_string(MessageType::end_iteration), *seq);
+  }
 }
 
 Received TurnConnection::exchange(std::span<const std::byte> record, std::string_view what,
                                   std::uint64_t seq) {
-  std::optional<Received> reply;
   try {
     channel_.send(record);
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    throw salusd_gone(path_, e.what());
+  }
+  return receive_answer(what, seq);
+}
+
+Received TurnConnection::receive_answer(std::string_view what, std::uint64_t seq) {
+  std::optional<Received> reply;
+  try {
     reply = channel_.receive();
   } catch (const ProtocolError&) {
     throw;
@@ -62,7 +126,7 @@ void RemoteTurns::add(JobId job, const JobSpec& spec) {
   const JobAdded added = body_as<JobAdded>(link_->call(MessageType::add_job, body).record);
   std::shared_ptr<TurnConnection> turns;
   try {
-    turns = std::make_shared<TurnConnection>(*link_, added.job);
+    turns = std::make_shared<TurnConnection>(*link_, added.job, spin_);
   } catch (...) {
     try {
       (void)link_->call(MessageType::finish_job, JobCall{added.job, -1, 0, 0});
@@ -107,7 +171,7 @@ void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
   if (!e.holding) return;
   set_holding(job, false);
   const EndIteration end{JobCall{e.daemon_job, -1, 0, 0}, report_of(measured)};
-  (void)e.turns->call(MessageType::end_iteration, end);
+  e.turns->post(end);
 }
 
 void RemoteTurns::withdraw(JobId job) {

@@ -8,8 +8,10 @@
 // the turn connection through the daemon), finishing it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "iteration_sched/turn_gate.hpp"
@@ -17,28 +19,46 @@
 
 namespace salus::remote {
 
-// One job's turn connection: a call at a time (its lock is held from send to answer).
+// One job's turn connection: a call at a time (its lock is held from send to answer). An
+// iteration's end is posted, not called: the daemon acts on it in order, and its answer is read
+// before the next call's (a failure then is that call's error, naming end_iteration), so a job
+// that ends its turn goes on at once and the next process's wake-up is the only one on the
+// switch's path.
 class TurnConnection {
  public:
   // Connects and attaches to `link`'s session as `daemon_job`; throws what the daemon refused.
-  TurnConnection(const DaemonLink& link, std::uint64_t daemon_job);
+  // `spin`: RuntimeOptions::turn_spin (see wait_for_answer).
+  TurnConnection(const DaemonLink& link, std::uint64_t daemon_job,
+                 std::chrono::microseconds spin = {});
   // Sends `type` for the job and waits for the answer: a Failure is thrown as its typed error,
   // the daemon's absence as DeviceError SALUSD_GONE.
   Received call(MessageType type, const JobCall& body);
-  Received call(MessageType type, const EndIteration& body);
+  // Sends the end of an iteration without waiting for its answer (see above).
+  void post(const EndIteration& body);
 
  private:
   Received exchange(std::span<const std::byte> record, std::string_view what, std::uint64_t seq);
+  // With mu_ held: reads the answer to a posted end, if one is outstanding.
+  void settle_posted();
+  Received receive_answer(std::string_view what, std::uint64_t seq);
+  // Before a turn's answer is received: where this job's turns have lately come within `spin_`
+  // of asking, the thread watches the socket that long (polling, not sleeping) so that the
+  // answer finds it awake; a turn that is slower to come is waited for asleep, as before.
+  void wait_for_answer(std::chrono::steady_clock::time_point asked);
 
   const std::string path_;
   std::mutex mu_;  // one call at a time
   Channel channel_;
   std::uint64_t next_seq_ = 1;
+  std::optional<std::uint64_t> posted_;  // the seq of a posted end whose answer is unread
+  const std::chrono::microseconds spin_;
+  double recent_wait_ = 1.0;  // seconds a turn took to come lately (moving average)
 };
 
 class RemoteTurns final : public TurnGate {
  public:
-  explicit RemoteTurns(std::shared_ptr<DaemonLink> link) : link_(std::move(link)) {}
+  explicit RemoteTurns(std::shared_ptr<DaemonLink> link, std::chrono::microseconds spin = {})
+      : link_(std::move(link)), spin_(spin) {}
 
   void add(JobId job, const JobSpec& spec) override;
   bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) override;
@@ -58,6 +78,7 @@ class RemoteTurns final : public TurnGate {
   void set_holding(JobId job, bool holding);
 
   const std::shared_ptr<DaemonLink> link_;
+  const std::chrono::microseconds spin_;
   mutable std::mutex mu_;  // guards jobs_; never held across a call to the daemon
   std::unordered_map<JobId, Entry> jobs_;
 };
