@@ -1,6 +1,7 @@
 // Everything a C++ user of Salus needs: the whole public C++ API (the C ABI is salus/c_api.h).
 #pragma once
 
+#include "salus/blocking.hpp"
 #include "salus/contention.hpp"
 #include "salus/cuda.hpp"
 #include "salus/device.hpp"

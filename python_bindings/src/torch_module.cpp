@@ -4,7 +4,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "salus/blocking.hpp"
 #include "salus/torch.hpp"
 #if defined(SALUS_TORCH_HAS_CUDA_ALLOCATOR)
 #include "salus/torch_cuda.hpp"
@@ -41,6 +43,42 @@ void without_gil(void (*call)(void*), void* arg) {
   PyEval_RestoreThread(saved);
 }
 
+// The GIL only when the call blocks. An allocator call made holding the GIL keeps it while it
+// runs (the steady state's allocations and frees take microseconds and never wait): letting go
+// of it and taking it back around each would hand it to another Python thread at every
+// allocation. Where the call is about to block (salus/blocking.hpp: memory another job's
+// iteration holds, the GPU, the daemon), Salus runs release_before_blocking, which lets go of it;
+// it is taken back once the call has returned, outside Salus's locks.
+struct GilScope {
+  PyThreadState* saved = nullptr;  // set once the GIL was let go
+};
+thread_local GilScope* t_scope = nullptr;
+
+void release_before_blocking() noexcept {
+  GilScope* scope = t_scope;
+  if (scope != nullptr && scope->saved == nullptr) scope->saved = PyEval_SaveThread();
+}
+
+void gil_until_blocking(void (*call)(void*), void* arg) {
+  if (PyGILState_Check() == 0) {
+    call(arg);
+    return;
+  }
+  GilScope scope;
+  GilScope* const outer = std::exchange(t_scope, &scope);
+  const auto restore = [&] {
+    t_scope = outer;
+    if (scope.saved != nullptr) PyEval_RestoreThread(scope.saved);
+  };
+  try {
+    call(arg);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_salus_torch, m) {
@@ -53,10 +91,15 @@ PYBIND11_MODULE(_salus_torch, m) {
     m.def(
         name,
         [enable](const py::capsule& runtime, bool python_policy) {
-          // Always around the calls that may block; around all of them under a Python policy.
-          salus::torch::set_around(&without_gil, python_policy
-                                                     ? salus::torch::AroundCalls::all
-                                                     : salus::torch::AroundCalls::blocking);
+          // A policy written in Python takes the GIL while it holds the scheduler's lock, which
+          // any call may need: then every call runs without the GIL. Else the calls that may
+          // block keep it until they do (gil_until_blocking).
+          if (python_policy) {
+            salus::torch::set_around(&without_gil, salus::torch::AroundCalls::all);
+          } else {
+            (void)salus::set_before_blocking(&release_before_blocking);
+            salus::torch::set_around(&gil_until_blocking, salus::torch::AroundCalls::blocking);
+          }
           enable(runtime_of(runtime));
         },
         py::arg("runtime"), py::arg("python_policy"));

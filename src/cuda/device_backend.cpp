@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "waits/blocking.hpp"
 #include "cuda/backend_checks.hpp"
 #include "salus/device.hpp"
 
@@ -249,6 +250,7 @@ void DeviceBackend::destroy_stream(StreamHandle stream) {
 }
 
 void DeviceBackend::synchronize_stream(StreamHandle stream) {
+  waits::before_blocking();
   do_synchronize_stream(stream);
 }
 
@@ -307,6 +309,7 @@ bool DeviceBackend::query_event(EventHandle event) {
 
 void DeviceBackend::synchronize_event(EventHandle event) {
   check_event(event, "synchronize_event");
+  waits::before_blocking();
   do_synchronize_event(event);
 }
 

@@ -1,5 +1,6 @@
 // DeviceScheduler: allocations that wait for memory held by the device's other running
 // iterations (see device_scheduler.hpp, allocate_or_wait).
+#include "waits/blocking.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "log/log.hpp"
 
@@ -110,6 +111,7 @@ bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std:
   }
   if (others - (running_holders_ - self) <= 0) return false;
   const std::uint64_t seen = iterations_gone_;
+  waits::before_blocking();
   memory_back_.wait_for(lock, kRetryEvery, [&] {
     return iterations_gone_ != seen || job.state == JobState::cancelled ||
            job.state == JobState::left;

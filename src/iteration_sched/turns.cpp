@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "waits/blocking.hpp"
 #include "iteration_sched/attribution.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "memory/curves.hpp"
@@ -128,6 +129,7 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
       const auto spin_from = *due - turn_spin_;
       if (now < spin_from && (!until || spin_from < *until)) {
         // Sleep until the turn is near (a start or a cancel still wakes it before).
+        waits::before_blocking();
         job.wakeup.wait_until(lock, spin_from);
         continue;
       }
@@ -138,6 +140,7 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
         continue;
       }
     }
+    waits::before_blocking();
     if (until) {
       job.wakeup.wait_until(lock, *until);
       if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {

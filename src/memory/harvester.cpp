@@ -1,3 +1,4 @@
+#include "waits/blocking.hpp"
 #include "memory/harvester.hpp"
 
 #include <algorithm>
@@ -232,6 +233,7 @@ std::size_t Harvester::activate(JobRecord& job) {
     if (job.active) return 0;
     job.activating = true;
     waited_for_move = job.moving > 0;
+    if (waited_for_move) waits::before_blocking();
     job.activity_cv.wait(lock, [&] { return job.moving == 0; });
   }
   {

@@ -1,3 +1,4 @@
+#include "waits/blocking.hpp"
 #include "memory/tiers.hpp"
 
 #include <fmt/format.h>
@@ -157,6 +158,7 @@ std::uint64_t Tiers::safe_points() const {
 
 bool Tiers::wait_safe_point(std::chrono::steady_clock::time_point deadline, std::uint64_t seen) {
   std::unique_lock lock(safe_mu_);
+  if (safe_points_ == seen) waits::before_blocking();
   return safe_cv_.wait_until(lock, deadline, [&] { return safe_points_ != seen; });
 }
 

@@ -1,3 +1,4 @@
+#include "waits/blocking.hpp"
 #include "remote/daemon_link.hpp"
 
 #include <unistd.h>
@@ -87,6 +88,7 @@ Received DaemonLink::call(MessageType type, std::span<const std::byte> body,
     throw;
   }
   std::unique_lock lock(mu_);
+  if (!gone_ && !pending_.at(seq).reply.has_value()) waits::before_blocking();
   cv_.wait(lock, [&] { return gone_ || pending_.at(seq).reply.has_value(); });
   auto node = pending_.extract(seq);
   if (!node.mapped().reply) throw_gone();
