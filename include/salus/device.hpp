@@ -211,6 +211,10 @@ class SALUS_API DeviceBackend {
   // True when all work enqueued on `stream` so far has finished. `device` says whose default
   // stream a handle of 0 is (other streams know their device).
   [[nodiscard]] bool query_stream(StreamHandle stream, int device);
+  // True only where the backend knows, with no driver call, that nothing is pending on `stream`
+  // (the simulated GPU reads a counter); false means "not known", never "busy" (CUDA always says
+  // false). Fences skip such streams: a free on an idle stream records nothing.
+  [[nodiscard]] bool stream_known_idle(StreamHandle stream, int device);
   EventHandle create_event(int device);
   void destroy_event(EventHandle event);
   void record_event(EventHandle event, StreamHandle stream);
@@ -307,6 +311,9 @@ class SALUS_API DeviceBackend {
   // Backends without graphs never capture.
   [[nodiscard]] virtual bool do_stream_capturing(StreamHandle /*stream*/) { return false; }
   [[nodiscard]] virtual bool do_query_stream(StreamHandle stream, int device) = 0;
+  [[nodiscard]] virtual bool do_stream_known_idle(StreamHandle /*stream*/, int /*device*/) {
+    return false;
+  }
   virtual EventHandle do_create_event(int device) = 0;
   virtual void do_destroy_event(EventHandle event) = 0;
   virtual void do_record_event(EventHandle event, StreamHandle stream) = 0;

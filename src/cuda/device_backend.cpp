@@ -259,6 +259,11 @@ void DeviceBackend::validate_stream(StreamHandle stream, int device) {
   do_validate_stream(stream, device);
 }
 
+bool DeviceBackend::stream_known_idle(StreamHandle stream, int device) {
+  check_device(device, "stream_known_idle");
+  return do_stream_known_idle(stream, device);
+}
+
 bool DeviceBackend::query_stream(StreamHandle stream, int device) {
   check_device(device, "query_stream");
   return do_query_stream(stream, device);

@@ -136,6 +136,7 @@ class SimBackend final : public DeviceBackend {
   void do_synchronize_stream(StreamHandle stream) override;
   void do_validate_stream(StreamHandle stream, int device) override;
   [[nodiscard]] bool do_query_stream(StreamHandle stream, int device) override;
+  [[nodiscard]] bool do_stream_known_idle(StreamHandle stream, int device) override;
   EventHandle do_create_event(int device) override;
   void do_destroy_event(EventHandle event) override;
   void do_record_event(EventHandle event, StreamHandle stream) override;

@@ -35,6 +35,8 @@ struct SimBackend::Stream {
   // Throws when the stream is being destroyed: its worker may already have left.
   void push(Task task);
   [[nodiscard]] bool idle();
+  // As idle(), without the stream's lock (one atomic read): what fences ask on a free.
+  [[nodiscard]] bool idle_now() const { return pending.load(std::memory_order_acquire) == 0; }
   // Where and when the stream is now, if it is idle (everything enqueued has run): an event
   // recorded now completes at once there, with no task for the worker.
   [[nodiscard]] std::optional<EventCapture> capture_if_idle();
@@ -63,6 +65,7 @@ struct SimBackend::Stream {
   std::deque<Task> queue;
   std::uint64_t enqueued = 0;
   std::uint64_t completed = 0;
+  std::atomic<std::uint64_t> pending{0};  // enqueued - completed, readable without the lock
   bool closing = false;
   double busy = 0.0;    // written by the worker only (see busy_seconds)
   std::atomic<std::uint64_t>& tasks_handed;

@@ -34,6 +34,7 @@ void SimBackend::Stream::push(Task task) {
     if (closing) throw InvalidArgument("stream is being destroyed");
     queue.push_back(std::move(task));
     ++enqueued;
+    pending.fetch_add(1, std::memory_order_relaxed);
   }
   tasks_handed.fetch_add(1, std::memory_order_relaxed);
   work_cv.notify_one();
@@ -95,6 +96,7 @@ void SimBackend::Stream::run(const std::stop_token& st) {
     }
     lock.lock();
     ++completed;
+    pending.fetch_sub(1, std::memory_order_release);
     done_cv.notify_all();
   }
 }
@@ -169,6 +171,10 @@ void SimBackend::do_validate_stream(StreamHandle stream, int device) {
 
 bool SimBackend::do_query_stream(StreamHandle stream, int device) {
   return stream_for(stream, device)->idle();
+}
+
+bool SimBackend::do_stream_known_idle(StreamHandle stream, int device) {
+  return stream_for(stream, device)->idle_now();
 }
 
 void SimBackend::do_launch_host_func(StreamHandle stream, std::function<void()> fn) {

@@ -286,6 +286,7 @@ class DeviceScheduler {
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job
   std::unordered_map<std::uint64_t, JobId> bound_streams_;      // stream -> job
+  std::atomic<bool> default_stream_bound_{false};  // ever bound (bind_stream with stream 0)
   std::optional<SteadyClock::time_point> recheck_at_;
   int holds_ = 0;              // allocations waiting for memory: run_decisions starts nothing
   int running_holders_ = 0;    // ... of which inside an iteration

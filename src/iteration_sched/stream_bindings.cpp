@@ -8,6 +8,9 @@
 namespace salus {
 
 std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
+  // Lanes are created streams, never the default stream: unless a framework bound that one, it
+  // is nobody's, and the allocations of jobs computing on the host (all on it) skip the lock.
+  if (stream.value == 0 && !default_stream_bound_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard lock(mu_);
   auto it = running_on_stream_.find(stream.value);
   if (it == running_on_stream_.end()) {
@@ -30,6 +33,7 @@ void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<Job
   std::lock_guard lock(mu_);
   check_usable(*job, "bind_stream");
   bound_streams_[stream.value] = job->id;
+  if (stream.value == 0) default_stream_bound_.store(true, std::memory_order_release);
 }
 
 void DeviceScheduler::unbind_stream(StreamHandle stream) {

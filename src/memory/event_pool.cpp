@@ -12,6 +12,7 @@ EventPool::EventPool(std::shared_ptr<DeviceBackend> backend, int device)
     : backend_(std::move(backend)), device_(device) {}
 
 std::shared_ptr<const Event> EventPool::record(StreamHandle stream) {
+  if (backend_->stream_known_idle(stream, device_)) return nullptr;  // nothing to wait for
   std::unique_ptr<Event> event;
   {
     std::lock_guard lock(mu_);

@@ -120,6 +120,9 @@ class RemoteBackend final : public DeviceBackend {
   bool do_stream_capturing(StreamHandle stream) override {
     return local_->stream_capturing(stream);
   }
+  bool do_stream_known_idle(StreamHandle stream, int device) override {
+    return local_->stream_known_idle(stream, device);
+  }
   bool do_query_stream(StreamHandle stream, int device) override {
     return local_->query_stream(stream, device);
   }
