@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 
 import torch
@@ -25,6 +26,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--priority", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--joined", help="a file made once the job is added")
+    parser.add_argument("--wait-for", help="a file whose making starts the iterations")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -32,6 +35,8 @@ def main() -> None:
     runtime = salus.connect(args.socket) if args.socket else salus.Runtime("sim", memory="1GiB")
     salus.torch.enable(runtime)
     job = runtime.add_job(args.name, priority=args.priority)
+    if args.joined:
+        open(args.joined, "w").close()
     spans = []
     try:
         with job:
@@ -40,6 +45,8 @@ def main() -> None:
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         data = torch.randn(16, 3, 32, 32)
         labels = torch.randint(0, 10, (16,))
+        while args.wait_for and not os.path.exists(args.wait_for):
+            time.sleep(0.001)
         for _ in range(args.iterations):
             with job.iteration():
                 begun = time.monotonic()

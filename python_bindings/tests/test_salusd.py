@@ -57,13 +57,25 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str) -> list[dict]:
+    """Runs the clients to their end; several start their iterations together, once every one
+    has added its job (whatever importing torch cost each)."""
     procs = []
+    ready = tmp / "ready"
     for name in names:
         cmd = [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp / f"{name}.json"),
                *extra]
         if socket:
             cmd += ["--socket", socket]
+        if len(names) > 1:
+            cmd += ["--joined", str(tmp / f"{name}.joined"), "--wait-for", str(ready)]
         procs.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    if len(names) > 1:
+        deadline = time.monotonic() + 120
+        while not all((tmp / f"{name}.joined").exists() for name in names):
+            assert all(p.poll() is None for p in procs), "a client ended early"
+            assert time.monotonic() < deadline, "the clients did not all add their jobs"
+            time.sleep(0.01)
+        ready.touch()
     results = []
     for name, p in zip(names, procs):
         _, err = p.communicate(timeout=180)

@@ -86,7 +86,10 @@ void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
 }
 
 bool SimBackend::do_record_pending(EventHandle event, StreamHandle stream) {
-  auto [ev, target] = event_and_stream(event, stream);
+  // Named, not bound: a lambda below captures the event (clang 14 refuses structured bindings).
+  auto found = event_and_stream(event, stream);
+  std::shared_ptr<Event> ev = std::move(found.first);
+  auto target = std::move(found.second);
   if (ev->imported) {
     throw InvalidArgument(fmt::format(
         "record_event: event {} was imported: only the process that made it records it",

@@ -73,6 +73,11 @@ void TurnConnection::post(const EndIteration& body) {
   posted_ = seq;
 }
 
+void TurnConnection::settle() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (lock.owns_lock()) settle_posted();
+}
+
 void TurnConnection::settle_posted() {
   if (const std::optional<std::uint64_t> seq = std::exchange(posted_, std::nullopt)) {
     (void)receive_answer(to_string(MessageType::end_iteration), *seq);
@@ -185,6 +190,7 @@ void RemoteTurns::withdraw(JobId job) {
 
 void RemoteTurns::finish(JobId job, bool cancelled) noexcept {
   std::uint64_t daemon_job = 0;
+  std::shared_ptr<TurnConnection> turns;
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job);
@@ -192,7 +198,17 @@ void RemoteTurns::finish(JobId job, bool cancelled) noexcept {
     daemon_job = it->second.daemon_job;
     // A cancel keeps the entry: a thread still waiting for the turn finds it and gets the
     // daemon's answer (cancelled). A leave is final.
-    if (!cancelled) jobs_.erase(it);
+    if (!cancelled) {
+      turns = std::move(it->second.turns);
+      jobs_.erase(it);
+    }
+  }
+  try {
+    // The last iteration's posted end goes before the leave: the two travel on different
+    // connections, and a daemon that read the leave first would never count that iteration.
+    if (turns) turns->settle();
+  } catch (const std::exception&) {
+    // Its failure names an iteration that is over; the leave below still goes.
   }
   try {
     (void)link_->call(MessageType::finish_job, JobCall{daemon_job, -1, cancelled ? 1u : 0u, 0});

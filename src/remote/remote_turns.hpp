@@ -35,6 +35,10 @@ class TurnConnection {
   Received call(MessageType type, const JobCall& body);
   // Sends the end of an iteration without waiting for its answer (see above).
   void post(const EndIteration& body);
+  // Reads the answer to a posted end, if one is outstanding, so that the daemon has acted on it
+  // before what the job says next on another connection (its leave, on the session's link). A
+  // call in flight on another thread settles it itself: this then returns at once.
+  void settle();
 
  private:
   Received exchange(std::span<const std::byte> record, std::string_view what, std::uint64_t seq);
