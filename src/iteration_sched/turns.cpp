@@ -5,25 +5,13 @@
 #include <algorithm>
 
 #include "waits/blocking.hpp"
+#include "waits/cpu_relax.hpp"
 #include "iteration_sched/attribution.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "memory/curves.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
-
-namespace {
-
-// A spinning thread's pause: it lets the core's other hyperthread run and saves power.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 StreamHandle DeviceScheduler::begin(JobRecordState& job) {
   return *begin_turn(job, std::nullopt);
@@ -177,7 +165,7 @@ void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::m
   const std::uint32_t seen = job.signal.load(std::memory_order_acquire);
   lock.unlock();
   for (unsigned i = 1; job.signal.load(std::memory_order_acquire) == seen; ++i) {
-    cpu_relax();
+    waits::cpu_relax();
     if (i % 64 == 0 && SteadyClock::now() >= until) break;
   }
   // The granting thread may still hold mu_ for a moment: spin for it as well.
@@ -186,7 +174,7 @@ void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::m
       lock.lock();
       break;
     }
-    cpu_relax();
+    waits::cpu_relax();
   }
 }
 

@@ -4,17 +4,11 @@
 
 #include <algorithm>
 
+#include "waits/cpu_relax.hpp"
+
 namespace salus::remote {
 
 namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 constexpr double kWaitWeight = 0.25;  // weight of the newest turn in recent_wait_
 
@@ -54,7 +48,7 @@ void TurnConnection::wait_for_answer(std::chrono::steady_clock::time_point asked
   if (spin <= 0.0 || recent_wait_ > spin) return;
   const auto until = asked + 2 * spin_;
   for (unsigned i = 1; !channel_.readable(); ++i) {
-    cpu_relax();
+    waits::cpu_relax();
     if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return;
   }
 }
