@@ -5,7 +5,9 @@
 # spilling to the host, OutOfMemory, record_stream, CUDA graphs, memory_stats, two GPUs), and the
 # PyTorch tests and example on the GPU (python_bindings/tests/test_gpu.py,
 # examples/pytorch_sharing.py) through .venv. Ends with the summary lines again.
-# Without a GPU it says so and exits 0. Exits non-zero if any step failed.
+# Without a GPU it says so and exits 0; with --dry-run it runs what needs no GPU (the CUDA
+# backend's tests on the fake driver, the cross-process suite on the simulated backend) and says
+# SKIP for the rest. Exits non-zero if any step failed.
 #
 # Environment: SALUS_JOBS (build parallelism, default 2). SALUS_GPU_PREBUILT=1 skips set-up and
 # the build and uses the build-gpu/ that is there (a GPU machine with no network, given a tree
@@ -13,20 +15,10 @@
 # must import salus and a CUDA build of torch.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-JOBS=${SALUS_JOBS:-2}
 BUILD=build-gpu
 PY=${SALUS_GPU_PYTHON:-.venv/bin/python}
-PREBUILT=${SALUS_GPU_PREBUILT:-0}
 
 log() { printf '\n[gpu-check] %s\n' "$*"; }
-
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) ||
-   ! grep -q '^GPU ' <<<"$gpus"; then
-  echo "[gpu-check] no NVIDIA GPU found: skipping"
-  exit 0
-fi
-log "GPUs:"
-printf '%s\n' "$gpus"
 
 failures=()
 # step NAME COMMAND...: runs it, records a failure without stopping.
@@ -41,17 +33,37 @@ step() {
   fi
 }
 
-if [[ $PREBUILT == 1 ]]; then
-  [[ -x $BUILD/tests/salus_tests ]] || { echo "[gpu-check] SALUS_GPU_PREBUILT=1 but no $BUILD/"; exit 1; }
-  log "using the prebuilt $BUILD/ (no set-up, no build)"
-else
-  ./scripts/setup.sh </dev/null
-  log "configure and build $BUILD/"
-  mkdir -p "$BUILD"
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSALUS_BUILD_BENCHMARKS=OFF \
-    >"$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j "$JOBS"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) ||
+   ! grep -q '^GPU ' <<<"$gpus"; then
+  if [[ ${1:-} != --dry-run ]]; then
+    echo "[gpu-check] no NVIDIA GPU found: skipping (--dry-run runs what needs none)"
+    exit 0
+  fi
+  # What runs without a GPU, from the development build (build/): the CUDA backend's tests on
+  # the fake driver and the cross-process suite on the simulated backend. The rest says SKIP.
+  DRY=${SALUS_DRY_BUILD:-build}
+  [[ -x $DRY/tests/salus_daemon_tests ]] || { echo "[gpu-check] no $DRY/: build it first"; exit 1; }
+  log "no NVIDIA GPU: dry run of what needs none ($DRY/)"
+  step "C++ CUDA backend tests (fake driver)" \
+    ctest --test-dir "$DRY" --output-on-failure --timeout 900 -R 'Cuda|FencePool|DeviceIdentity'
+  step "salusd: the cross-process tests (simulated backend)" "./$DRY/tests/salus_daemon_tests"
+  for skipped in "sharing_demo --cuda" "two_jobs_demo --cuda" "PyTorch checks (gpu_checks.py)" \
+      "test_gpu.py" "pytorch_sharing.py on the GPU" "two_processes on the GPU" \
+      "an unmodified script under salus run on the GPU" \
+      "torchvision resnet18 with cudnn.benchmark under salus run"; do
+    echo "SKIP $skipped: needs a GPU"
+  done
+  if ((${#failures[@]})); then
+    printf '[gpu-check] %d step(s) failed: %s\n' "${#failures[@]}" "$(IFS=','; echo "${failures[*]}")"
+    exit 1
+  fi
+  echo "[gpu-check] dry run passed"
+  exit 0
 fi
+log "GPUs:"
+printf '%s\n' "$gpus"
+
+./scripts/gpu_build.sh
 rm -f "$BUILD/gpu_checks.txt"
 
 # The CUDA backend's tests run against a fake driver (tests/support/fake_driver), so they check the
@@ -104,6 +116,24 @@ else
     cat "$dir/stats.json"; echo
     "$0" -c "import json, sys; a, b = (json.load(open(p))[\"weights\"] for p in sys.argv[1:]); \
       print(\"weights equal:\", a == b); sys.exit(a != b)" "$dir/alone.json" "$dir/shared.json"
+  ' "$PY"
+  # cuDNN's benchmark mode asks the allocator how large a workspace it could get (cacheInfo),
+  # as torchvision's reference scripts and timm do: a torchvision model under salus run.
+  step "torchvision resnet18 with cudnn.benchmark under salus run" bash -c '
+    set -e; dir=$(mktemp -d)
+    printf "%s\n" "import torch, torchvision" \
+      "torch.backends.cudnn.benchmark = True" \
+      "model = torchvision.models.resnet18(num_classes=10).cuda()" \
+      "opt = torch.optim.SGD(model.parameters(), lr=0.01)" \
+      "x = torch.randn(32, 3, 224, 224, device=\"cuda\")" \
+      "y = torch.randint(0, 10, (32,), device=\"cuda\")" \
+      "for _ in range(3):" \
+      "    loss = torch.nn.functional.cross_entropy(model(x), y)" \
+      "    opt.zero_grad(); loss.backward(); opt.step()" \
+      "torch.cuda.synchronize()" \
+      "print(\"cudnn.benchmark steps done, loss\", float(loss))" >"$dir/bench_mode.py"
+    "$0" -m salus.cli run --socket "$dir/s.sock" --backend cuda --memory 4GiB -- "$0" "$dir/bench_mode.py"
+    kill "$(cat "$dir/s.sock.lock")" 2>/dev/null || true
   ' "$PY"
 fi
 

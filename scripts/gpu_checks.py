@@ -154,6 +154,25 @@ CHECKS = [
         assert float(z.sum()) == 7.0 * (1 << 20)
         print("the side stream read x's values, not the reuse's")
     """),
+    Check("cudnn_benchmark", """
+        # torch.backends.cudnn.benchmark: cuDNN's algorithm search asks the allocator how large a
+        # workspace it could get (cacheInfo); the convolution then matches one without Salus.
+        rt = salus.Runtime("cuda", policy="fair")
+        salus.torch.enable(rt)
+        torch.backends.cudnn.benchmark = True
+        job = rt.add_job("conv")
+        g = torch.Generator().manual_seed(0)
+        x_cpu = torch.randn(16, 3, 64, 64, generator=g)
+        w_cpu = torch.randn(32, 3, 3, 3, generator=g)
+        with job.iteration():
+            y = torch.nn.functional.conv2d(x_cpu.cuda(), w_cpu.cuda(), padding=1)
+            got = y.double().sum().item()
+        ref = torch.nn.functional.conv2d(x_cpu.double(), w_cpu.double(), padding=1).sum().item()
+        assert abs(got - ref) <= 1e-2 * max(1.0, abs(ref)), (got, ref)
+        largest = torch.cuda.memory.mem_get_info()  # the driver's view, for the summary
+        print(f"conv2d under cudnn.benchmark matches the CPU ({got:.6g}); driver free {largest[0]}")
+        job.leave()
+    """),
     Check("cuda_graph", """
         # CUDA graphs are refused with a clear error; the stream is usable afterwards.
         rt = salus.Runtime("cuda", policy="fair")

@@ -136,6 +136,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { static_cast<void>(e.backend.properties(0)); }},
       {"cuDeviceTotalMem", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { static_cast<void>(e.backend.properties(1)); }},
+      {"cuDeviceGetUuid", CUDA_ERROR_INVALID_DEVICE,
+       [](Env& e) { static_cast<void>(e.backend.properties(0)); }},
       {"cuDeviceGetP2PAttribute", CUDA_ERROR_INVALID_DEVICE,
        [](Env& e) { static_cast<void>(e.backend.peer_link(0, 1)); }},
       {"cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, [](Env& e) { map_fresh_page(e, false); }},
@@ -199,7 +201,13 @@ class CudaDriverFailure : public ::testing::TestWithParam<FailureCase> {
     backend_.record_event(env_.timed_end, env_.stream);
   }
 
-  FakeDriver fake_{FakeDriverConfig::uniform(2, 1 * GiB)};
+  // The actions open the events they export: the one fake plays both processes.
+  static FakeDriverConfig config() {
+    FakeDriverConfig c = FakeDriverConfig::uniform(2, 1 * GiB);
+    c.ipc_open_own_events = true;
+    return c;
+  }
+  FakeDriver fake_{config()};
   CudaBackend backend_{fake_.api()};
   ChunkHandle chunk_{};
   Env env_{fake_, backend_};

@@ -257,8 +257,15 @@ TEST_F(FakeDriverSharing, InjectedFailuresReachTheNewEntryPoints) {
 
 // --- interprocess events -------------------------------------------------------------------------
 
+// One fake plays the exporter and the importer (ipc_open_own_events).
+FakeDriverConfig two_processes(int devices) {
+  FakeDriverConfig config = FakeDriverConfig::uniform(devices, 1 * GiB);
+  config.ipc_open_own_events = true;
+  return config;
+}
+
 TEST(CudaSharingFake, ShareableEventsAreInterprocessEventsOfTheDriver) {
-  FakeDriver fake(FakeDriverConfig::uniform(2, 1 * GiB));
+  FakeDriver fake(two_processes(2));
   cuda::CudaBackend backend(fake.api());
   fake.clear_calls();
   const EventHandle made = backend.create_shareable_event(1);
@@ -292,12 +299,29 @@ TEST(CudaSharingFake, ADriverWithoutInterprocessEventsSaysNotSupported) {
                                   "no interprocess events");
 }
 
+// A device without interprocess events (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED 0) says so before
+// the driver is asked for one; salusd's clients then wait for their work on the host.
+TEST(CudaSharingFake, ADeviceWithoutInterprocessEventsSaysNotSupported) {
+  FakeDriverConfig config = FakeDriverConfig::uniform(2, 1 * GiB);
+  config.devices[1].ipc_events = false;
+  FakeDriver fake(config);
+  cuda::CudaBackend backend(fake.api());
+  fake.clear_calls();
+  expect_throw_with<NotSupported>([&] { (void)backend.create_shareable_event(1); },
+                                  "device 1 has no interprocess events");
+  expect_throw_with<NotSupported>([&] { (void)backend.import_event(1, SharedEvent{}); },
+                                  "IPC_EVENT_SUPPORTED");
+  EXPECT_EQ(fake.count("cuEventCreate"), 0u);
+  const EventHandle fine = backend.create_shareable_event(0);
+  backend.destroy_event(fine);
+}
+
 // Two processes' mappings of one page (two handles of one allocation): the second's work must
 // wait for the first's interprocess event, or the fake records a page used before its fence.
 TEST(CudaSharingFake, APageUsedBeforeItsInterprocessFenceIsAViolation) {
   for (const bool wait : {false, true}) {
     SCOPED_TRACE(wait ? "waiting for the fence" : "not waiting");
-    FakeDriver fake(FakeDriverConfig::uniform(1, 1 * GiB));
+    FakeDriver fake(two_processes(1));
     cuda::CudaBackend backend(fake.api());
     const ChunkHandle chunk = backend.create_chunk(Location::gpu(0), kPage);
     const SharedChunk exported = backend.export_chunk(chunk);
@@ -333,6 +357,55 @@ TEST(CudaSharingFake, APageUsedBeforeItsInterprocessFenceIsAViolation) {
     backend.release_chunk(theirs);
     backend.release_chunk(chunk);
   }
+}
+
+// CUDA refuses to open an event in the process that exported it (cuda.h: cuIpcOpenEventHandle,
+// CUDA_ERROR_INVALID_CONTEXT), and so does the fake: one FakeDriver is one process.
+TEST(CudaSharingFake, AnEventIsNotOpenedInTheProcessThatExportedIt) {
+  FakeDriver fake(FakeDriverConfig::uniform(1, 1 * GiB));
+  cuda::CudaBackend backend(fake.api());
+  const EventHandle made = backend.create_shareable_event(0);
+  const SharedEvent shared = backend.export_event(made);
+  try {
+    (void)backend.import_event(0, shared);
+    FAIL() << "the exporter opened its own event";
+  } catch (const DeviceError& e) {
+    EXPECT_EQ(e.call(), "cuIpcOpenEventHandle");
+    EXPECT_EQ(e.status(), "CUDA_ERROR_INVALID_CONTEXT") << e.what();
+  }
+  backend.destroy_event(made);
+  EXPECT_EQ(fake.live_events(), 0u);
+}
+
+// The driver reuses a destroyed event's handle: an interprocess handle kept past its event names
+// nothing, or another event. Opening it then, or using an event opened before the source was
+// destroyed, is undefined with CUDA; the fake refuses the open and records both as violations.
+TEST(CudaSharingFake, AHandleKeptPastItsEventsDestructionIsAViolation) {
+  FakeDriver fake(two_processes(1));
+  cuda::CudaBackend backend(fake.api());
+  const StreamHandle stream = backend.create_stream(0, 0);
+  const EventHandle first = backend.create_shareable_event(0);
+  const SharedEvent stale = backend.export_event(first);
+  const EventHandle opened = backend.import_event(0, stale);
+  backend.destroy_event(first);
+  backend.stream_wait_event(stream, opened, 0);  // the opened event outlived its source
+  auto violations = fake.violations();
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_NE(violations[0].find("after its source event was destroyed"), std::string::npos)
+      << violations[0];
+  fake.clear_violations();
+
+  const EventHandle second = backend.create_shareable_event(0);
+  EXPECT_EQ(second, first) << "the driver gave the destroyed event's handle to the next one";
+  expect_throw_with<DeviceError>([&] { (void)backend.import_event(0, stale); },
+                                 "CUDA_ERROR_INVALID_VALUE");
+  violations = fake.violations();
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_NE(violations[0].find("whose event was destroyed"), std::string::npos) << violations[0];
+  fake.clear_violations();
+  backend.destroy_event(second);
+  backend.destroy_event(opened);
+  backend.destroy_stream(stream);
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ using ChunkHandle = Handle<struct ChunkTag>;    // a physical memory chunk
 using StreamHandle = Handle<struct StreamTag>;  // an in-order work queue on one device
 using EventHandle = Handle<struct EventTag>;    // a marker recorded into a stream
 
+using DeviceUuid = std::array<std::uint8_t, 16>;
+
 struct DeviceProperties {
   std::string name;
   std::size_t total_memory = 0;  // bytes
@@ -66,7 +68,13 @@ struct DeviceProperties {
   // The device's chunks carry the GPUDirect RDMA flag / can be exported as file descriptors.
   bool gpu_direct_rdma = false;
   bool shareable_handles = false;
+  // Which GPU this is, whatever number a process gives it (CUDA_VISIBLE_DEVICES renumbers):
+  // the driver's UUID (cuDeviceGetUuid). A simulated device's is made from its index.
+  DeviceUuid uuid{};
 };
+
+// As nvidia-smi writes it: "GPU-" and 32 hex digits in 8-4-4-4-12 groups.
+[[nodiscard]] SALUS_API std::string to_string(const DeviceUuid& uuid);
 
 enum class LinkKind : std::uint8_t { self, nvlink, pcie, none };
 [[nodiscard]] SALUS_API const char* to_string(LinkKind kind) noexcept;
@@ -99,7 +107,8 @@ struct SharedChunk {
 class Event;
 
 // An event as another process can wait for it. CUDA: the 64 bytes of cuIpcGetEventHandle (fd
-// -1). Simulated: a descriptor of the shared memory that holds the event's state (handle unused).
+// -1). Simulated: a descriptor of the shared memory that holds the event's state, and handle
+// bytes that name the event (its process and a serial) without being needed to open it.
 struct SharedEvent {
   int fd = -1;  // owned by whoever holds the struct; close it when done
   std::array<std::byte, 64> handle{};

@@ -172,6 +172,8 @@ class SALUS_API Job {
   // A connected runtime's turn from salusd (see TurnGate); false when the deadline passed.
   bool take_gate_turn(TurnGate& gate,
                       std::optional<std::chrono::steady_clock::time_point> deadline);
+  // Ends a local turn whose stream the gate could not order (see TurnGate::order_after).
+  void end_after_failed_order(DeviceScheduler& s) noexcept;
   std::shared_ptr<DeviceScheduler> scheduler_;
   std::shared_ptr<JobRecordState> state_;
 };

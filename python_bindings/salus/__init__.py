@@ -40,6 +40,7 @@ from .errors import (
     JobCancelled,
     NotSupported,
     OutOfMemory,
+    SettingIgnored,
     UnknownJob,
 )
 from .policies import JobView, Policy, register_policy, unregister_policy
@@ -63,4 +64,5 @@ __all__ = [
     "policies", "DeviceError", "Error", "InvalidArgument", "JobCancelled", "NotSupported",
     "OutOfMemory", "UnknownJob", "JobView", "Policy", "register_policy", "unregister_policy",
     "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES", "iteration",
+    "SettingIgnored",
 ]

@@ -31,6 +31,17 @@ class NotSupported(Error, NotImplementedError):
     """A feature this build, backend or machine does not provide."""
 
 
+class SettingIgnored(UserWarning):
+    """A setting the process asked for that Salus overrides: ``setting`` names it, ``value`` is
+    what was asked, ``reason`` says why it has no effect."""
+
+    def __init__(self, message: str, *, setting: str, value: str, reason: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = value
+        self.reason = reason
+
+
 class JobCancelled(Error):
     """The job was cancelled: its wait ended, its later calls fail."""
 
@@ -81,6 +92,7 @@ __all__ = [
     "InvalidArgument",
     "NotSupported",
     "JobCancelled",
+    "SettingIgnored",
     "UnknownJob",
     "DeviceError",
     "OutOfMemory",

@@ -32,15 +32,20 @@ a runtime of its own (made in the child: the parent's raises NotSupported there)
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import Error, InvalidArgument, NotSupported
+from .errors import Error, InvalidArgument, NotSupported, SettingIgnored
 
 if TYPE_CHECKING:
     from ._runtime import Iteration, Job, Runtime
 
 _glue: Any = None
 _mode: Optional[str] = None  # "cpu" or "cuda" while enabled
+# PyTorch's name for its CUDA allocator once Salus's was installed ("salus"): another name later
+# means a script replaced it (check_allocator_kept).
+_installed_allocator: Optional[str] = None
 
 
 def _off_in_child() -> None:
@@ -98,6 +103,48 @@ def enable(runtime: Optional["Runtime"] = None) -> None:
         glue.disable()
         raise
     _mode = "cuda"
+    global _installed_allocator
+    _installed_allocator = torch.cuda.get_allocator_backend()
+    for warning in ignored_alloc_conf(os.environ):
+        warnings.warn(warning, stacklevel=2)
+
+
+# PyTorch's variables that configure its own CUDA caching allocator, which Salus replaces.
+_ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def ignored_alloc_conf(environ: Mapping[str, str]) -> list[SettingIgnored]:
+    """What of ``environ`` configures PyTorch's own CUDA allocator, which Salus's replaces:
+    one warning per variable set, naming its options (expandable_segments,
+    backend:cudaMallocAsync, max_split_size_mb, ...)."""
+    out = []
+    for variable in _ALLOC_CONF_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        options = [part.split(":", 1)[0].strip() for part in value.split(",") if part.strip()]
+        reason = ("Salus's allocator replaces PyTorch's caching allocator, which these options "
+                  "configure")
+        out.append(SettingIgnored(
+            f"{variable}='{value}' is ignored: {reason} ({', '.join(options)})",
+            setting=variable, value=value, reason=reason))
+    return out
+
+
+def check_allocator_kept() -> None:
+    """NotSupported when the process's CUDA allocator is no longer Salus's (a script called
+    torch.cuda.memory.change_current_allocator): its memory would bypass Salus unseen."""
+    if _mode != "cuda" or _installed_allocator is None:
+        return
+    import torch
+
+    backend = torch.cuda.get_allocator_backend()
+    if backend != _installed_allocator:
+        raise NotSupported(
+            f"PyTorch's CUDA allocator was replaced (it is now '{backend}'): the process's memory "
+            "no longer goes through Salus, which shares this GPU on the strength of it; a script "
+            "under salus run or salus.torch must not call change_current_allocator",
+            allocator=backend)
 
 
 def _install_cuda_allocator(glue: Any) -> None:
@@ -152,9 +199,28 @@ class _Shared:
         self.auto = True  # iterations are marked here until the script marks its own
         self.by_salus_run = False  # set up before the script by `salus run`
         self.stats_path: Optional[str] = None  # where the job's statistics go at exit
+        # CUDA_VISIBLE_DEVICES when Salus initialized CUDA (None: unset; checked at each mark
+        # until it changed once, then warned about).
+        self.visible_at_start: Optional[str] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.visible_warned = False
+
+    def check_visible_devices(self) -> None:
+        """Warns, once, when the script changed CUDA_VISIBLE_DEVICES after Salus had initialized
+        CUDA (salus run and share() connect before the script's first CUDA call)."""
+        now = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.visible_warned or _mode != "cuda" or now == self.visible_at_start:
+            return
+        self.visible_warned = True
+        reason = ("Salus initialized CUDA before the script set it (salus run connects before "
+                  "the script's first line); set it on salus run's command line instead")
+        warnings.warn(SettingIgnored(
+            f"CUDA_VISIBLE_DEVICES='{now}' is ignored: {reason}", setting="CUDA_VISIBLE_DEVICES",
+            value=now or "", reason=reason), stacklevel=3)
 
     def mark(self) -> None:
         """Ends the iteration marked here, if any, and begins the next."""
+        check_allocator_kept()
+        self.check_visible_devices()
         self.end_marked()
         it = self.job.iteration()
         self.marking = True

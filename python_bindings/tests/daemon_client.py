@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import os
+import subprocess
 import time
 
 import torch
@@ -17,6 +18,21 @@ from torch import nn
 
 import salus
 import salus.torch
+
+
+def wait_until_waiting(socket: str, name: str) -> None:
+    """Until salusd's status lists job ``name`` as waiting for its turn."""
+    from salus.cli import salusd_binary
+    deadline = time.monotonic() + 120
+    while True:
+        table = subprocess.run([salusd_binary(), "--socket", socket, "--status"],
+                               capture_output=True, text=True, check=True).stdout
+        if any(line.split()[:1] == [name] and "waiting" in line.split()
+               for line in table.splitlines()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {name} never waited for a turn:\n{table}")
+        time.sleep(0.005)
 
 
 def main() -> None:
@@ -28,6 +44,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--joined", help="a file made once the job is added")
     parser.add_argument("--wait-for", help="a file whose making starts the iterations")
+    parser.add_argument("--first-holds-for",
+                        help="a job whose turn the first iteration waits to be asked for "
+                             "(the daemon's status says it waits), so that turns must alternate")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -47,9 +66,11 @@ def main() -> None:
         labels = torch.randint(0, 10, (16,))
         while args.wait_for and not os.path.exists(args.wait_for):
             time.sleep(0.001)
-        for _ in range(args.iterations):
+        for i in range(args.iterations):
             with job.iteration():
                 begun = time.monotonic()
+                if i == 0 and args.first_holds_for:
+                    wait_until_waiting(args.socket, args.first_holds_for)
                 loss = nn.functional.cross_entropy(model(data), labels)
                 opt.zero_grad()
                 loss.backward()

@@ -56,14 +56,15 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     assert d.stop() == 0, d.log.read_text()
 
 
-def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str) -> list[dict]:
+def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str,
+                own: dict[str, list[str]] | None = None) -> list[dict]:
     """Runs the clients to their end; several start their iterations together, once every one
-    has added its job (whatever importing torch cost each)."""
+    has added its job (whatever importing torch cost each). ``own``: arguments of one client."""
     procs = []
     ready = tmp / "ready"
     for name in names:
         cmd = [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp / f"{name}.json"),
-               *extra]
+               *extra, *(own or {}).get(name, [])]
         if socket:
             cmd += ["--socket", socket]
         if len(names) > 1:
@@ -85,7 +86,10 @@ def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str) ->
 
 
 def test_two_torch_processes_take_turns_and_train_as_alone(daemon: Daemon, tmp_path: Path) -> None:
-    shared = run_clients(tmp_path, daemon.socket, ["a", "b"], "--iterations", "6")
+    # a's first iteration lasts until b waits for its turn, so that fair must alternate them
+    # (which process starts first, and when, is the machine's business).
+    shared = run_clients(tmp_path, daemon.socket, ["a", "b"], "--iterations", "6",
+                         own={"a": ["--first-holds-for", "b"]})
     alone = run_clients(tmp_path, None, ["alone"], "--iterations", "6")[0]
     for r in shared:
         assert r["error"] is None, r

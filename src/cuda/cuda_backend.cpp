@@ -170,6 +170,7 @@ CudaBackend::DeviceCaps CudaBackend::read_caps(int device) const {
       attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device, 0) != 0;
   // -1: the system has no NUMA; node 0 is then the only one.
   caps.host_numa_id = std::max(attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device, 0), 0);
+  caps.ipc_events = attribute(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, device, 0) != 0;
   return caps;
 }
 
@@ -229,6 +230,9 @@ DeviceProperties CudaBackend::do_properties(int device) const {
   name.back() = '\0';  // the driver truncates long names without promising a terminator
   props.name = name.data();
   SALUS_CU(api_, cuDeviceTotalMem, &props.total_memory, dev);
+  CUuuid uuid{};
+  SALUS_CU(api_, cuDeviceGetUuid, &uuid, dev);
+  std::memcpy(props.uuid.data(), uuid.bytes, props.uuid.size());
   props.granularity = device_granularity_[static_cast<std::size_t>(device)];
   props.host_chunks = host_location_.has_value();
   if (host_location_) props.host_chunk_location = describe(*host_location_);

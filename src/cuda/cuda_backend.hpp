@@ -158,8 +158,11 @@ class CudaBackend final : public DeviceBackend {
     bool gpu_direct_rdma = false;  // VMM chunks may carry the GPUDirect RDMA flag
     bool posix_fd = false;         // VMM chunks may be exported as POSIX file descriptors
     int host_numa_id = 0;          // the host NUMA node nearest the device (0 without NUMA)
+    bool ipc_events = false;       // interprocess events (not on every platform: e.g. WSL)
   };
 
+  // NotSupported, naming `what`, where the device has no interprocess events.
+  void check_ipc_events(int device, std::string_view what) const;
   // The primary context of `device`, retained on first use (thread-safe).
   [[nodiscard]] CUcontext context(int device) const;
   [[nodiscard]] ScopedContext bind(int device) const;

@@ -236,10 +236,19 @@ void CudaBackend::do_destroy_event(EventHandle event) {
 
 // --- interprocess events ---------------------------------------------------------------------
 
+void CudaBackend::check_ipc_events(int device, std::string_view what) const {
+  if (!devices_[static_cast<std::size_t>(device)].ipc_events) {
+    throw NotSupported(fmt::format(
+        "{}: device {} has no interprocess events (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is 0)",
+        what, device));
+  }
+}
+
 EventHandle CudaBackend::do_create_shareable_event(int device) {
   if (api_.cuIpcGetEventHandle == nullptr || api_.cuIpcOpenEventHandle == nullptr) {
     throw NotSupported("create_shareable_event: this CUDA driver has no interprocess events");
   }
+  check_ipc_events(device, "create_shareable_event");
   // The driver demands no timing for an interprocess event.
   const EventHandle event = make_event(device, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
   const std::scoped_lock lock(mutex_);
@@ -270,6 +279,7 @@ EventHandle CudaBackend::do_import_event(int device, const SharedEvent& shared) 
   if (api_.cuIpcOpenEventHandle == nullptr) {
     throw NotSupported("import_event: this CUDA driver has no interprocess events");
   }
+  check_ipc_events(device, "import_event");
   const auto scope = bind(device);
   CUipcEventHandle handle{};
   std::memcpy(handle.reserved, shared.handle.data(), sizeof(handle.reserved));

@@ -10,6 +10,15 @@ std::string to_string(Location where) {
   return where.is_host() ? fmt::format("host:{}", where.index) : fmt::format("gpu:{}", where.index);
 }
 
+std::string to_string(const DeviceUuid& uuid) {
+  std::string out = "GPU-";
+  for (std::size_t i = 0; i < uuid.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += fmt::format("{:02x}", uuid[i]);
+  }
+  return out;
+}
+
 const char* to_string(LinkKind kind) noexcept {
   switch (kind) {
     case LinkKind::self: return "self";

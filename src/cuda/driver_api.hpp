@@ -24,6 +24,7 @@
   X(cuDeviceGetCount)                \
   X(cuDeviceGet)                     \
   X(cuDeviceGetName)                 \
+  X(cuDeviceGetUuid)                 \
   X(cuDeviceTotalMem)                \
   X(cuDeviceGetP2PAttribute)         \
   X(cuDevicePrimaryCtxRetain)        \

@@ -92,6 +92,10 @@ DeviceProperties SimBackend::do_properties(int device) const {
   props.granularity = d.granularity;
   props.host_chunks = true;  // the simulator always has its host pool
   props.host_chunk_location = "sim";
+  // The same in every process, as a GPU's is: "SIM" and the index.
+  props.uuid = {'S', 'I', 'M', 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                static_cast<std::uint8_t>(device >> 24), static_cast<std::uint8_t>(device >> 16),
+                static_cast<std::uint8_t>(device >> 8), static_cast<std::uint8_t>(device)};
   return props;
 }
 

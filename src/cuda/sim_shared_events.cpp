@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <thread>
 
@@ -42,6 +43,7 @@ struct SimBackend::SharedEventMemory::State {
   std::atomic<std::uint64_t> recorded{0};
   std::atomic<std::uint64_t> completed{0};
   std::int32_t exporter_pid = 0;
+  std::uint64_t serial = 0;  // the exporter's count of shareable events: with the pid, its name
 };
 SimBackend::SharedEventMemory::SharedEventMemory(int fd_value, void* mapping)
     : fd(fd_value), state(static_cast<State*>(mapping)) {
@@ -83,6 +85,10 @@ bool SimBackend::SharedEventMemory::reached(std::uint64_t generation) const {
   return exited;
 }
 
+std::pair<std::uint64_t, std::uint64_t> SimBackend::SharedEventMemory::name() const {
+  return {static_cast<std::uint64_t>(state->exporter_pid), state->serial};
+}
+
 void SimBackend::SharedEventMemory::wait(std::uint64_t generation,
                                          const std::stop_token& st) const {
   auto pause = std::chrono::microseconds(20);
@@ -109,6 +115,8 @@ EventHandle SimBackend::do_create_shareable_event(int device) {
   }
   auto* state = new (mapping) SharedEventMemory::State;
   state->exporter_pid = ::getpid();
+  static std::atomic<std::uint64_t> serials{0};
+  state->serial = ++serials;
   auto event = std::make_shared<Event>(device, false);
   event->shared = std::make_shared<SharedEventMemory>(fd, mapping);
   return add_event(std::move(event));
@@ -122,6 +130,11 @@ SharedEvent SimBackend::do_export_event(EventHandle event) {
         event.value));
   }
   SharedEvent out;
+  // The descriptor is the event; the handle's bytes name it (as CUDA's do), so that a process
+  // can tell its own fences when they come back to it.
+  const auto [pid, serial] = ev->shared->name();
+  const std::uint64_t name[3] = {kMagic, pid, serial};
+  std::memcpy(out.handle.data(), name, sizeof(name));
   out.fd = ::fcntl(ev->shared->fd, F_DUPFD_CLOEXEC, 0);
   if (out.fd < 0) throw_errno("fcntl", errno, "cuIpcGetEventHandle");
   return out;

@@ -1,6 +1,7 @@
 // Internal: the sim backend's streams and events, shared by sim_streams.cpp and sim_events.cpp.
 #pragma once
 
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/sim_backend.hpp"
@@ -86,6 +88,8 @@ struct SimBackend::SharedEventMemory {
   [[nodiscard]] bool reached(std::uint64_t generation) const;
   // Polls until reached(generation) or a stop request.
   void wait(std::uint64_t generation, const std::stop_token& st) const;
+  // What export_event's handle bytes carry: the exporter's pid and its serial of the event.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> name() const;
 
   struct State;  // sim_shared_events.cpp
   const int fd;  // owned: export_event duplicates it

@@ -157,6 +157,7 @@ void Coordinator::on_hello(Session& s, const remote::Record& record) {
   w.spill = options_.spill;
   for (std::size_t d = 0; d < banks_.size() && d < remote::kMaxDevices; ++d) {
     w.device_bytes[d] = banks_[d]->capacity_pages() * page_bytes_;
+    w.device_uuids[d] = backend_->properties(static_cast<int>(d)).uuid;
   }
   remote::set_name(w.policy, runtime_.policy());
   w.session = s.id;
@@ -213,10 +214,12 @@ void Coordinator::on_job_call(Session& s, const remote::Record& record) {
   std::shared_ptr<Job> job = job_of(s, call.job);
   switch (record.type()) {
     case MessageType::end_iteration:
-      give_turn(*job, record.type(), planned_memory(record));
+      // On the session's connection an end carries no fence (descriptors travel with give_pages
+      // only there): the lane's next turn has nothing to wait for.
+      give_turn(*job, record.type(), planned_memory(record), nullptr);
       break;
     case MessageType::withdraw:
-      give_turn(*job, record.type(), std::nullopt);
+      give_turn(*job, record.type(), std::nullopt, nullptr);
       break;
     default:  // finish_job
       if (call.flag != 0) {

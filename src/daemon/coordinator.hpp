@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "daemon/page_bank.hpp"
+#include "daemon/turn_fences.hpp"
 #include "iteration_sched/trace.hpp"
 #include "remote/channel.hpp"
 #include "remote/protocol.hpp"
@@ -84,10 +85,16 @@ class Coordinator {
   // `hang_up` ends the connection when the session closes.
   TurnLink attach_turns(const remote::PeerCredentials& peer, const remote::Record& attach,
                         std::function<void()> hang_up);
+  // A reply as it travels: the record and its descriptors (a simulated turn fence's).
+  struct Reply {
+    std::vector<std::byte> record;
+    std::vector<remote::UniqueFd> fds;
+  };
   // Answers one record of a turn connection: begin_iteration (which may wait for the turn),
-  // end_iteration or withdraw of its job. Returns the reply record (a Failure for a refusal);
-  // throws ProtocolError for a record a turn connection may not carry.
-  std::vector<std::byte> turn_call(const TurnLink& link, const remote::Record& record);
+  // end_iteration (which may carry a descriptor: a simulated fence's) or withdraw of its job.
+  // Returns the reply (a Failure for a refusal); throws ProtocolError for a record a turn
+  // connection may not carry.
+  Reply turn_call(const TurnLink& link, remote::Received& received);
 
   [[nodiscard]] std::string status_table() const;
   // "" when every bank is consistent, else what is wrong (tests, fuzz).
@@ -106,14 +113,21 @@ class Coordinator {
   void on_begin(const std::shared_ptr<Session>& s, const remote::Record& record);
   // The turn calls, wherever they come from: the session's connection (begin on a worker) or the
   // job's turn connection.
-  static remote::Turn take_turn(Job& job, const remote::JobCall& call);
+  // Returns the turn and, for the fence it names, the descriptor to send with it.
+  std::pair<remote::Turn, remote::UniqueFd> take_turn(const Session& s, Job& job,
+                                                      const remote::JobCall& call);
   // What an end_iteration says its job's process measured, as the policies should plan with it:
   // nothing under --spill host, where a waiting process's memory leaves the device (its jobs
   // then run alone, one at a time, whatever the policy). Throws ProtocolError when malformed.
   [[nodiscard]] std::optional<MeasuredMemory> planned_memory(const remote::Record& end) const;
   // An end_iteration (with what the job's process measured of its memory) or a withdraw.
-  static void give_turn(Job& job, remote::MessageType type,
-                        const std::optional<MeasuredMemory>& measured);
+  // `fence`: what the end's process recorded after the iteration (null: none), for the lane's
+  // next turn.
+  void give_turn(Job& job, remote::MessageType type, const std::optional<MeasuredMemory>& measured,
+                 std::shared_ptr<const PageBank::Fence> fence);
+  // The fence an end_iteration carries (its descriptor taken from `received`), or null.
+  static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,
+                                                          remote::Received& received);
   void on_job_call(Session& s, const remote::Record& record);
   void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
   // A give-back may carry one descriptor: a simulated fence's.
@@ -143,6 +157,7 @@ class Coordinator {
   std::vector<std::unique_ptr<PageBank>> banks_;
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_session_ = 1;
+  TurnFences turn_fences_;  // has its own lock
 };
 
 }  // namespace salus::daemon

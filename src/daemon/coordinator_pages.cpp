@@ -281,6 +281,7 @@ void Coordinator::close_session(SessionId id) {
     }
     sessions_.erase(id);
   }
+  turn_fences_.forget(id);  // its turns' fences too (after mu_: a leaf lock of its own)
   pages_back_.notify_all();
   spdlog::info("session {}: '{}' pid {} gone; {} pages taken back", id, s->name, s->peer.pid,
                held);

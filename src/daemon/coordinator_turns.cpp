@@ -9,6 +9,7 @@
 #include "daemon/coordinator.hpp"
 #include "daemon/session.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -18,14 +19,53 @@ namespace salus::daemon {
 
 using remote::MessageType;
 
-remote::Turn Coordinator::take_turn(Job& job, const remote::JobCall& call) {
-  remote::Turn turn{call.job, 1, 0};
+std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(const Session& s, Job& job,
+                                                                   const remote::JobCall& call) {
+  remote::Turn turn{call.job, 1, 0, {}};
+  std::optional<StreamHandle> lane;
   if (call.timeout_ns < 0) {
-    (void)job.begin_iteration();
+    lane = job.begin_iteration();
   } else {
-    turn.admitted = job.try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns)) ? 1 : 0;
+    lane = job.try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns));
+    turn.admitted = lane ? 1 : 0;
   }
-  return turn;
+  remote::UniqueFd fd;
+  if (!lane) return {turn, std::move(fd)};
+  // The lane's last iteration, if another process ran it: this one's work goes after it.
+  const std::shared_ptr<const PageBank::Fence> fence = turn_fences_.began(&job, lane->value, s.id);
+  if (!fence) return {turn, std::move(fd)};
+  turn.fenced = 1;
+  turn.fence = fence->entry;
+  turn.fence.fd_index = -1;
+  if (fence->fd.get() >= 0) {
+    fd = remote::UniqueFd(::fcntl(fence->fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (fd.get() < 0) {
+      // Without its descriptor the fence cannot travel: the turn goes without it (the next
+      // process may then overlap the tail of the last one's work, as before fences).
+      spdlog::warn("job '{}': a turn fence's descriptor could not be duplicated", job.name());
+      turn.fenced = 0;
+    } else {
+      turn.fence.fd_index = 0;
+    }
+  }
+  return {turn, std::move(fd)};
+}
+
+std::shared_ptr<const PageBank::Fence> Coordinator::end_fence(const Session& s,
+                                                              remote::Received& received) {
+  const auto end = remote::body_as<remote::EndIteration>(received.record);
+  const bool with_fd = end.fenced != 0 && end.fence.fd_index >= 0;
+  if (received.fds.size() != (with_fd ? 1u : 0u) || (with_fd && end.fence.fd_index != 0)) {
+    throw remote::ProtocolError(fmt::format(
+        "an end_iteration carried {} descriptors, its fence {}", received.fds.size(),
+        with_fd ? "one (index 0)" : "none"));
+  }
+  if (end.fenced == 0) return nullptr;
+  auto fence = std::make_shared<PageBank::Fence>();
+  fence->entry = end.fence;
+  fence->from = s.id;
+  if (with_fd) fence->fd = std::move(received.fds.front());
+  return fence;
 }
 
 std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& end) const {
@@ -35,7 +75,10 @@ std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& 
 }
 
 void Coordinator::give_turn(Job& job, MessageType type,
-                            const std::optional<MeasuredMemory>& measured) {
+                            const std::optional<MeasuredMemory>& measured,
+                            std::shared_ptr<const PageBank::Fence> fence) {
+  // Before the end: it wakes the lane's next job, whose turn carries the fence.
+  turn_fences_.ended(&job, std::move(fence));
   if (type == MessageType::end_iteration) {
     // First, so that the decisions end_iteration makes plan with it.
     if (measured) {
@@ -55,8 +98,10 @@ void Coordinator::on_begin(const std::shared_ptr<Session>& s, const remote::Reco
   const std::uint64_t seq = record.header.seq;
   s->spawn([this, s, job, call, seq] {
     try {
-      const remote::Turn turn = take_turn(*job, call);
-      reply(*s, MessageType::turn, seq, std::as_bytes(std::span(&turn, 1)));
+      const auto [turn, fd] = take_turn(*s, *job, call);
+      const int fds[1] = {fd.get()};
+      reply(*s, MessageType::turn, seq, std::as_bytes(std::span(&turn, 1)),
+            std::span(fds, fd.get() >= 0 ? 1 : 0));
     } catch (const std::exception& e) {
       fail(*s, seq, e);
     }
@@ -85,7 +130,8 @@ Coordinator::TurnLink Coordinator::attach_turns(const remote::PeerCredentials& p
   return TurnLink{s, job->second, a.job};
 }
 
-std::vector<std::byte> Coordinator::turn_call(const TurnLink& link, const remote::Record& record) {
+Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received& received) {
+  const remote::Record& record = received.record;
   const MessageType type = record.type();
   if (type != MessageType::begin_iteration && type != MessageType::end_iteration &&
       type != MessageType::withdraw) {
@@ -99,20 +145,29 @@ std::vector<std::byte> Coordinator::turn_call(const TurnLink& link, const remote
     throw remote::ProtocolError(fmt::format("the turn connection of job {} named job {}",
                                             link.job_id, call.job));
   }
+  if (!end && !received.fds.empty()) {
+    throw remote::ProtocolError(fmt::format("a turn connection's {} carried {} descriptors",
+                                            to_string(type), received.fds.size()));
+  }
+  std::shared_ptr<const PageBank::Fence> fence = end ? end_fence(*link.session, received) : nullptr;
   // A malformed report is the connection's end (a ProtocolError), as a malformed record is.
   const std::optional<MeasuredMemory> measured = end ? planned_memory(record) : std::nullopt;
   const std::uint64_t seq = record.header.seq;
   try {
     if (type == MessageType::begin_iteration) {
-      return remote::encode(MessageType::turn, seq, take_turn(*link.job, call));
+      auto [turn, fd] = take_turn(*link.session, *link.job, call);
+      Reply out{remote::encode(MessageType::turn, seq, turn), {}};
+      if (fd.get() >= 0) out.fds.push_back(std::move(fd));
+      return out;
     }
-    give_turn(*link.job, type, measured);
-    return remote::encode_body(MessageType::done, seq, {});
+    give_turn(*link.job, type, measured, std::move(fence));
+    return {remote::encode_body(MessageType::done, seq, {}), {}};
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);
-    return remote::encode(MessageType::failure, seq,
-                          remote::failure_of(error != nullptr ? error->code() : Errc::device_error,
-                                             e.what()));
+    return {remote::encode(MessageType::failure, seq,
+                           remote::failure_of(error != nullptr ? error->code() : Errc::device_error,
+                                              e.what())),
+            {}};
   }
 }
 

@@ -179,7 +179,10 @@ void Server::serve_turns(const std::shared_ptr<remote::Channel>& channel,
   try {
     channel->send(remote::encode_body(remote::MessageType::done, attach.header.seq, {}));
     while (auto received = channel->receive()) {
-      channel->send(coordinator_.turn_call(link, received->record));
+      const Coordinator::Reply reply = coordinator_.turn_call(link, *received);
+      std::vector<int> fds;
+      for (const remote::UniqueFd& fd : reply.fds) fds.push_back(fd.get());
+      channel->send(reply.record, fds);
     }
   } catch (const std::exception& e) {
     // The process hung up (or broke the protocol): its session's connection says what it means.

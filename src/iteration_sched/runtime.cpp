@@ -15,6 +15,7 @@
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/runtime_access.hpp"
 #include "iteration_sched/trace.hpp"
+#include "log/log.hpp"
 #include "salus/cuda.hpp"
 
 namespace salus {
@@ -384,11 +385,27 @@ StreamHandle Job::begin_iteration() {
   TurnGate* gate = s.gate();
   if (gate == nullptr) return s.begin(*state_);
   take_gate_turn(*gate, std::nullopt);
+  std::optional<StreamHandle> stream;
   try {
-    return s.begin(*state_);
+    stream = s.begin(*state_);
+    gate->order_after(state_->id, *stream);
   } catch (...) {
+    if (stream) end_after_failed_order(s);
     gate->release(state_->id, nullptr);
     throw;
+  }
+  return *stream;
+}
+
+void Job::end_after_failed_order(DeviceScheduler& s) noexcept {
+  // The local turn began but the job's stream could not be ordered after the previous process's
+  // work: the iteration never happened as far as the caller knows, so it ends here. Its own
+  // failure would hide the one being reported.
+  try {
+    s.end(*state_);
+  } catch (const std::exception& e) {
+    log::warn("job '{}': ending an iteration that could not begin failed: {}", state_->spec.name,
+              e.what());
   }
 }
 
@@ -419,14 +436,18 @@ std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds ti
   TurnGate* gate = s.gate();
   if (gate == nullptr) return s.begin_until(*state_, deadline);
   if (!take_gate_turn(*gate, deadline)) return std::nullopt;
+  std::optional<StreamHandle> stream;
   try {
     // The daemon's turn is held until end_iteration or withdraw, so a local wait that runs out
     // keeps it: the next try finds it taken and waits here only.
-    return s.begin_until(*state_, deadline);
+    stream = s.begin_until(*state_, deadline);
+    if (stream) gate->order_after(state_->id, *stream);
   } catch (...) {
+    if (stream) end_after_failed_order(s);
     gate->release(state_->id, nullptr);
     throw;
   }
+  return stream;
 }
 
 void Job::withdraw() {

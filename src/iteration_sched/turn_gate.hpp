@@ -31,6 +31,10 @@ class TurnGate {
   // in-process). A job already holding its turn returns true at once. Throws Error(cancelled)
   // when the job was cancelled, DeviceError when the gate's keeper is gone.
   virtual bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) = 0;
+  // The job's local turn began on `stream`, after acquire: the work it queues there must follow
+  // the GPU work of the turn's previous holder (another process's). Throws what the backend
+  // throws.
+  virtual void order_after(JobId job, StreamHandle stream) = 0;
   // The iteration ended (with what the job measured of its memory, when it measured any) or
   // never started here after acquire (null): the turn goes back.
   virtual void release(JobId job, const MeasuredMemory* measured) = 0;

@@ -10,6 +10,7 @@
 #include "memory/safe_points.hpp"
 #include "remote/channel.hpp"
 #include "remote/daemon_link.hpp"
+#include "remote/device_identity.hpp"
 #include "remote/remote_backend.hpp"
 #include "remote/remote_turns.hpp"
 #include "salus/cuda.hpp"
@@ -70,7 +71,9 @@ std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
   auto link = std::make_shared<remote::DaemonLink>(
       socket_path.empty() ? remote::default_socket_path() : socket_path);
   const remote::Welcome& welcome = link->welcome();
-  auto backend = std::make_shared<remote::RemoteBackend>(local_backend(welcome), link);
+  std::shared_ptr<DeviceBackend> local = local_backend(welcome);
+  remote::check_same_devices(welcome, *local);
+  auto backend = std::make_shared<remote::RemoteBackend>(std::move(local), link);
   RuntimeOptions options;
   // The daemon decides between processes; this process's own scheduler orders its own jobs
   // within the turns it is given, by the same policy.
@@ -84,7 +87,8 @@ std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
   if (spill) options.memory.harvest.spill = SpillPolicy::host_only;
   const std::chrono::microseconds spin = options.turn_spin;
   auto runtime = RuntimeAccess::make(backend, std::move(options),
-                                     std::make_shared<remote::RemoteTurns>(link, spin));
+                                     std::make_shared<remote::RemoteTurns>(
+                                         link, backend, &backend->fences(), spin));
   // Weak references: the link's handler thread must not keep the runtime alive.
   link->on_reclaim([weak_runtime = std::weak_ptr<Runtime>(runtime),
                     weak_backend = std::weak_ptr<remote::RemoteBackend>(backend),

@@ -33,7 +33,7 @@ inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order:
 // 2: pages travel with the interprocess fences of the work they may still be under.
 // 3: a job's turns may go on a connection of their own (attach_turns).
 // 4: end_iteration carries the job's memory as its process measured it (EndIteration).
-inline constexpr std::uint16_t kProtocolVersion = 4;
+inline constexpr std::uint16_t kProtocolVersion = 5;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -103,6 +103,9 @@ struct Welcome {
   // a secret of the session: another process of the same user cannot guess it.
   std::uint64_t session = 0;
   std::uint64_t token = 0;
+  // Each device's UUID as the daemon's driver names it: a process must mean the same GPUs by the
+  // same numbers (check_same_devices).
+  std::array<std::array<std::uint8_t, 16>, kMaxDevices> device_uuids{};
 };
 
 struct AddJob {
@@ -143,9 +146,24 @@ struct MemoryReport {
   std::array<std::uint64_t, kCurveSamples> curve{};
 };
 
+// GPU work a page may still be under, as it travels: an interprocess event
+// (DeviceBackend::export_event). CUDA: its handle bytes; simulated: its descriptor, `fd_index`
+// among the record's.
+struct FenceEntry {
+  std::array<std::byte, 64> handle{};
+  std::int32_t fd_index = -1;  // -1: no descriptor (CUDA)
+  std::uint32_t reserved = 0;
+};
+
+// An iteration's end. `fenced` 1: `fence` is an interprocess event recorded on the job's stream
+// after the iteration's work (its descriptor, for simulated events, travels with the record), so
+// that the next holder of the turn's lane queues its work after it: the turn is the GPU's too.
 struct EndIteration {
   JobCall call;
   MemoryReport memory;
+  std::uint32_t fenced = 0;
+  std::uint32_t reserved = 0;
+  FenceEntry fence;
 };
 
 // A job's turn connection joins its process's session. The daemon also checks that the peer is
@@ -156,10 +174,13 @@ struct AttachTurns {
   std::uint64_t job = 0;
 };
 
+// A turn granted (or not). `fenced` 1: `fence` is the end of the last iteration another process
+// ran in the lane, which the job's stream must wait for before its own work.
 struct Turn {
   std::uint64_t job = 0;
   std::uint32_t admitted = 0;  // 0: the timeout passed first
-  std::uint32_t reserved = 0;
+  std::uint32_t fenced = 0;
+  FenceEntry fence;
 };
 
 struct PageCount {
@@ -180,15 +201,6 @@ struct PageEntry {
   std::uint64_t offset = 0;
   std::uint32_t fd_index = 0;
   std::uint32_t fence = 0;
-};
-
-// GPU work a page may still be under, as it travels: an interprocess event
-// (DeviceBackend::export_event). CUDA: its handle bytes; simulated: its descriptor, `fd_index`
-// among the record's.
-struct FenceEntry {
-  std::array<std::byte, 64> handle{};
-  std::int32_t fd_index = -1;  // -1: no descriptor (CUDA)
-  std::uint32_t reserved = 0;
 };
 
 // The head of a Pages message: `count` PageEntry follow, then `fences` FenceEntry.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <iterator>
 
 #include "log/log.hpp"
 
@@ -41,6 +42,7 @@ RemoteBackend::RemoteBackend(std::shared_ptr<DeviceBackend> local,
       link_(std::move(link)),
       address_granularity_(smallest_granularity(*local_)),
       page_bytes_(link_->welcome().page_bytes),
+      fences_(local_),
       devices_(static_cast<std::size_t>(local_->device_count())),
       fence_streams_(devices_.size(), StreamHandle{}),
       fetching_(devices_.size(), false) {
@@ -68,7 +70,7 @@ RemoteBackend::~RemoteBackend() {
   arrivals_.clear();
   for (Deferred& d : deferred_) {
     try {
-      d.fence->synchronize();
+      d.fence->event->synchronize();
     } catch (const Error& e) {
       log::warn("a page given back to salusd: waiting for its work failed: {}", e.what());
     }
@@ -186,11 +188,17 @@ std::vector<std::shared_ptr<const Event>> RemoteBackend::import_fences(
     shared.handle = f.handle;
     shared.fd = f.fd_index >= 0 ? fds[static_cast<std::size_t>(f.fd_index)].get() : -1;
     try {
-      out.push_back(std::make_shared<const Event>(local_, local_->import_event(device, shared)));
+      // Our own fence comes back as our own event (CUDA opens none in its exporter).
+      out.push_back(fences_.open(device, shared));
     } catch (const Error& e) {
       // Its process has exited (CUDA opens no event of a process that is gone), and its work
       // ended with it; or it was never an event, which only a process of this user can send.
+      // (A live exporter never destroys what it exported: see FencePool.)
       log::debug("a page's fence could not be opened, taken as passed: {}", e.what());
+      {
+        std::lock_guard lock(mu_);
+        ++unopened_fences_;
+      }
       out.push_back(nullptr);
     }
   }
@@ -285,22 +293,25 @@ bool RemoteBackend::give_back_fenced(int device, std::vector<ChunkHandle> chunks
                                      const std::vector<std::uint64_t>& ids,
                                      std::span<const std::shared_ptr<const Event>> work) {
   // One interprocess event after all of the work, recorded on a stream of our own that waits
-  // for it.
-  std::shared_ptr<const Event> fence;
-  SharedEvent shared;
+  // for it; the driver calls are made without mu_, which take_page on other threads needs.
+  FencePool::Fence* fence = nullptr;
+  try {
+    fence = &fences_.acquire(device);
+  } catch (const NotSupported&) {
+    return false;
+  }
+  const StreamHandle stream = fence_stream(device);
+  try {
+    for (const auto& event : work) local_->stream_wait_event(stream, event->handle(), device);
+    local_->record_event(fence->event->handle(), stream);
+  } catch (...) {
+    // Not recorded (or recorded behind a partial wait): it goes back only once known complete.
+    fence->event->synchronize();
+    fences_.recycle(*fence);
+    throw;
+  }
   {
     std::lock_guard lock(mu_);
-    const StreamHandle stream = fence_stream(device);
-    EventHandle made{};
-    try {
-      made = local_->create_shareable_event(device);
-    } catch (const NotSupported&) {
-      return false;
-    }
-    fence = std::make_shared<const Event>(local_, made);
-    for (const auto& event : work) local_->stream_wait_event(stream, event->handle(), device);
-    local_->record_event(made, stream);
-    shared = local_->export_event(made);
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       page_of_chunk_.erase(chunks[i].value);
       arrivals_.erase(chunks[i].value);  // ordered after by the wait above, if it was used
@@ -308,12 +319,11 @@ bool RemoteBackend::give_back_fenced(int device, std::vector<ChunkHandle> chunks
     devices_[static_cast<std::size_t>(device)].held -= ids.size();
     deferred_.push_back({std::move(chunks), fence});
   }
-  const UniqueFd fd(shared.fd);
   FenceEntry entry;
-  entry.handle = shared.handle;
-  entry.fd_index = fd.get() >= 0 ? 0 : -1;
+  entry.handle = fence->shared.handle;
+  entry.fd_index = fence->shared.fd >= 0 ? 0 : -1;
   std::vector<int> fds;
-  if (fd.get() >= 0) fds.push_back(fd.get());
+  if (fence->shared.fd >= 0) fds.push_back(fence->shared.fd);  // sent as a duplicate
   for (std::size_t at = 0; at < ids.size(); at += kMaxPagesPerBatch) {
     const std::size_t n = std::min<std::size_t>(kMaxPagesPerBatch, ids.size() - at);
     const GiveHead head{device, static_cast<std::uint32_t>(n), GiveFence::fenced, 0};
@@ -324,26 +334,53 @@ bool RemoteBackend::give_back_fenced(int device, std::vector<ChunkHandle> chunks
 }
 
 StreamHandle RemoteBackend::fence_stream(int device) {
-  StreamHandle& stream = fence_streams_[static_cast<std::size_t>(device)];
-  if (stream.value == 0) stream = local_->create_stream(device, 0);
-  return stream;
+  const auto d = static_cast<std::size_t>(device);
+  {
+    std::lock_guard lock(mu_);
+    if (fence_streams_[d].value != 0) return fence_streams_[d];
+  }
+  const StreamHandle made = local_->create_stream(device, 0);
+  StreamHandle winner;
+  {
+    std::lock_guard lock(mu_);
+    if (fence_streams_[d].value == 0) fence_streams_[d] = made;
+    winner = fence_streams_[d];
+  }
+  // Another thread made the device's first: every fence of a device goes on one stream (see
+  // FencePool), so this one goes.
+  if (winner != made) local_->destroy_stream(made);
+  return winner;
 }
 
 void RemoteBackend::reap() {
-  std::vector<ChunkHandle> done;
+  // The queries are driver calls: made without mu_, on the entries taken out meanwhile.
+  std::vector<Deferred> checking;
   {
     std::lock_guard lock(mu_);
     if (deferred_.empty()) return;
-    auto keep = deferred_.begin();
-    for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
-      if (it->fence->query()) {
-        done.insert(done.end(), it->chunks.begin(), it->chunks.end());
-      } else {
-        if (keep != it) *keep = std::move(*it);
-        ++keep;
-      }
+    checking.swap(deferred_);
+  }
+  std::vector<Deferred> pending;
+  std::vector<ChunkHandle> done;
+  for (Deferred& d : checking) {
+    bool passed = false;
+    try {
+      passed = d.fence->event->query();
+    } catch (...) {
+      pending.push_back(std::move(d));  // kept, asked again later
+      continue;
     }
-    deferred_.erase(keep, deferred_.end());
+    if (!passed) {
+      pending.push_back(std::move(d));
+      continue;
+    }
+    done.insert(done.end(), d.chunks.begin(), d.chunks.end());
+    fences_.recycle(*d.fence);
+  }
+  if (!pending.empty()) {
+    std::lock_guard lock(mu_);
+    deferred_.insert(deferred_.end(), std::make_move_iterator(pending.begin()),
+                     std::make_move_iterator(pending.end()));
   }
   for (const ChunkHandle chunk : done) local_->release_chunk(chunk);
 }
@@ -392,6 +429,11 @@ std::size_t RemoteBackend::give_back(int device) {
   send_returns(device, back.settled, GiveFence::settled, true);
   send_returns(device, back.untouched, GiveFence::untouched, true);
   return back.settled.size() + back.untouched.size();
+}
+
+std::uint64_t RemoteBackend::unopened_fences() const {
+  std::lock_guard lock(mu_);
+  return unopened_fences_;
 }
 
 std::size_t RemoteBackend::held_pages(int device) const {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "remote/daemon_link.hpp"
+#include "remote/fence_pool.hpp"
 #include "salus/device.hpp"
 
 namespace salus::remote {
@@ -34,6 +35,11 @@ class RemoteBackend final : public DeviceBackend {
   // Pages held from the daemon, on `device`: handed out plus waiting to be.
   [[nodiscard]] std::size_t held_pages(int device) const;
   [[nodiscard]] DaemonLink& link() const { return *link_; }
+  // The events pages went back behind, and the opening of those that came with granted pages.
+  [[nodiscard]] const FencePool& fences() const { return fences_; }
+  [[nodiscard]] FencePool& fences() { return fences_; }
+  // Fences of granted pages that could not be opened (taken as passed: see import_fences).
+  [[nodiscard]] std::uint64_t unopened_fences() const;
 
  private:
   struct DevicePages {
@@ -50,7 +56,7 @@ class RemoteBackend final : public DeviceBackend {
   // Pages given back behind work: this process's references, kept until `fence` completes.
   struct Deferred {
     std::vector<ChunkHandle> chunks;
-    std::shared_ptr<const Event> fence;
+    FencePool::Fence* fence = nullptr;  // recycled once complete
   };
   ChunkHandle take_page(int device);
   void fetch(int device, DevicePages& pages, std::unique_lock<std::mutex>& lock);
@@ -66,7 +72,7 @@ class RemoteBackend final : public DeviceBackend {
   bool give_back_fenced(int device, std::vector<ChunkHandle> chunks,
                         const std::vector<std::uint64_t>& ids,
                         std::span<const std::shared_ptr<const Event>> work);
-  StreamHandle fence_stream(int device);  // with mu_ held
+  StreamHandle fence_stream(int device);  // without mu_ held
   void reap();  // releases the deferred references whose fence has completed
 
   std::string_view do_name() const noexcept override { return local_->name(); }
@@ -158,6 +164,7 @@ class RemoteBackend final : public DeviceBackend {
   const std::shared_ptr<DaemonLink> link_;
   const std::size_t address_granularity_;
   const std::size_t page_bytes_;
+  FencePool fences_;  // has its own lock
 
   mutable std::mutex mu_;  // guards everything below; never held across a call to the daemon
   std::vector<DevicePages> devices_;
@@ -171,6 +178,7 @@ class RemoteBackend final : public DeviceBackend {
   std::vector<Deferred> deferred_;
   std::vector<StreamHandle> fence_streams_;  // per device, made on first use (0: none yet)
   std::vector<bool> fetching_;  // a fetch for the device is under way (others wait for it)
+  std::uint64_t unopened_fences_ = 0;
   std::condition_variable fetched_;
 };
 

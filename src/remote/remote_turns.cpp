@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "log/log.hpp"
 #include "waits/cpu_relax.hpp"
 
 namespace salus::remote {
@@ -53,12 +54,12 @@ void TurnConnection::wait_for_answer(std::chrono::steady_clock::time_point asked
   }
 }
 
-void TurnConnection::post(const EndIteration& body) {
+void TurnConnection::post(const EndIteration& body, std::span<const int> fds) {
   std::lock_guard lock(mu_);
   settle_posted();
   const std::uint64_t seq = next_seq_++;
   try {
-    channel_.send(encode(MessageType::end_iteration, seq, body));
+    channel_.send(encode(MessageType::end_iteration, seq, body), fds);
   } catch (const ProtocolError&) {
     throw;
   } catch (const Error& e) {
@@ -135,7 +136,7 @@ void RemoteTurns::add(JobId job, const JobSpec& spec) {
     throw;
   }
   std::lock_guard lock(mu_);
-  jobs_[job] = Entry{added.job, std::move(turns), false};
+  jobs_[job] = Entry{added.job, spec.device, std::move(turns), false, nullptr, std::nullopt};
 }
 
 RemoteTurns::Entry RemoteTurns::entry(JobId job) const {
@@ -143,11 +144,6 @@ RemoteTurns::Entry RemoteTurns::entry(JobId job) const {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) throw UnknownJob(job);
   return it->second;
-}
-
-void RemoteTurns::set_holding(JobId job, bool holding) {
-  std::lock_guard lock(mu_);
-  if (auto it = jobs_.find(job); it != jobs_.end()) it->second.holding = holding;
 }
 
 bool RemoteTurns::acquire(JobId job,
@@ -160,17 +156,115 @@ bool RemoteTurns::acquire(JobId job,
     call.timeout_ns = std::max<std::int64_t>(
         0, std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
   }
-  const Turn turn = body_as<Turn>(e.turns->call(MessageType::begin_iteration, call).record);
-  if (turn.admitted != 0) set_holding(job, true);
-  return turn.admitted != 0;
+  const Received answer = e.turns->call(MessageType::begin_iteration, call);
+  const Turn turn = body_as<Turn>(answer.record);
+  if (turn.admitted == 0) return false;
+  std::shared_ptr<const Event> after = open_fence(e.device, turn, answer);
+  std::lock_guard lock(mu_);
+  if (auto it = jobs_.find(job); it != jobs_.end()) {
+    it->second.holding = true;
+    it->second.after = std::move(after);
+  }
+  return true;
+}
+
+std::shared_ptr<const Event> RemoteTurns::open_fence(int device, const Turn& turn,
+                                                     const Received& answer) {
+  if (turn.fenced == 0 || fences_ == nullptr) return nullptr;
+  const std::int32_t index = turn.fence.fd_index;
+  if (index >= static_cast<std::int32_t>(answer.fds.size())) {
+    throw ProtocolError(fmt::format("a turn's fence names descriptor {} of {}", index,
+                                    answer.fds.size()));
+  }
+  SharedEvent shared;
+  shared.handle = turn.fence.handle;
+  shared.fd = index >= 0 ? answer.fds[static_cast<std::size_t>(index)].get() : -1;
+  try {
+    return fences_->open(device, shared);
+  } catch (const Error& e) {
+    // Its process has exited, and its work with it (an exporter never destroys what it
+    // exported: see FencePool).
+    log::debug("a turn's fence could not be opened, taken as passed: {}", e.what());
+    return nullptr;
+  }
+}
+
+void RemoteTurns::order_after(JobId job, StreamHandle stream) {
+  std::shared_ptr<const Event> after;
+  int device = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) throw UnknownJob(job);
+    after = std::exchange(it->second.after, nullptr);
+    it->second.stream = stream;
+    device = it->second.device;
+  }
+  if (after && backend_) backend_->stream_wait_event(stream, after->handle(), device);
+}
+
+FencePool::Fence* RemoteTurns::fence_after(int device, StreamHandle stream) {
+  if (fences_ == nullptr || !backend_) return nullptr;
+  std::vector<FencePool::Fence*> checking;
+  {
+    std::lock_guard lock(mu_);
+    checking.swap(in_flight_);
+  }
+  std::vector<FencePool::Fence*> pending;
+  for (FencePool::Fence* f : checking) {
+    bool passed = false;
+    try {
+      passed = f->event->query();
+    } catch (const Error&) {
+      // Asked again at the next end.
+    }
+    if (passed) {
+      fences_->recycle(*f);
+    } else {
+      pending.push_back(f);
+    }
+  }
+  FencePool::Fence* fence = nullptr;
+  try {
+    fence = &fences_->acquire(device);
+    backend_->record_event(fence->event->handle(), stream);
+    pending.push_back(fence);
+  } catch (const NotSupported&) {
+    fence = nullptr;  // no interprocess events here: the turn carries no GPU order
+  } catch (...) {
+    if (fence != nullptr) pending.push_back(fence);  // recycled once it reads complete
+    std::lock_guard lock(mu_);
+    in_flight_.insert(in_flight_.end(), pending.begin(), pending.end());
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  in_flight_.insert(in_flight_.end(), pending.begin(), pending.end());
+  return fence;
 }
 
 void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
-  const Entry e = entry(job);
-  if (!e.holding) return;
-  set_holding(job, false);
-  const EndIteration end{JobCall{e.daemon_job, -1, 0, 0}, report_of(measured)};
-  e.turns->post(end);
+  std::optional<StreamHandle> stream;
+  Entry e;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) throw UnknownJob(job);
+    if (!it->second.holding) return;
+    it->second.holding = false;
+    it->second.after = nullptr;  // granted but not begun here: nothing of this turn waits for it
+    stream = std::exchange(it->second.stream, std::nullopt);
+    e = it->second;
+  }
+  EndIteration end{JobCall{e.daemon_job, -1, 0, 0}, report_of(measured), 0, 0, {}};
+  std::vector<int> fds;
+  // After the iteration's work on its stream: the lane's next turn waits for it on the GPU.
+  if (const FencePool::Fence* fence = stream ? fence_after(e.device, *stream) : nullptr) {
+    end.fenced = 1;
+    end.fence.handle = fence->shared.handle;
+    end.fence.fd_index = fence->shared.fd >= 0 ? 0 : -1;
+    if (fence->shared.fd >= 0) fds.push_back(fence->shared.fd);
+  }
+  e.turns->post(end, fds);
 }
 
 void RemoteTurns::withdraw(JobId job) {

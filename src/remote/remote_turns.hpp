@@ -16,6 +16,7 @@
 
 #include "iteration_sched/turn_gate.hpp"
 #include "remote/daemon_link.hpp"
+#include "remote/fence_pool.hpp"
 
 namespace salus::remote {
 
@@ -33,8 +34,9 @@ class TurnConnection {
   // Sends `type` for the job and waits for the answer: a Failure is thrown as its typed error,
   // the daemon's absence as DeviceError SALUSD_GONE.
   Received call(MessageType type, const JobCall& body);
-  // Sends the end of an iteration without waiting for its answer (see above).
-  void post(const EndIteration& body);
+  // Sends the end of an iteration without waiting for its answer (see above), with the
+  // descriptors its fence needs.
+  void post(const EndIteration& body, std::span<const int> fds = {});
   // Reads the answer to a posted end, if one is outstanding, so that the daemon has acted on it
   // before what the job says next on another connection (its leave, on the session's link). A
   // call in flight on another thread settles it itself: this then returns at once.
@@ -59,13 +61,20 @@ class TurnConnection {
   double recent_wait_ = 1.0;  // seconds a turn took to come lately (moving average)
 };
 
+// The GPU is ordered at a turn as well (daemon/turn_fences.hpp): an iteration's end goes with an
+// interprocess event recorded on the job's stream (from `backend`'s fence pool), and a turn that
+// comes with another process's makes the job's stream wait for it (order_after).
 class RemoteTurns final : public TurnGate {
  public:
-  explicit RemoteTurns(std::shared_ptr<DaemonLink> link, std::chrono::microseconds spin = {})
-      : link_(std::move(link)), spin_(spin) {}
+  // `backend`: this process's, whose fence pool and streams the turns' fences use (null: no GPU
+  // order at turns, for tests of the turns alone).
+  RemoteTurns(std::shared_ptr<DaemonLink> link, std::shared_ptr<DeviceBackend> backend,
+              FencePool* fences, std::chrono::microseconds spin = {})
+      : link_(std::move(link)), backend_(std::move(backend)), fences_(fences), spin_(spin) {}
 
   void add(JobId job, const JobSpec& spec) override;
   bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) override;
+  void order_after(JobId job, StreamHandle stream) override;
   void release(JobId job, const MeasuredMemory* measured) override;
   void withdraw(JobId job) override;
   void finish(JobId job, bool cancelled) noexcept override;
@@ -73,18 +82,28 @@ class RemoteTurns final : public TurnGate {
  private:
   struct Entry {
     std::uint64_t daemon_job = 0;
+    int device = 0;
     std::shared_ptr<TurnConnection> turns;
     bool holding = false;  // the daemon granted a turn that has not gone back
+    std::shared_ptr<const Event> after;  // the turn's previous holder's end, until order_after
+    std::optional<StreamHandle> stream;  // where the turn's work goes (order_after), until release
   };
+  // The fence of a Turn, opened (null when none, or when its process has exited).
+  std::shared_ptr<const Event> open_fence(int device, const Turn& turn, const Received& answer);
+  // An interprocess event recorded on `stream` now, from the pool (null without one); the
+  // pool's fences whose records have completed go back to it first.
+  FencePool::Fence* fence_after(int device, StreamHandle stream);
   // The job's entry (a copy: the connection stays while a call uses it); UnknownJob when it has
   // none.
   Entry entry(JobId job) const;
-  void set_holding(JobId job, bool holding);
 
   const std::shared_ptr<DaemonLink> link_;
+  const std::shared_ptr<DeviceBackend> backend_;
+  FencePool* const fences_;  // the backend's (it outlives this)
   const std::chrono::microseconds spin_;
-  mutable std::mutex mu_;  // guards jobs_; never held across a call to the daemon
+  mutable std::mutex mu_;  // guards jobs_ and in_flight_; never held across a driver or daemon call
   std::unordered_map<JobId, Entry> jobs_;
+  std::vector<FencePool::Fence*> in_flight_;  // recorded at an end, back to the pool once passed
 };
 
 }  // namespace salus::remote

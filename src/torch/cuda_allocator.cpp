@@ -120,6 +120,21 @@ class SalusCudaAllocator final : public Pluggable {
     return to_device_stats(s, baseline(runtime.get(), device));
   }
 
+  // cuDNN's algorithm search (torch.backends.cudnn.benchmark) asks for the largest block an
+  // allocation could get now, and takes no algorithm whose workspace is larger. PyTorch's own
+  // answer is the driver's free memory or its largest cached block, whichever is larger; Salus's
+  // is the device's pages it has not mapped yet (pooled or still to take from the driver). Free
+  // bytes on mapped pages are left out: they may be split among blocks, and a workspace that
+  // does not fit fails the search where a smaller one would have run.
+  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
+    TORCH_CHECK(largest_block != nullptr, "Salus: cacheInfo without a place for its answer");
+    const std::shared_ptr<Runtime> runtime = cuda_runtime();
+    if (!runtime) return;  // the glue is off: nothing of Salus's can be allocated
+    const DeviceMemoryStats s = device_stats(*runtime, device);
+    const std::size_t unmapped = s.limit > s.mapped ? s.limit - s.mapped : 0;
+    *largest_block = std::max(*largest_block, unmapped);
+  }
+
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     const std::shared_ptr<Runtime> runtime = cuda_runtime();
     if (!runtime) return;

@@ -261,7 +261,9 @@ inline const std::vector<BackendFixture>& contract_backends() {
        }},
       {"CudaFake",
        [](int devices, std::size_t bytes) -> std::unique_ptr<BackendHarness> {
-         return std::make_unique<FakeCudaHarness>(test::FakeDriverConfig::uniform(devices, bytes));
+         test::FakeDriverConfig config = test::FakeDriverConfig::uniform(devices, bytes);
+         config.ipc_open_own_events = true;  // one backend plays both processes of a fence
+         return std::make_unique<FakeCudaHarness>(std::move(config));
        }},
   };
   return backends;

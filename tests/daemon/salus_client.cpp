@@ -4,9 +4,14 @@
 // can tell when its iterations ran (and kill it at a chosen moment).
 //
 //   salus_client --socket S --name N [--iterations K] [--persistent-mib P] [--ephemeral-mib E]
-//                [--priority Q] [--iteration-ms T] [--late-fill-ms L] --log FILE
+//                [--priority Q] [--iteration-ms T] [--late-fill-ms L] [--gpu-log 1] --log FILE
 // --late-fill-ms: each iteration ends with a block freed while its fill is still queued behind an
 // L ms pause, so that its pages go to the next process under work (behind an interprocess fence).
+// --check-at-begin 0: the weights are checked at the end only, so that an iteration's first
+// allocations come before its stream has drained (the turn's wait for the previous process's
+// work included).
+// --gpu-log 1: also "gpu-begin K" and "gpu-end K" lines, written when the iteration's stream
+// reaches its start and its end (host functions queued there).
 // Exit status: 0 all iterations done and every byte checked; 2 a byte was wrong; 3 an error
 // (its message on stderr and in the log as "error <code> <text>").
 #include <fmt/format.h>
@@ -34,6 +39,8 @@ struct Args {
   bool weights_in_iteration = false;  // made in the first iteration (as optimizer state is)
   bool empty = false;  // iterations that do nothing: turns only (the switch benchmark's partner)
   int late_fill_ms = 0;
+  bool gpu_log = false;  // also log when each iteration's work starts and ends on its stream
+  bool check_at_begin = true;  // check the weights as each iteration begins (waits for its stream)
 };
 
 Args parse(int argc, char** argv) {
@@ -51,6 +58,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--weights-in-iteration") a.weights_in_iteration = v == "1";
     else if (k == "--empty") a.empty = v == "1";
     else if (k == "--late-fill-ms") a.late_fill_ms = std::stoi(v);
+    else if (k == "--gpu-log") a.gpu_log = v == "1";
+    else if (k == "--check-at-begin") a.check_at_begin = v == "1";
   }
   return a;
 }
@@ -167,9 +176,10 @@ int main(int argc, char** argv) {
     for (int it = 0; it < a.iterations; ++it) {
       const salus::StreamHandle s = job.begin_iteration();
       note(fmt::format("begin {}", it));
+      if (a.gpu_log) rt->backend().launch_host_func(s, [it] { note(fmt::format("gpu-begin {}", it)); });
       if (weights == 0) make_weights();
       // The weights must be intact at every turn, wherever their pages spent the wait.
-      if (!bytes.check(s, weights, weight_bytes, seed)) {
+      if (a.check_at_begin && !bytes.check(s, weights, weight_bytes, seed)) {
         note(fmt::format("corrupt weights at {}", it));
         return 2;
       }
@@ -203,6 +213,7 @@ int main(int argc, char** argv) {
         bytes.fill(s, late, half, seed + 3000 + it);
         job.deallocate(late);
       }
+      if (a.gpu_log) rt->backend().launch_host_func(s, [it] { note(fmt::format("gpu-end {}", it)); });
       note(fmt::format("end {}", it));
       job.end_iteration();
     }

@@ -244,14 +244,14 @@ void turn_connection(FuzzInput& in, Coordinator& coord, Seen& seen,
     const JobCall call{in.chance(90) ? link.job_id : pick_id(in, jobs),
                        static_cast<std::int64_t>(in.below(3)) * 500000, 0, 0};
     try {
-      Record r;
+      Received r;
       const std::vector<std::byte> bytes =
           type == MessageType::end_iteration
               ? encode(type, static_cast<std::uint64_t>(i) + 2, end_of(in, call))
               : encode(type, static_cast<std::uint64_t>(i) + 2, call);
-      r.header = decode_header(bytes);
-      r.body.assign(bytes.begin() + sizeof(Header), bytes.end());
-      const std::vector<std::byte> reply = coord.turn_call(link, r);
+      r.record.header = decode_header(bytes);
+      r.record.body.assign(bytes.begin() + sizeof(Header), bytes.end());
+      const std::vector<std::byte> reply = coord.turn_call(link, r).record;
       const Header h = decode_header(reply);
       if (h.seq != static_cast<std::uint64_t>(i) + 2) salus::fuzz::fail("a turn reply's seq is not its call's");
     } catch (const ProtocolError&) {

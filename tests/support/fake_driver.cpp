@@ -42,6 +42,9 @@ CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
 CUresult fake_cuDeviceGetName(char* name, int len, CUdevice device) {
   return forward([&](auto& s) { return s.device_get_name(name, len, device); });
 }
+CUresult fake_cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+  return forward([&](auto& s) { return s.device_get_uuid(uuid, device); });
+}
 CUresult fake_cuDeviceTotalMem(std::size_t* bytes, CUdevice device) {
   return forward([&](auto& s) { return s.device_total_mem(bytes, device); });
 }

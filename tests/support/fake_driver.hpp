@@ -67,6 +67,12 @@
 //    (else CUDA_ERROR_INVALID_VALUE, as for a handle type the allocation was not made for) and
 //    that handle type (else CUDA_ERROR_NOT_SUPPORTED). Import of a descriptor that stands for no
 //    live allocation is CUDA_ERROR_INVALID_VALUE.
+//  - Interprocess events (cuIpcGetEventHandle, cuIpcOpenEventHandle) follow CUDA's rules: an
+//    event is not opened in the process that exported it (CUDA_ERROR_INVALID_CONTEXT; one fake
+//    is one process, see ipc_open_own_events), and destroyed events' handles are reused, so a
+//    handle kept past its event's destruction may name another event: opening it, or using an
+//    event opened before its source was destroyed, is recorded as a violation (undefined with
+//    CUDA).
 //  - Unlike the driver, an exported descriptor does not keep its allocation alive: once every
 //    handle is released and nothing is mapped, the allocation is gone and importing a descriptor
 //    exported earlier fails.
@@ -108,6 +114,9 @@ struct FakeDeviceConfig {
   // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: else cuMemCreate requesting the handle type is
   // CUDA_ERROR_NOT_SUPPORTED.
   bool posix_fd = true;
+  bool ipc_events = true;  // IPC_EVENT_SUPPORTED
+  // cuDeviceGetUuid; all zero: made from the device's index ("FAKE" and the index).
+  std::array<std::uint8_t, 16> uuid{};
 };
 
 // What cuDeviceGetP2PAttribute reports for an ordered pair of distinct devices.
@@ -134,6 +143,10 @@ struct FakeDriverConfig {
   // cuMemImportFromShareableHandle of an allocation whose own handle is live returns that handle
   // (with one more reference to release) instead of a new one: the driver promises neither.
   bool import_returns_held_handle = false;
+  // One FakeDriver is one process, and CUDA refuses cuIpcOpenEventHandle in the process that
+  // exported the event (CUDA_ERROR_INVALID_CONTEXT): so does the fake, unless a test has the one
+  // fake play two processes (an exporter and an importer) and says so here.
+  bool ipc_open_own_events = false;
   // cuDriverGetVersion. Below 13000 (e.g. 12040), host chunks as CU_MEM_LOCATION_TYPE_HOST are
   // refused with CUDA_ERROR_INVALID_VALUE (cuMemCreate, cuMemGetAllocationGranularity); below
   // 12020 HOST_NUMA is too.

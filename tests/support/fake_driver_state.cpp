@@ -226,6 +226,20 @@ CUresult FakeDriver::State::device_get(CUdevice* device, int ordinal) {
   });
 }
 
+CUresult FakeDriver::State::device_get_uuid(CUuuid* uuid, CUdevice device) {
+  return run("cuDeviceGetUuid", {static_cast<std::uint64_t>(device)}, [&] {
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    std::array<std::uint8_t, 16> bytes = config_.devices[static_cast<std::size_t>(device)].uuid;
+    if (bytes == std::array<std::uint8_t, 16>{}) {
+      bytes = {'F', 'A', 'K', 'E', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+               static_cast<std::uint8_t>(device)};
+    }
+    std::memcpy(uuid->bytes, bytes.data(), bytes.size());
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult FakeDriver::State::device_get_name(char* name, int len, CUdevice device) {
   return run("cuDeviceGetName",
              {static_cast<std::uint64_t>(len), static_cast<std::uint64_t>(device)}, [&] {
@@ -348,6 +362,9 @@ CUresult FakeDriver::State::device_get_attribute(int* value, CUdevice_attribute 
                    return CUDA_SUCCESS;
                  case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
                    *value = d.posix_fd;
+                   return CUDA_SUCCESS;
+                 case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
+                   *value = d.ipc_events;
                    return CUDA_SUCCESS;
                  case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
                    if (version < 12020) return CUDA_ERROR_INVALID_VALUE;

@@ -39,6 +39,7 @@ class FakeDriver::State {
   CUresult device_get_count(int* count);
   CUresult device_get(CUdevice* device, int ordinal);
   CUresult device_get_name(char* name, int len, CUdevice device);
+  CUresult device_get_uuid(CUuuid* uuid, CUdevice device);
   CUresult device_total_mem(std::size_t* bytes, CUdevice device);
   CUresult device_get_p2p_attribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src,
                                     CUdevice dst);
@@ -155,6 +156,8 @@ class FakeDriver::State {
     bool recorded = false;
     bool interprocess = false;   // created with CU_EVENT_INTERPROCESS
     std::uintptr_t source = 0;   // opened by cuIpcOpenEventHandle: the event it stands for
+    std::uint64_t serial = 0;    // this event's, never reused (its handle is)
+    std::uint64_t source_serial = 0;  // the source's when it was opened
   };
   // One entry of a stream's queue (fake_driver_work.cpp).
   enum class ItemKind : std::uint8_t { kernel, copy, wait, record, host };
@@ -275,6 +278,8 @@ class FakeDriver::State {
   // The event `event` stands for: an opened interprocess event's source (while it lives), else
   // itself; events_.end() for none.
   std::map<std::uintptr_t, Event>::iterator event_of(CUevent event);
+  // A handle for a new event: a destroyed one's if any (the driver reuses them), else a new one.
+  std::uintptr_t new_event_handle();
   // Host functions (fake_driver_host.cpp): a ready one goes to the host-function thread, which
   // runs them one at a time, outside the lock, and then finishes their items.
   void dispatch(std::uint64_t id, Item& item);
@@ -327,6 +332,10 @@ class FakeDriver::State {
   std::set<std::uintptr_t> blocking_streams_;  // created without CU_STREAM_NON_BLOCKING
   std::map<std::uintptr_t, Event> events_;
   std::uintptr_t next_object_ = 0x10000;
+  // Handles of destroyed events, given to the next ones made: the driver reuses handles, so an
+  // interprocess handle kept past its event's destruction may name another event.
+  std::vector<std::uintptr_t> free_event_handles_;
+  std::uint64_t next_event_serial_ = 1;
   bool hold_events_ = false;
   double clock_ms_ = 0.0;  // the fake GPU's clock (advance_clock)
   // Completion times of finished records that an event's last record captured (item -> ms).

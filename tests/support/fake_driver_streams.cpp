@@ -87,12 +87,26 @@ CUresult FakeDriver::State::stream_get_ctx(CUstream stream, CUcontext* context) 
   });
 }
 
+std::uintptr_t FakeDriver::State::new_event_handle() {
+  if (free_event_handles_.empty()) {
+    next_object_ += 0x10;
+    return next_object_;
+  }
+  const std::uintptr_t id = free_event_handles_.back();
+  free_event_handles_.pop_back();
+  return id;
+}
+
 std::map<std::uintptr_t, FakeDriver::State::Event>::iterator FakeDriver::State::event_of(
     CUevent event) {
   const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
   if (it == events_.end() || it->second.source == 0) return it;
   const auto source = events_.find(it->second.source);
-  return source != events_.end() ? source : it;  // a gone source: the opened event alone
+  if (source != events_.end() && source->second.serial == it->second.source_serial) return source;
+  // CUDA: using an opened event after the exporter destroyed it is undefined.
+  violations_.push_back(fmt::format(
+      "opened interprocess event {:#x} used after its source event was destroyed", it->first));
+  return it;  // the opened event alone
 }
 
 CUresult FakeDriver::State::stream_wait_event(CUstream stream, CUevent event, unsigned flags) {
@@ -124,10 +138,10 @@ CUresult FakeDriver::State::event_create(CUevent* event, unsigned flags) {
     const bool interprocess = (flags & CU_EVENT_INTERPROCESS) != 0;
     // As the driver: an interprocess event cannot time.
     if (interprocess && (flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
-    next_object_ += 0x10;
-    events_.emplace(next_object_, Event{device, 0, (flags & CU_EVENT_DISABLE_TIMING) == 0, false,
-                                        interprocess, 0});
-    *event = std::bit_cast<CUevent>(next_object_);
+    const std::uintptr_t id = new_event_handle();
+    events_.emplace(id, Event{device, 0, (flags & CU_EVENT_DISABLE_TIMING) == 0, false,
+                              interprocess, 0, next_event_serial_++, 0});
+    *event = std::bit_cast<CUevent>(id);
     return CUDA_SUCCESS;
   });
 }
@@ -137,6 +151,7 @@ CUresult FakeDriver::State::event_destroy(CUevent event) {
     const auto it = events_.find(std::bit_cast<std::uintptr_t>(event));
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     record_times_.erase(it->second.captured);
+    free_event_handles_.push_back(it->first);
     events_.erase(it);
     return CUDA_SUCCESS;
   });
@@ -194,7 +209,8 @@ CUresult FakeDriver::State::ipc_get_event_handle(CUipcEventHandle* handle, CUeve
     if (it == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
     if (!it->second.interprocess) return CUDA_ERROR_INVALID_VALUE;
     *handle = CUipcEventHandle{};
-    const std::uint64_t words[2] = {kIpcEventTag, static_cast<std::uint64_t>(it->first)};
+    const std::uint64_t words[3] = {kIpcEventTag, static_cast<std::uint64_t>(it->first),
+                                    it->second.serial};
     std::memcpy(handle->reserved, words, sizeof(words));
     return CUDA_SUCCESS;
   });
@@ -203,17 +219,26 @@ CUresult FakeDriver::State::ipc_get_event_handle(CUipcEventHandle* handle, CUeve
 CUresult FakeDriver::State::ipc_open_event_handle(CUevent* event, CUipcEventHandle handle) {
   return run("cuIpcOpenEventHandle", {}, [&] {
     if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::uint64_t words[2] = {};
+    std::uint64_t words[3] = {};
     std::memcpy(words, handle.reserved, sizeof(words));
+    if (words[0] != kIpcEventTag) return CUDA_ERROR_INVALID_VALUE;
+    // Every event of this fake is this process's own (see ipc_open_own_events).
+    if (!config_.ipc_open_own_events) return CUDA_ERROR_INVALID_CONTEXT;
     const auto source = events_.find(static_cast<std::uintptr_t>(words[1]));
-    if (words[0] != kIpcEventTag || source == events_.end() || !source->second.interprocess) {
+    if (source == events_.end() || !source->second.interprocess) return CUDA_ERROR_INVALID_VALUE;
+    if (source->second.serial != words[2]) {
+      // The handle's event was destroyed and its handle went to another: undefined with CUDA.
+      violations_.push_back(fmt::format(
+          "cuIpcOpenEventHandle of a handle whose event was destroyed (handle {:#x} now names "
+          "another event)", source->first));
       return CUDA_ERROR_INVALID_VALUE;
     }
     const int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    next_object_ += 0x10;
-    events_.emplace(next_object_, Event{device, 0, false, false, true, source->first});
-    *event = std::bit_cast<CUevent>(next_object_);
+    const std::uintptr_t id = new_event_handle();
+    events_.emplace(id, Event{device, 0, false, false, true, source->first, next_event_serial_++,
+                              source->second.serial});
+    *event = std::bit_cast<CUevent>(id);
     return CUDA_SUCCESS;
   });
 }

@@ -168,6 +168,26 @@ TEST_F(TorchCudaAllocator, GraphCaptureIsRefusedWithAClearError) {
   EXPECT_NO_THROW(allocator->releasePool(0, {1, 0}));
 }
 
+// torch.backends.cudnn.benchmark: cuDNN's search asks for the largest block it could get
+// (CUDAPluggableAllocator refuses the call, which ended the first convolution).
+TEST_F(TorchCudaAllocator, CacheInfoAnswersTheBytesAnAllocationCouldStillMap) {
+  std::size_t largest = 0;
+  allocator->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, 64 * MiB) << "nothing mapped yet: the whole device";
+  void* x = salus_torch_cuda_malloc(40 * MiB, 0, nullptr);
+  largest = 0;
+  allocator->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, 64 * MiB - salus_stats().mapped);
+  EXPECT_LE(largest, 24 * MiB);
+  void* workspace = salus_torch_cuda_malloc(static_cast<std::ptrdiff_t>(largest), 0, nullptr);
+  EXPECT_NE(workspace, nullptr) << "a workspace of the size answered can be allocated";
+  salus_torch_cuda_free(workspace, static_cast<std::ptrdiff_t>(largest), 0, nullptr);
+  std::size_t floor = 100 * MiB;  // PyTorch's callers may pass a floor in: it is kept
+  allocator->cacheInfo(0, &floor);
+  EXPECT_EQ(floor, 100 * MiB);
+  salus_torch_cuda_free(x, 40 * MiB, 0, nullptr);
+}
+
 // Installed, it is the process's CUDA allocator: PyTorch's free functions reach it.
 TEST_F(TorchCudaAllocator, InstalledItAnswersPyTorchsAllocatorCalls) {
   salus::torch::install_cuda_allocator();
@@ -178,6 +198,9 @@ TEST_F(TorchCudaAllocator, InstalledItAnswersPyTorchsAllocatorCalls) {
   void* x = salus_torch_cuda_malloc(2 * MiB, 0, nullptr);
   EXPECT_EQ(cca::getDeviceStats(0).allocated_bytes[kAll].current, 2 * MiB);
   salus_torch_cuda_free(x, 2 * MiB, 0, nullptr);
+  std::size_t largest = 0;
+  cca::cacheInfo(0, &largest);  // what cuDNN's benchmark mode calls
+  EXPECT_GT(largest, 0u);
   cca::emptyCache();
   EXPECT_EQ(salus_stats().mapped, 0u);
 }
