@@ -124,7 +124,7 @@ class Coordinator {
   // `fence`: what the end's process recorded after the iteration (null: none), for the lane's
   // next turn.
   void give_turn(Job& job, remote::MessageType type, const std::optional<MeasuredMemory>& measured,
-                 std::shared_ptr<const PageBank::Fence> fence);
+                 std::shared_ptr<const PageBank::Fence> fence, bool settled);
   // The fence an end_iteration carries (its descriptor taken from `received`), or null.
   static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,
                                                           remote::Received& received);

@@ -54,13 +54,13 @@ std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(const Session& 
 std::shared_ptr<const PageBank::Fence> Coordinator::end_fence(const Session& s,
                                                               remote::Received& received) {
   const auto end = remote::body_as<remote::EndIteration>(received.record);
-  const bool with_fd = end.fenced != 0 && end.fence.fd_index >= 0;
+  const bool with_fd = end.fenced == remote::kFenced && end.fence.fd_index >= 0;
   if (received.fds.size() != (with_fd ? 1u : 0u) || (with_fd && end.fence.fd_index != 0)) {
     throw remote::ProtocolError(fmt::format(
         "an end_iteration carried {} descriptors, its fence {}", received.fds.size(),
         with_fd ? "one (index 0)" : "none"));
   }
-  if (end.fenced == 0) return nullptr;
+  if (end.fenced != remote::kFenced) return nullptr;
   auto fence = std::make_shared<PageBank::Fence>();
   fence->entry = end.fence;
   fence->from = s.id;
@@ -76,9 +76,9 @@ std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& 
 
 void Coordinator::give_turn(Job& job, MessageType type,
                             const std::optional<MeasuredMemory>& measured,
-                            std::shared_ptr<const PageBank::Fence> fence) {
+                            std::shared_ptr<const PageBank::Fence> fence, bool settled) {
   // Before the end: it wakes the lane's next job, whose turn carries the fence.
-  turn_fences_.ended(&job, std::move(fence));
+  turn_fences_.ended(&job, std::move(fence), settled);
   if (type == MessageType::end_iteration) {
     // First, so that the decisions end_iteration makes plan with it.
     if (measured) {
@@ -150,6 +150,8 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
                                             to_string(type), received.fds.size()));
   }
   std::shared_ptr<const PageBank::Fence> fence = end ? end_fence(*link.session, received) : nullptr;
+  const bool settled =
+      end && remote::body_as<remote::EndIteration>(record).fenced == remote::kSettled;
   // A malformed report is the connection's end (a ProtocolError), as a malformed record is.
   const std::optional<MeasuredMemory> measured = end ? planned_memory(record) : std::nullopt;
   const std::uint64_t seq = record.header.seq;
@@ -160,7 +162,7 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
       if (fd.get() >= 0) out.fds.push_back(std::move(fd));
       return out;
     }
-    give_turn(*link.job, type, measured, std::move(fence));
+    give_turn(*link.job, type, measured, std::move(fence), settled);
     return {remote::encode_body(MessageType::done, seq, {}), {}};
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);

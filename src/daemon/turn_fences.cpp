@@ -11,7 +11,7 @@ std::shared_ptr<const TurnFences::Fence> TurnFences::began(const void* job, std:
   return it->second;
 }
 
-void TurnFences::ended(const void* job, std::shared_ptr<const Fence> fence) {
+void TurnFences::ended(const void* job, std::shared_ptr<const Fence> fence, bool settled) {
   std::lock_guard lock(mu_);
   const auto it = lane_of_.find(job);
   if (it == lane_of_.end()) return;  // a turn granted through no begin here (none today)
@@ -19,7 +19,11 @@ void TurnFences::ended(const void* job, std::shared_ptr<const Fence> fence) {
   lane_of_.erase(it);
   // No fence (a turn given back unused, or a process without interprocess events): the lane's
   // last one still stands for the work before.
-  if (fence) by_lane_[lane] = std::move(fence);
+  if (fence) {
+    by_lane_[lane] = std::move(fence);
+  } else if (settled) {
+    by_lane_.erase(lane);
+  }
 }
 
 void TurnFences::forget(SessionId session) {

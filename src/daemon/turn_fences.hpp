@@ -27,9 +27,10 @@ class TurnFences {
   // salusd's runtime gave it); returns the end of the lane's last iteration to wait for, unless
   // that was `asking`'s own (its stream order has it already) or there is none.
   std::shared_ptr<const Fence> began(const void* job, std::uint64_t lane, SessionId asking);
-  // `job`'s iteration ended behind `fence`: the next turn in its lane waits for it. Null (the
-  // process sent none) keeps the lane's last one.
-  void ended(const void* job, std::shared_ptr<const Fence> fence);
+  // `job`'s iteration ended behind `fence`: the next turn in its lane waits for it. Null keeps
+  // the lane's last one (the process said nothing), unless `settled` (its stream had nothing
+  // queued: the lane has nothing to wait for).
+  void ended(const void* job, std::shared_ptr<const Fence> fence, bool settled);
   // `session`'s process has exited: its work is gone with it, and its jobs' lanes forgotten.
   void forget(SessionId session);
 

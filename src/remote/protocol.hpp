@@ -158,6 +158,10 @@ struct FenceEntry {
 // An iteration's end. `fenced` 1: `fence` is an interprocess event recorded on the job's stream
 // after the iteration's work (its descriptor, for simulated events, travels with the record), so
 // that the next holder of the turn's lane queues its work after it: the turn is the GPU's too.
+// 2 (kSettled): the job's stream had nothing queued, so the lane has nothing to wait for. 0: the
+// process says nothing (no interprocess events, or the turn was not used).
+inline constexpr std::uint32_t kFenced = 1;
+inline constexpr std::uint32_t kSettled = 2;
 struct EndIteration {
   JobCall call;
   MemoryReport memory;
