@@ -355,15 +355,19 @@ void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
   for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
   if (samples.empty()) return;  // nothing allocated through Salus this iteration
   p.note_peak(peak);
-  // Resample to a fixed number of buckets, each the highest level reached within it.
-  p.curve.duration_seconds = std::max(host_seconds, 1e-9);
+  // Resample to a fixed number of buckets, each the highest level reached within it. The
+  // samples count from the curve's start (take_turn, before the iteration's timer), the host
+  // time from the timer: on a busy machine the last samples can lie past the host time, and a
+  // curve cut there lost the iteration's peak. It spans both.
+  p.curve.duration_seconds = std::max({host_seconds, samples.back().first, 1e-9});
   p.curve.bytes.assign(kCurveSamples, 0);
   std::size_t level = 0;
   std::size_t next = 0;
   for (std::size_t b = 0; b < kCurveSamples; ++b) {
     const double bucket_end = p.curve.duration_seconds * static_cast<double>(b + 1) / kCurveSamples;
     std::size_t high = level;
-    while (next < samples.size() && samples[next].first < bucket_end) {
+    const bool last = b + 1 == kCurveSamples;  // takes whatever rounding left over
+    while (next < samples.size() && (last || samples[next].first < bucket_end)) {
       level = samples[next].second;
       high = std::max(high, level);
       ++next;
