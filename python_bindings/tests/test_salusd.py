@@ -77,12 +77,11 @@ def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str,
             assert time.monotonic() < deadline, "the clients did not all add their jobs"
             time.sleep(0.01)
         ready.touch()
-    results = []
-    for name, p in zip(names, procs):
-        _, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-        results.append(json.loads((tmp / f"{name}.json").read_text()))
-    return results
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+    # Every client's standard error, whichever failed: one's failure is often the other's doing.
+    report = "\n".join(f"--- {n} (exit {p.returncode}):\n{e}" for n, p, e in zip(names, procs, errs))
+    assert all(p.returncode == 0 for p in procs), report
+    return [json.loads((tmp / f"{name}.json").read_text()) for name in names]
 
 
 def test_two_torch_processes_take_turns_and_train_as_alone(daemon: Daemon, tmp_path: Path) -> None:
