@@ -136,6 +136,8 @@ std::vector<FailureCase> failure_cases() {
        [](Env& e) { static_cast<void>(e.backend.properties(0)); }},
       {"cuDeviceTotalMem", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { static_cast<void>(e.backend.properties(1)); }},
+      {"cuMemGetInfo", CUDA_ERROR_INVALID_CONTEXT,
+       [](Env& e) { static_cast<void>(e.backend.free_memory(1)); }},
       {"cuDeviceGetUuid", CUDA_ERROR_INVALID_DEVICE,
        [](Env& e) { static_cast<void>(e.backend.properties(0)); }},
       {"cuDeviceGetP2PAttribute", CUDA_ERROR_INVALID_DEVICE,

@@ -196,6 +196,24 @@ TEST(CudaBackendFakeConfig, GranularityIsReadNotAssumed) {
   EXPECT_EQ(granularity_queries[1].args[0], CU_MEM_LOCATION_TYPE_DEVICE);
 }
 
+// cuMemGetInfo answers for the current context's device (the fake refuses it without one, as
+// CUDA does): the backend binds the device's context first, and reads what other processes hold.
+TEST(CudaBackendFakeConfig, FreeMemoryIsTheDevicesAsTheDriverSeesItNow) {
+  FakeDriverConfig config = FakeDriverConfig::uniform(2, 1 * GiB);
+  config.devices[1].used_elsewhere = 300 * MiB;
+  FakeDriver fake(config);
+  CudaBackend backend(fake.api());
+  EXPECT_EQ(backend.free_memory(0), 1 * GiB);
+  EXPECT_EQ(backend.free_memory(1), 1 * GiB - 300 * MiB);
+  const ChunkHandle chunk = backend.create_chunk(Location::gpu(1), 2 * MiB);
+  EXPECT_EQ(backend.free_memory(1), 1 * GiB - 302 * MiB);
+  backend.release_chunk(chunk);
+  const auto queries = fake.calls("cuMemGetInfo");
+  ASSERT_EQ(queries.size(), 3u);
+  EXPECT_EQ(queries[1].context_device, 1) << "asked with device 1's context current";
+  EXPECT_THROW(static_cast<void>(backend.free_memory(2)), InvalidArgument);
+}
+
 TEST(CudaBackendFakeConfig, NoDeviceIsNotSupported) {
   FakeDriverConfig config;
   config.devices.clear();

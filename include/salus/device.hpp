@@ -155,6 +155,10 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] std::string_view name() const noexcept { return do_name(); }
   [[nodiscard]] int device_count() const { return do_device_count(); }
   [[nodiscard]] DeviceProperties properties(int device) const;
+  // Bytes of `device` that could still be allocated now, by this process or any other: CUDA's
+  // cuMemGetInfo (what other processes' contexts and allocations hold is gone from it); a
+  // simulated device's size less the chunks made of it.
+  [[nodiscard]] std::size_t free_memory(int device) const;
   // Physical page size for chunks at `where`.
   [[nodiscard]] std::size_t granularity(Location where) const;
   [[nodiscard]] PeerLink peer_link(int from, int to) const;
@@ -289,6 +293,7 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] virtual std::string_view do_name() const noexcept = 0;
   [[nodiscard]] virtual int do_device_count() const = 0;
   [[nodiscard]] virtual DeviceProperties do_properties(int device) const = 0;
+  [[nodiscard]] virtual std::size_t do_free_memory(int device) const = 0;
   [[nodiscard]] virtual std::size_t do_granularity(Location where) const = 0;
   // The smallest granularity of any location: every address and size that reserve_address,
   // free_address, map, unmap and set_access can accept is a multiple of it. Called on hot paths.

@@ -241,6 +241,15 @@ DeviceProperties CudaBackend::do_properties(int device) const {
   return props;
 }
 
+std::size_t CudaBackend::do_free_memory(int device) const {
+  // cuMemGetInfo answers for the current context's device.
+  const ScopedContext scope = bind(device);
+  std::size_t free = 0;
+  std::size_t total = 0;
+  SALUS_CU(api_, cuMemGetInfo, &free, &total);
+  return free;
+}
+
 std::size_t CudaBackend::do_granularity(Location where) const {
   if (where.is_host()) {
     if (!host_granularity_) {

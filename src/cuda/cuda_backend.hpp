@@ -55,6 +55,7 @@ class CudaBackend final : public DeviceBackend {
     return static_cast<int>(devices_.size());
   }
   [[nodiscard]] DeviceProperties do_properties(int device) const override;
+  [[nodiscard]] std::size_t do_free_memory(int device) const override;
   [[nodiscard]] std::size_t do_granularity(Location where) const override;
   // The smallest granularity of any location: every address and size the driver can accept for
   // map, unmap or set_access is a multiple of it.

@@ -101,6 +101,11 @@ DeviceProperties DeviceBackend::properties(int device) const {
   return do_properties(device);
 }
 
+std::size_t DeviceBackend::free_memory(int device) const {
+  check_device(device, "free_memory");
+  return do_free_memory(device);
+}
+
 std::size_t DeviceBackend::granularity(Location where) const {
   check_location(where, "granularity");
   return do_granularity(where);

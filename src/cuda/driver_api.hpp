@@ -26,6 +26,7 @@
   X(cuDeviceGetName)                 \
   X(cuDeviceGetUuid)                 \
   X(cuDeviceTotalMem)                \
+  X(cuMemGetInfo)                    \
   X(cuDeviceGetP2PAttribute)         \
   X(cuDevicePrimaryCtxRetain)        \
   X(cuDevicePrimaryCtxRelease)       \

@@ -112,6 +112,12 @@ std::size_t SimBackend::pool_index(Location where) const {
   return static_cast<std::size_t>(where.index);
 }
 
+std::size_t SimBackend::do_free_memory(int device) const {
+  std::lock_guard lock(mem_mutex_);
+  const Pool& pool = pools_[pool_index(Location::gpu(device))];
+  return pool.capacity - pool.used;
+}
+
 std::size_t SimBackend::do_granularity(Location where) const {
   return pools_[pool_index(where)].granularity;
 }

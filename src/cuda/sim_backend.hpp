@@ -111,6 +111,7 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] std::string_view do_name() const noexcept override { return "sim"; }
   [[nodiscard]] int do_device_count() const override;
   [[nodiscard]] DeviceProperties do_properties(int device) const override;
+  [[nodiscard]] std::size_t do_free_memory(int device) const override;
   [[nodiscard]] std::size_t do_granularity(Location where) const override;
   [[nodiscard]] std::size_t do_address_granularity() const noexcept override {
     return address_granularity_;

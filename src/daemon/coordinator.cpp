@@ -38,10 +38,30 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
   // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
   RuntimeAccess::measure_elsewhere(runtime_);
   for (int d = 0; d < backend_->device_count(); ++d) {
-    std::size_t capacity = backend_->properties(d).total_memory;
-    if (options_.device_limit_bytes != 0) capacity = std::min(capacity, options_.device_limit_bytes);
+    const std::size_t free = backend_->free_memory(d);
+    const std::size_t capacity = device_capacity(d, free);
+    free_at_start_.push_back(free);
     banks_.push_back(std::make_unique<PageBank>(*backend_, d, page_bytes_, capacity));
   }
+}
+
+// What the daemon hands out of device `d`: what is free less the reserve, and at most the limit.
+// Nothing free beyond the reserve is no daemon at all: said here, not at the first client's OOM.
+std::size_t Coordinator::device_capacity(int d, std::size_t free) const {
+  const std::size_t total = backend_->properties(d).total_memory;
+  if (free <= options_.reserve_bytes + page_bytes_) {
+    throw InvalidArgument(fmt::format(
+        "salusd: device {} has {:.0f} MiB free of {:.0f} MiB, and {:.0f} MiB are kept for other "
+        "programs (--reserve): nothing is left to hand out", d, free / 1048576.0,
+        total / 1048576.0, options_.reserve_bytes / 1048576.0));
+  }
+  std::size_t capacity = free - options_.reserve_bytes;
+  if (options_.device_limit_bytes != 0) capacity = std::min(capacity, options_.device_limit_bytes);
+  spdlog::info("device {}: hands out up to {:.0f} MiB ({:.0f} MiB free of {:.0f} MiB at start, "
+               "{:.0f} MiB reserved for other programs{})", d, capacity / 1048576.0,
+               free / 1048576.0, total / 1048576.0, options_.reserve_bytes / 1048576.0,
+               options_.device_limit_bytes != 0 ? ", --memory caps it" : "");
+  return capacity;
 }
 
 Coordinator::~Coordinator() {

@@ -35,6 +35,13 @@ struct CoordinatorOptions {
   // The most of each device the daemon hands out (a GPU it shares with programs that are not its
   // clients); 0: all of it.
   std::size_t device_limit_bytes = 0;
+  // What each device keeps for everything that is not a page of the daemon: its clients' own CUDA
+  // contexts (about 0.5 GiB each), lazily loaded kernels, libraries' buffers outside the
+  // allocator, other programs. A device's capacity is its free memory when the daemon starts less
+  // this, and at most device_limit_bytes.
+  std::size_t reserve_bytes = 0;
+  // A free page nobody took for this long goes back to the driver; zero: never.
+  std::chrono::milliseconds idle_release{30000};
   // Whether a waiting process moves its jobs' pages to its host memory when another needs them.
   remote::Spill spill = remote::Spill::none;
   std::chrono::milliseconds reclaim_wait{2000};  // how long a short request waits for give-backs
@@ -49,6 +56,8 @@ struct DeviceUse {
   std::size_t granted_bytes = 0;
   std::size_t peak_granted_bytes = 0;
   std::size_t capacity_bytes = 0;
+  std::size_t made_bytes = 0;  // of the driver's memory now: granted, free or fenced
+  std::size_t released_idle_bytes = 0;  // given back to the driver as idle, since the start
 };
 
 class Coordinator {
@@ -96,6 +105,10 @@ class Coordinator {
   // connection may not carry.
   Reply turn_call(const TurnLink& link, remote::Received& received);
 
+  // Releases to the driver the free pages idle for CoordinatorOptions::idle_release (the server
+  // calls it about once a second). Returns how many went.
+  std::size_t release_idle_pages();
+
   [[nodiscard]] std::string status_table() const;
   // "" when every bank is consistent, else what is wrong (tests, fuzz).
   [[nodiscard]] std::string inconsistency() const;
@@ -103,6 +116,7 @@ class Coordinator {
   [[nodiscard]] Runtime& runtime() { return runtime_; }
 
  private:
+  [[nodiscard]] std::size_t device_capacity(int device, std::size_t free_at_start) const;
   std::shared_ptr<Session> session(SessionId id) const;
   void reply(Session& s, remote::MessageType type, std::uint64_t seq,
              std::span<const std::byte> body, std::span<const int> fds = {});
@@ -151,6 +165,9 @@ class Coordinator {
   Runtime runtime_;
   const std::size_t page_bytes_;
   const std::shared_ptr<TraceRecorder> trace_;
+
+  // Each device's free memory when the daemon started (what its capacity was made from).
+  std::vector<std::size_t> free_at_start_;
 
   mutable std::mutex mu_;
   std::condition_variable pages_back_;

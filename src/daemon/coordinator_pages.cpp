@@ -301,12 +301,46 @@ DeviceUse Coordinator::device_use(int device) const {
   std::lock_guard lock(mu_);
   const PageBank& bank = *banks_.at(static_cast<std::size_t>(device));
   return {bank.granted_pages() * page_bytes_, bank.peak_granted_pages() * page_bytes_,
-          bank.capacity_pages() * page_bytes_};
+          bank.capacity_pages() * page_bytes_, bank.made_pages() * page_bytes_,
+          bank.released_idle_pages() * page_bytes_};
+}
+
+std::size_t Coordinator::release_idle_pages() {
+  if (options_.idle_release.count() == 0) return 0;
+  std::vector<ChunkHandle> idle;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = PageBank::Clock::now();
+    for (const auto& bank : banks_) {
+      std::vector<ChunkHandle> chunks = bank->take_idle(now, options_.idle_release);
+      idle.insert(idle.end(), chunks.begin(), chunks.end());
+    }
+  }
+  // The driver's calls without the lock: grants and give-backs go on meanwhile.
+  for (const ChunkHandle chunk : idle) {
+    try {
+      backend_->release_chunk(chunk);
+    } catch (const std::exception& e) {
+      spdlog::error("releasing an idle page failed: {}", e.what());
+    }
+  }
+  if (!idle.empty()) spdlog::debug("{} idle page(s) went back to the driver", idle.size());
+  return idle.size();
 }
 
 std::string Coordinator::status_table() const {
   // Who holds what, under the lock; the jobs' own state from the runtime, after it.
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> jobs;  // process name, job
+  // What each device has free now, asked of the driver before the lock is taken.
+  std::vector<std::string> free_now;
+  for (int d = 0; d < backend_->device_count(); ++d) {
+    try {
+      free_now.push_back(fmt::format("{:.1f}", backend_->free_memory(d) / 1048576.0));
+    } catch (const std::exception& e) {
+      spdlog::warn("device {}: its free memory is unknown: {}", d, e.what());
+      free_now.emplace_back("?");
+    }
+  }
   std::string out = fmt::format("policy {}  page {} KiB  spill {}  reclaim {}\n\n",
                                 runtime_.policy(), page_bytes_ / 1024,
                                 options_.spill == remote::Spill::host ? "host" : "none",
@@ -324,6 +358,18 @@ std::string Coordinator::status_table() const {
                          b.peak_granted_pages() * page_bytes_ / 1048576.0,
                          b.capacity_pages() * page_bytes_ / 1048576.0, b.fenced_pages(),
                          b.fenced_returns());
+    }
+    // What the driver's memory is: the daemon's capacity came from what was free at its start
+    // less the reserve; pages it made and keeps; pages idle long enough went back; and what the
+    // device has free now, left to every other program (and to the daemon's next pages).
+    out += fmt::format("\n{:<7} {:>18} {:>12} {:>10} {:>14} {:>18}\n", "gpu", "free at start MiB",
+                       "reserve MiB", "made MiB", "released idle", "left to others MiB");
+    for (std::size_t d = 0; d < banks_.size(); ++d) {
+      const PageBank& b = *banks_[d];
+      out += fmt::format("{:<7} {:>18.1f} {:>12.1f} {:>10.1f} {:>14} {:>18}\n", d,
+                         free_at_start_[d] / 1048576.0, options_.reserve_bytes / 1048576.0,
+                         b.made_pages() * page_bytes_ / 1048576.0, b.released_idle_pages(),
+                         free_now[d]);
     }
     out += fmt::format("\n{:<8} {:>8} {:<20} {:>5} {:>12} {:>12}\n", "session", "pid",
                        "process", "jobs", "held MiB", "limit MiB");

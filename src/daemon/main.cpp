@@ -8,6 +8,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -45,12 +46,23 @@ std::shared_ptr<salus::DeviceBackend> make_backend(const std::string& kind, int 
   return salus::make_default_backend(std::move(sim));
 }
 
+// --reserve: a size, or auto. A simulated GPU is the daemon's alone; a real one has the clients'
+// own contexts (about 0.5 GiB each), their lazily loaded kernels, and other programs on it: a
+// tenth of it, at least 1 GiB (what vLLM leaves by default, gpu_memory_utilization 0.9).
+std::size_t reserve_bytes(const std::string& text, const salus::DeviceBackend& backend) {
+  if (text != "auto") return parse_size(text);
+  if (backend.name() == "sim" || backend.device_count() == 0) return 0;
+  return std::max<std::size_t>(salus::GiB, backend.properties(0).total_memory / 10);
+}
+
 // What the command line asked for.
 struct Args {
   std::string socket_path = salus::remote::default_socket_path();
   std::string backend = "auto";
   int devices = 1;
   std::string memory;  // "": 8GiB for a simulated GPU, all of a real one
+  std::string reserve = "auto";
+  double idle_release_s = 30;
   std::string process_limit = "0";
   std::string spill = "none";
   std::string reclaim = "ask";
@@ -68,7 +80,16 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--devices", a.devices, "simulated GPUs (sim backend)")->check(CLI::Range(1, 16));
   app.add_option("--memory", a.memory,
                  "memory of each GPU the daemon hands out, e.g. 8GiB: a simulated GPU's size "
-                 "(default 8GiB), or the most of each real GPU (default all of it)");
+                 "(default 8GiB), or the most of each real GPU (default: what is free at start less "
+                 "--reserve)");
+  app.add_option("--reserve", a.reserve,
+                 "memory of each GPU left to everything else (the clients' CUDA contexts, kernels, "
+                 "other programs): the daemon hands out what is free at its start less this; "
+                 "auto: a tenth of a real GPU, at least 1GiB, and nothing of a simulated one");
+  app.add_option("--idle-release", a.idle_release_s,
+                 "seconds a free page waits for a taker before it goes back to the driver "
+                 "(0: kept; default 30)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
   app.add_option("--process-limit", a.process_limit, "GPU bytes one process may hold (0: no limit)");
@@ -124,6 +145,9 @@ int serve(Args a, const sigset_t& stop_signals) {
   auto backend = make_backend(a.backend, a.devices, memory != 0 ? memory : 8 * salus::GiB);
   // On a real GPU --memory caps what the daemon hands out (a simulated one is that size already).
   if (backend->name() != "sim") a.options.device_limit_bytes = memory;
+  a.options.reserve_bytes = reserve_bytes(a.reserve, *backend);
+  a.options.idle_release = std::chrono::milliseconds(
+      static_cast<std::int64_t>(a.idle_release_s * 1000.0));
   salus::daemon::Coordinator coordinator(std::move(backend), a.options);
   salus::daemon::Server server(coordinator, server_options(a));
   std::thread signals([&] {

@@ -62,9 +62,11 @@ bool PageBank::all_held_by(SessionId owner, const std::vector<std::uint64_t>& id
 
 void PageBank::take_back(const std::vector<std::uint64_t>& ids, remote::GiveFence mode,
                          FencePtr fence) {
+  const Clock::time_point now = Clock::now();
   for (const std::uint64_t id : ids) {
     Slot& slot = pages_.at(id);
     slot.owner = 0;
+    slot.freed_at = now;
     if (mode == remote::GiveFence::settled) slot.fence = nullptr;
     if (mode == remote::GiveFence::fenced) slot.fence = fence;
     free_.push_back(id);
@@ -88,6 +90,28 @@ void PageBank::forget_fences_of(SessionId session) {
   for (auto& [id, slot] : pages_) {
     if (slot.fence && slot.fence->from == session) slot.fence = nullptr;
   }
+}
+
+std::vector<ChunkHandle> PageBank::take_idle(Clock::time_point now, Clock::duration idle) {
+  std::vector<ChunkHandle> out;
+  // free_ is in the order the pages came back, so the idle ones lead it (a fenced one among them
+  // is kept in its place).
+  std::size_t kept = 0;
+  std::size_t i = 0;
+  for (; i < free_.size(); ++i) {
+    auto it = pages_.find(free_[i]);
+    if (now - it->second.freed_at < idle) break;
+    if (it->second.fence) {
+      free_[kept++] = free_[i];
+      continue;
+    }
+    out.push_back(it->second.chunk);
+    pages_.erase(it);
+  }
+  free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(kept),
+              free_.begin() + static_cast<std::ptrdiff_t>(i));
+  released_idle_ += out.size();
+  return out;
 }
 
 std::size_t PageBank::fenced_pages() const {

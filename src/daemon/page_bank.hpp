@@ -1,9 +1,11 @@
 // The daemon's physical pages: one bank per device. A page is a chunk of the device granularity,
-// made on demand up to the device's capacity and kept once made; each is free or held by one
-// session (a connected process). Lock story: the bank has no lock of its own; the coordinator
+// made on demand up to the bank's capacity; each is free or held by one session (a connected
+// process). A free page unused for a while goes back to the driver (take_idle), so that memory
+// no client needs is left to the other programs on the GPU. Lock story: the bank has no lock of its own; the coordinator
 // calls it under its lock (and it calls only down, into the backend).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,6 +50,13 @@ class PageBank {
   std::size_t take_back_all(SessionId owner);
   // `session` has exited: the work its fences stand for is gone with it.
   void forget_fences_of(SessionId session);
+  // Takes out of the bank the free pages that have been free since before `now - idle` and have
+  // no fence, and returns their chunks for the caller to release to the driver. A fenced page
+  // stays: its giver may still map it until its work is done (a simulated device would carve the
+  // memory again at once), and the daemon does not watch that work; its next holder takes the
+  // fence on, or its giver's exit drops it.
+  using Clock = std::chrono::steady_clock;
+  std::vector<ChunkHandle> take_idle(Clock::time_point now, Clock::duration idle);
 
   // A batch as it travels: entries naming descriptors (one a page), and the fences of the pages
   // granted behind work (a simulated fence's descriptor among the fds, after the pages').
@@ -62,6 +71,10 @@ class PageBank {
   [[nodiscard]] std::size_t granted_pages() const { return granted_; }
   [[nodiscard]] std::size_t peak_granted_pages() const { return peak_granted_; }
   [[nodiscard]] std::size_t capacity_pages() const { return capacity_pages_; }
+  // Pages made of the driver's memory now (held, free, fenced), and those released as idle since
+  // the daemon started.
+  [[nodiscard]] std::size_t made_pages() const { return pages_.size(); }
+  [[nodiscard]] std::uint64_t released_idle_pages() const { return released_idle_; }
   [[nodiscard]] std::size_t held_by(SessionId owner) const;
   // Pages with a fence (work of their last holder that may not have finished).
   [[nodiscard]] std::size_t fenced_pages() const;
@@ -76,17 +89,21 @@ class PageBank {
     ChunkHandle chunk{};
     SessionId owner = 0;  // 0: free
     FencePtr fence;       // null: nothing pending
+    Clock::time_point freed_at{};  // when it was last taken back (free pages only)
   };
   DeviceBackend& backend_;
   const int device_;
   const std::size_t page_bytes_;
   const std::size_t capacity_pages_;
   std::unordered_map<std::uint64_t, Slot> pages_;
+  // Oldest-freed first: grants take from the back (the page most recently used, its memory
+  // likeliest cached), take_back appends, take_idle releases from the front.
   std::vector<std::uint64_t> free_;
   std::uint64_t next_serial_ = 1;
   std::size_t granted_ = 0;
   std::size_t peak_granted_ = 0;
   std::uint64_t fenced_returns_ = 0;
+  std::uint64_t released_idle_ = 0;
 };
 
 }  // namespace salus::daemon

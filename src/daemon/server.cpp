@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace salus::daemon {
@@ -72,13 +73,22 @@ void Server::stop() {
 }
 
 void Server::run() {
+  // Between connections the loop also wakes once a second for the coordinator's idle pages.
+  constexpr std::chrono::milliseconds kTick{1000};
+  auto next_tick = std::chrono::steady_clock::now() + kTick;
   for (;;) {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    const int ready = ::poll(fds, 2, static_cast<int>(kTick.count()));
+    if (ready < 0) {
       if (errno == EINTR) continue;
       sim::throw_errno("poll", errno, "salusd");
     }
     if (fds[1].revents != 0) return;
+    if (const auto now = std::chrono::steady_clock::now(); now >= next_tick) {
+      next_tick = now + kTick;
+      coordinator_.release_idle_pages();
+    }
+    if (fds[0].revents == 0) continue;
     remote::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (fd.get() < 0) continue;  // the peer gave up meanwhile
     auto channel = std::make_shared<remote::Channel>(std::move(fd));

@@ -78,6 +78,7 @@ class RemoteBackend final : public DeviceBackend {
   std::string_view do_name() const noexcept override { return local_->name(); }
   int do_device_count() const override { return local_->device_count(); }
   DeviceProperties do_properties(int device) const override { return local_->properties(device); }
+  std::size_t do_free_memory(int device) const override { return local_->free_memory(device); }
   std::size_t do_granularity(Location where) const override { return local_->granularity(where); }
   std::size_t do_address_granularity() const noexcept override { return address_granularity_; }
   PeerLink do_peer_link(int from, int to) const override { return local_->peer_link(from, to); }

@@ -82,14 +82,12 @@ std::vector<std::pair<double, double>> iterations(const std::string& log) {
   return out;
 }
 
-// Device 0's row of `salusd --status`'s table, column `column` (0: the device's index); -1 when
-// there is no such row or column.
-double device_column(const std::string& table, std::size_t column) {
+double device_column(const std::string& table, std::size_t column, const std::string& header) {
   std::istringstream in(table);
   std::string line;
   bool devices = false;
   while (std::getline(in, line)) {
-    if (line.rfind("device", 0) == 0) {
+    if (line.rfind(header + " ", 0) == 0) {
       devices = true;
       continue;
     }

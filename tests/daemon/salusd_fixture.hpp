@@ -33,9 +33,11 @@ struct Event {
 std::vector<Event> events(const std::string& log);
 // Iteration intervals [begin, end] of one client's log.
 std::vector<std::pair<double, double>> iterations(const std::string& log);
-// Device 0's row of `salusd --status`'s table, column `column` (0: the device's index); -1 when
-// there is no such row or column.
-double device_column(const std::string& table, std::size_t column);
+// Device 0's row of a table of `salusd --status` (the one whose header starts with `header`:
+// "device" for pages, "gpu" for the driver's memory), column `column` (0: the device's index); -1
+// when there is no such row or column.
+double device_column(const std::string& table, std::size_t column,
+                     const std::string& header = "device");
 // Device 0's granted pages in `salusd --status`'s table; -1 when there is no such row.
 long granted_pages(const std::string& table);
 

@@ -48,6 +48,9 @@ CUresult fake_cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
 CUresult fake_cuDeviceTotalMem(std::size_t* bytes, CUdevice device) {
   return forward([&](auto& s) { return s.device_total_mem(bytes, device); });
 }
+CUresult fake_cuMemGetInfo(std::size_t* free, std::size_t* total) {
+  return forward([&](auto& s) { return s.mem_get_info(free, total); });
+}
 CUresult fake_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src,
                                       CUdevice dst) {
   return forward([&](auto& s) { return s.device_get_p2p_attribute(value, attrib, src, dst); });

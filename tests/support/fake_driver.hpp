@@ -97,6 +97,9 @@ namespace salus::test {
 struct FakeDeviceConfig {
   std::string name = "Salus Fake GPU";
   std::size_t memory_bytes = 16 * GiB;
+  // What other processes hold of it (their contexts and allocations): cuMemCreate and
+  // cuMemGetInfo count it as used.
+  std::size_t used_elsewhere = 0;
   std::size_t granularity = 2 * MiB;  // MINIMUM
   // RECOMMENDED: larger than MINIMUM, as on real GPUs, so that code mixing the two is caught.
   // 0: four times `granularity`.

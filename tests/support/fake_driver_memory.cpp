@@ -66,7 +66,8 @@ CUresult FakeDriver::State::mem_create(CUmemGenericAllocationHandle* handle, std
         chunk.host ? host_used_ : device_used_[static_cast<std::size_t>(chunk.device)];
     const std::size_t capacity =
         chunk.host ? config_.host_memory_bytes
-                   : config_.devices[static_cast<std::size_t>(chunk.device)].memory_bytes;
+                   : config_.devices[static_cast<std::size_t>(chunk.device)].memory_bytes -
+                         config_.devices[static_cast<std::size_t>(chunk.device)].used_elsewhere;
     if (size > capacity - used) return CUDA_ERROR_OUT_OF_MEMORY;
     used += size;
     *handle = next_handle_++;

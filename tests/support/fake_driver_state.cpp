@@ -262,6 +262,19 @@ CUresult FakeDriver::State::device_total_mem(std::size_t* bytes, CUdevice device
   });
 }
 
+// Like the driver's, it answers for the current context's device, and needs one.
+CUresult FakeDriver::State::mem_get_info(std::size_t* free, std::size_t* total) {
+  return run("cuMemGetInfo", {}, [&] {
+    if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int device = current_device();
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const FakeDeviceConfig& d = config_.devices[static_cast<std::size_t>(device)];
+    *total = d.memory_bytes;
+    *free = d.memory_bytes - d.used_elsewhere - device_used_[static_cast<std::size_t>(device)];
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult FakeDriver::State::device_get_p2p_attribute(int* value, CUdevice_P2PAttribute attrib,
                                                      CUdevice src, CUdevice dst) {
   return run("cuDeviceGetP2PAttribute",

@@ -41,6 +41,7 @@ class FakeDriver::State {
   CUresult device_get_name(char* name, int len, CUdevice device);
   CUresult device_get_uuid(CUuuid* uuid, CUdevice device);
   CUresult device_total_mem(std::size_t* bytes, CUdevice device);
+  CUresult mem_get_info(std::size_t* free, std::size_t* total);
   CUresult device_get_p2p_attribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src,
                                     CUdevice dst);
   CUresult primary_ctx_retain(CUcontext* context, CUdevice device);
