@@ -274,6 +274,12 @@ class SALUS_API MemoryManager {
   // touch them (work enqueued before their blocks were freed). Returns the bytes released.
   std::size_t trim();
   std::size_t trim(int device);
+  // As trim, with a hysteresis: releases the GPU pages that nothing has used since the previous
+  // trim_idle, and keeps those freed since for the next call. So a framework that empties its
+  // cache every step (torch.cuda.empty_cache) keeps the pages its steps use, and gives up, one
+  // call later, those they stopped using; salusd asks for the rest when another process needs
+  // it. Host pages are left to trim().
+  std::size_t trim_idle();
 
   // Moves the physical pages under [ptr, ptr + bytes) of a live block to fresh chunks at `where`;
   // the address and the bytes stay. Ordered after all work submitted so far (synchronous).

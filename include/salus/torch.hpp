@@ -98,8 +98,10 @@ SALUS_TORCH_API void refuse_captures();
 // The block at `ptr` (allocated through salus_torch_cuda_malloc) is also used on `stream`.
 // Returns false, doing nothing, when `ptr` is no block of the glue (another allocator's).
 SALUS_TORCH_API bool record_stream(void* ptr, StreamHandle stream);
-// Returns every device's unused pages to the driver (torch.cuda.empty_cache()); the bytes
-// released, 0 when CUDA mode is off. Waits for stream work that may still touch them.
+// torch.cuda.empty_cache(): unmaps every device's unused pages, and returns to the driver (or to
+// salusd) those that stayed unused since the previous call (MemoryManager::trim_idle: a script
+// that empties the cache every step keeps what its steps use). Returns the bytes released, 0
+// when CUDA mode is off. Waits for stream work that may still touch them.
 SALUS_TORCH_API std::size_t trim_cuda();
 
 struct Counters {

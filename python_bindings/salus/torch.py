@@ -9,8 +9,9 @@
   ``Tensor.record_stream``, ``torch.cuda.memory_allocated``, ``max_memory_allocated``,
   ``memory_reserved``, ``memory_stats`` (the "all" figures: Salus has no small and large pools)
   and ``reset_peak_memory_stats`` (Salus resets the peaks of every device at once) from its own
-  statistics, and ``torch.cuda.empty_cache()`` trims its cached pages. CUDA graphs are not
-  supported: capturing one (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) or
+  statistics, and ``torch.cuda.empty_cache()`` trims its cached pages (those unused since the
+  previous call go back: a script that calls it every step keeps what its steps use). CUDA
+  graphs are not supported: capturing one (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) or
   using ``torch.cuda.MemPool`` raises an error naming Salus before any capture begins.
 
 The GIL: an allocation may wait (for memory another job's iteration holds, for a spill), and

@@ -185,7 +185,8 @@ std::size_t MemoryManager::Impl::promote(JobId id) {
   return total;
 }
 
-std::size_t MemoryManager::Impl::trim(DeviceHeap& device) {
+std::size_t MemoryManager::Impl::trim(DeviceHeap& device,
+                                      std::size_t (memory::PagePool::*release)()) {
   // A prefetch round's pages are in no pool until it has moved them: trim would miss them.
   const auto rounds = harvester_->hold_prefetches();
   // A backend that gives pages back behind their work (a process of salusd: the next process
@@ -197,7 +198,7 @@ std::size_t MemoryManager::Impl::trim(DeviceHeap& device) {
   device.for_each_stream_heap(
       [](StreamHeap& heap) { heap.reclaim_pages(std::numeric_limits<std::size_t>::max()); });
   settle_all(wait);
-  return device.pool().trim();
+  return (device.pool().*release)();
 }
 
 // Old addresses of handed-off pages go once their work has finished (waiting for it), so that
@@ -361,6 +362,14 @@ std::size_t MemoryManager::trim() {
 
 std::size_t MemoryManager::trim(int device) {
   return impl_->trim(impl_->heap(device));
+}
+
+std::size_t MemoryManager::trim_idle() {
+  std::size_t released = 0;
+  for (const auto& device : impl_->heaps_) {
+    released += impl_->trim(*device, &memory::PagePool::trim_idle);
+  }
+  return released;
 }
 
 void MemoryManager::remap(DevicePtr ptr, Location where) {

@@ -51,7 +51,10 @@ class MemoryManager::Impl final : public memory::SafePoints, public memory::Curv
   void release_job(JobId id);
   void orphan_job(JobId id);
   std::size_t promote(JobId id);
-  std::size_t trim(memory::DeviceHeap& device);
+  // Gives `device`'s unused pages to its pool, then has the pool release (&PagePool::trim: all
+  // it keeps; &PagePool::trim_idle: those kept since its previous trim_idle).
+  std::size_t trim(memory::DeviceHeap& device,
+                   std::size_t (memory::PagePool::*release)() = &memory::PagePool::trim);
   void settle_all(bool wait = true);  // see memory_manager.cpp
   JobMemoryStats job_stats(const memory::JobRecord& job) const;
 

@@ -1,6 +1,7 @@
 #include "memory/page_pool.hpp"
 
 #include <algorithm>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -60,6 +61,7 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
   while (added < count && !kept_.empty() && free_pages() > keep_free_pages) {
     out.push_back(std::move(kept_.back()));
     kept_.pop_back();
+    idle_ = std::min(idle_, kept_.size());
     kept_count_.store(kept_.size(), std::memory_order_relaxed);
     ++added;
   }
@@ -120,8 +122,26 @@ std::size_t PagePool::trim() {
   {
     std::lock_guard lock(mu_);
     pages.swap(kept_);
+    idle_ = 0;
     kept_count_.store(0, std::memory_order_relaxed);
   }
+  return release(pages);
+}
+
+std::size_t PagePool::trim_idle() {
+  std::vector<Page> pages;
+  {
+    std::lock_guard lock(mu_);
+    const auto idle_end = kept_.begin() + static_cast<std::ptrdiff_t>(idle_);
+    pages.assign(std::make_move_iterator(kept_.begin()), std::make_move_iterator(idle_end));
+    kept_.erase(kept_.begin(), idle_end);
+    idle_ = kept_.size();  // idle at the next call unless taken meanwhile
+    kept_count_.store(kept_.size(), std::memory_order_relaxed);
+  }
+  return release(pages);
+}
+
+std::size_t PagePool::release(const std::vector<Page>& pages) {
   // Pages whose work has finished are released now; the others together, after their work
   // (a backend of our own waits for it; a process connected to salusd hands them back at once
   // behind an interprocess event).

@@ -45,6 +45,10 @@ class PagePool final : public PageSource {
   void take_back(Page page) override;
   // Releases every kept page to the device (after its fence); returns the bytes released.
   std::size_t trim() override;
+  // As trim, for the pages kept since the previous trim_idle and not taken since; those kept
+  // after it wait for the next call. A hysteresis for callers that trim often
+  // (torch.cuda.empty_cache every step): a page a step uses is never given up.
+  std::size_t trim_idle();
 
   [[nodiscard]] Location where() const override { return where_; }
   [[nodiscard]] std::size_t page_bytes() const override { return page_bytes_; }
@@ -65,13 +69,15 @@ class PagePool final : public PageSource {
  private:
   std::size_t take_locked(std::size_t count, std::size_t keep_free_pages, std::vector<Page>& out,
                           bool create = true);
+  std::size_t release(const std::vector<Page>& pages);  // without mu_ held; returns the bytes
 
   DeviceBackend& backend_;
   const Location where_;
   const std::size_t page_bytes_;
   const std::size_t limit_bytes_;
   mutable std::mutex mu_;
-  std::vector<Page> kept_;                  // guarded by mu_
+  std::vector<Page> kept_;                  // guarded by mu_; taken from the back
+  std::size_t idle_ = 0;  // guarded by mu_: kept_'s first pages, kept since the last trim_idle
   std::atomic<std::size_t> kept_count_{0};  // kept_.size(), written under mu_
   Counter held_;  // bytes of the chunks it created and has not released
   std::atomic<std::uint64_t> creates_{0};

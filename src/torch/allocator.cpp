@@ -423,7 +423,7 @@ std::size_t trim_cuda() {
   const std::shared_ptr<Runtime> runtime = cuda_runtime();
   if (!runtime) return 0;
   std::size_t released = 0;
-  around(Blocks::yes, [&] { released = runtime->memory().trim(); });
+  around(Blocks::yes, [&] { released = runtime->memory().trim_idle(); });
   return released;
 }
 

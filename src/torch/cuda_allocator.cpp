@@ -149,7 +149,8 @@ class SalusCudaAllocator final : public Pluggable {
   }
 
   void emptyCache(c10::cuda::MempoolId_t mempool_id) override {
-    // No private pools exist (see beginAllocateToPool): only the default pool is trimmed.
+    // No private pools exist (see beginAllocateToPool): only the default pool is trimmed, with a
+    // hysteresis (trim_cuda): pages go back one call after they were last used.
     if (mempool_id == c10::cuda::MempoolId_t{0, 0}) (void)trim_cuda();
   }
 

@@ -144,14 +144,34 @@ TEST_F(TorchCudaAllocator, OutOfMemoryIsCounted) {
   salus_torch_cuda_free(most, 48 * MiB, 0, nullptr);
 }
 
-// torch.cuda.empty_cache() returns Salus's cached pages to the driver.
-TEST_F(TorchCudaAllocator, EmptyCacheTrims) {
+// torch.cuda.empty_cache() unmaps Salus's cached pages, and returns to the driver (or salusd)
+// those nothing used since the previous call: a script that calls it every step does not give up
+// and take back the pages of every step.
+TEST_F(TorchCudaAllocator, EmptyCacheReleasesPagesOneCallAfterTheirLastUse) {
+  // What the simulated device has free counts the chunks made and not released.
+  const auto made = [&] { return 64 * MiB - backend->free_memory(0); };
+  const auto reserved = [&] { return allocator->getDeviceStats(0).reserved_bytes[kAll].current; };
   void* x = salus_torch_cuda_malloc(8 * MiB, 0, nullptr);
   salus_torch_cuda_free(x, 8 * MiB, 0, nullptr);
   ASSERT_GT(salus_stats().mapped, 0u) << "a freed block stays cached";
+  const std::size_t step = made();
+  ASSERT_GE(step, 8 * MiB);
   allocator->emptyCache({0, 0});
   EXPECT_EQ(salus_stats().mapped, 0u);
-  EXPECT_EQ(allocator->getDeviceStats(0).reserved_bytes[kAll].current, 0);
+  EXPECT_EQ(made(), step) << "pages used since the previous call are kept";
+  EXPECT_GT(reserved(), 0);
+
+  // A step between the calls uses the kept pages (no new chunk): still kept.
+  x = salus_torch_cuda_malloc(8 * MiB, 0, nullptr);
+  salus_torch_cuda_free(x, 8 * MiB, 0, nullptr);
+  EXPECT_EQ(made(), step) << "the step reused the kept pages";
+  allocator->emptyCache({0, 0});
+  EXPECT_EQ(made(), step);
+
+  // Unused from one call to the next: released.
+  allocator->emptyCache({0, 0});
+  EXPECT_EQ(made(), 0u);
+  EXPECT_EQ(reserved(), 0);
 }
 
 // torch.cuda.graph (and MemPool) start by routing allocations to a private pool: refused before
@@ -203,6 +223,8 @@ TEST_F(TorchCudaAllocator, InstalledItAnswersPyTorchsAllocatorCalls) {
   EXPECT_GT(largest, 0u);
   cca::emptyCache();
   EXPECT_EQ(salus_stats().mapped, 0u);
+  cca::emptyCache();
+  EXPECT_EQ(cca::getDeviceStats(0).reserved_bytes[kAll].current, 0);
 }
 
 }  // namespace
