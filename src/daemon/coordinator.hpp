@@ -137,7 +137,13 @@ class Coordinator {
   // An end_iteration (with what the job's process measured of its memory) or a withdraw.
   // `fence`: what the end's process recorded after the iteration (null: none), for the lane's
   // next turn.
-  void give_turn(Job& job, remote::MessageType type, const std::optional<MeasuredMemory>& measured,
+  // What an end_iteration reports of its iteration: memory (planned_memory) and GPU time.
+  struct EndReport {
+    std::optional<MeasuredMemory> memory;
+    std::optional<GpuTime> gpu;
+  };
+  [[nodiscard]] EndReport end_report(const remote::Record& end) const;
+  void give_turn(Job& job, remote::MessageType type, const EndReport& report,
                  std::shared_ptr<const PageBank::Fence> fence, bool settled);
   // The fence an end_iteration carries (its descriptor taken from `received`), or null.
   static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,

@@ -74,17 +74,27 @@ std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& 
   return measured;
 }
 
-void Coordinator::give_turn(Job& job, MessageType type,
-                            const std::optional<MeasuredMemory>& measured,
+Coordinator::EndReport Coordinator::end_report(const remote::Record& end) const {
+  return {planned_memory(end), remote::gpu_time_of(remote::body_as<remote::EndIteration>(end))};
+}
+
+void Coordinator::give_turn(Job& job, MessageType type, const EndReport& report,
                             std::shared_ptr<const PageBank::Fence> fence, bool settled) {
   // Before the end: it wakes the lane's next job, whose turn carries the fence.
   turn_fences_.ended(&job, std::move(fence), settled);
   if (type == MessageType::end_iteration) {
     // First, so that the decisions end_iteration makes plan with it.
-    if (measured) {
+    if (const auto& measured = report.memory) {
       spdlog::debug("job '{}': persistent {} bytes, ephemeral peak {} bytes", job.name(),
                     measured->persistent_bytes, measured->ephemeral_peak_bytes);
       RuntimeAccess::report_memory(job, *measured);
+    }
+    // The GPU's time, not the host's between begin and end: the work a process queues runs on
+    // after its turn has gone back.
+    if (const auto& gpu = report.gpu) {
+      spdlog::debug("job '{}': {} iteration(s) took {:.6f} s of GPU time", job.name(),
+                    gpu->iterations, gpu->seconds);
+      RuntimeAccess::report_gpu_time(job, *gpu);
     }
     job.end_iteration();
   } else {
@@ -153,7 +163,7 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
   const bool settled =
       end && remote::body_as<remote::EndIteration>(record).fenced == remote::kSettled;
   // A malformed report is the connection's end (a ProtocolError), as a malformed record is.
-  const std::optional<MeasuredMemory> measured = end ? planned_memory(record) : std::nullopt;
+  const EndReport report = end ? end_report(record) : EndReport{};
   const std::uint64_t seq = record.header.seq;
   try {
     if (type == MessageType::begin_iteration) {
@@ -162,7 +172,7 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
       if (fd.get() >= 0) out.fds.push_back(std::move(fd));
       return out;
     }
-    give_turn(*link.job, type, measured, std::move(fence), settled);
+    give_turn(*link.job, type, report, std::move(fence), settled);
     return {remote::encode_body(MessageType::done, seq, {}), {}};
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);

@@ -274,7 +274,7 @@ void DeviceScheduler::end(JobRecordState& job) {
   note_iteration_gone();
   const auto to_wake = run_decisions();
   hand_off_timer(job, timed);
-  if (job.host_timed) charge_gpu_time(job, host_seconds);
+  if (job.host_timed && !job.gpu_time_reported) charge_gpu_time(job, host_seconds);
   TraceRecorder::Span span{job.spec.name,
                            device_,
                            std::max(job.lane, 0),

@@ -88,6 +88,12 @@ struct JobRecordState {
   // backend could not record them, or when the iteration is timed on the host.
   std::optional<IterationTimers::Pair> timer;
   bool host_timed = false;  // the running iteration computes on the host: its host time counts
+  // GPU time measured with events (settle_timings) and not yet handed to the gate's keeper
+  // (take_gpu_time).
+  GpuTime unreported_gpu;
+  // Its process measures its GPU time and reports it (report_gpu_time): its host time no longer
+  // counts, whatever the runtime's host_compute says.
+  bool gpu_time_reported = false;
   JobProfile profile;
 };
 
@@ -162,6 +168,13 @@ class DeviceScheduler {
   // What the job's profile says of its memory; nullopt while nothing is known (no iteration
   // ended and no hint).
   [[nodiscard]] std::optional<MeasuredMemory> measured_memory(const JobRecordState& job) const;
+  // The GPU time measured of the job's iterations whose work has finished (polled now) since the
+  // previous call: what its process reports to salusd at an iteration's end. Nullopt when its
+  // last iteration was timed on the host (RuntimeOptions::host_compute).
+  [[nodiscard]] std::optional<GpuTime> take_gpu_time(JobRecordState& job);
+  // The job's GPU time as its process measured it: charged instead of the host time between
+  // its begin and end, from now on.
+  void report_gpu_time(JobRecordState& job, GpuTime gpu);
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
@@ -221,8 +234,9 @@ class DeviceScheduler {
   };
   // Takes mu_, then polls the backend without it.
   void settle_timings();
-  // With mu_ held: adds one iteration's GPU time to the job's attained time and profile.
-  void charge_gpu_time(JobRecordState& job, double seconds);
+  // With mu_ held: adds `iterations` iterations' GPU time to the job's attained time and
+  // profile.
+  void charge_gpu_time(JobRecordState& job, double seconds, std::uint32_t iterations = 1);
   // A timer whose start is recorded on `stream` (no lock held); none when the backend refused,
   // and the iteration is then not measured.
   std::optional<IterationTimers::Pair> start_timer(const JobRecordState& job, StreamHandle stream);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <utility>
 
 #include "iteration_sched/device_scheduler.hpp"
 #include "log/log.hpp"
@@ -74,7 +75,12 @@ void DeviceScheduler::settle_timings() {
   }
   std::lock_guard lock(mu_);
   for (std::size_t i = 0; i < pending.size(); ++i) {
-    if (seconds[i]) charge_gpu_time(*pending[i].job, *seconds[i]);
+    if (seconds[i]) {
+      charge_gpu_time(*pending[i].job, *seconds[i]);
+      GpuTime& unreported = pending[i].job->unreported_gpu;
+      unreported.seconds += std::max(*seconds[i], 0.0);
+      ++unreported.iterations;
+    }
     if (seconds[i] || failed[i]) {
       timers_.release(pending[i].timer);
     } else {
@@ -83,13 +89,28 @@ void DeviceScheduler::settle_timings() {
   }
 }
 
-void DeviceScheduler::charge_gpu_time(JobRecordState& job, double seconds) {
+std::optional<GpuTime> DeviceScheduler::take_gpu_time(JobRecordState& job) {
+  settle_timings();
+  std::lock_guard lock(mu_);
+  if (job.host_timed) return std::nullopt;
+  return std::exchange(job.unreported_gpu, GpuTime{});
+}
+
+void DeviceScheduler::report_gpu_time(JobRecordState& job, GpuTime gpu) {
+  std::lock_guard lock(mu_);
+  job.gpu_time_reported = true;
+  if (gpu.iterations > 0) charge_gpu_time(job, gpu.seconds, gpu.iterations);
+}
+
+void DeviceScheduler::charge_gpu_time(JobRecordState& job, double seconds,
+                                      std::uint32_t iterations) {
   seconds = std::max(seconds, 0.0);
   job.attained_seconds += seconds;
+  // The profile estimates one iteration: a report of several adds their mean.
+  const double each = seconds / std::max<std::uint32_t>(iterations, 1);
   JobProfile& p = job.profile;
   p.iteration_seconds =
-      p.measured ? (1 - kEstimateWeight) * p.iteration_seconds + kEstimateWeight * seconds
-                 : seconds;
+      p.measured ? (1 - kEstimateWeight) * p.iteration_seconds + kEstimateWeight * each : each;
   p.measured = true;
   // A job that left keeps its statistics but is no longer the decision core's.
   if (job.state == JobState::idle || job.state == JobState::waiting ||

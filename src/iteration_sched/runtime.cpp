@@ -193,6 +193,10 @@ void RuntimeAccess::report_memory(Job& job, const MeasuredMemory& measured) {
   job.scheduler().report_memory(*job.state_, measured);
 }
 
+void RuntimeAccess::report_gpu_time(Job& job, GpuTime gpu) {
+  job.scheduler().report_gpu_time(*job.state_, gpu);
+}
+
 Runtime::~Runtime() {
   // In a forked child the runtime is the parent's: destroying it would join stream threads that
   // do not exist here, take locks their holders never release, and free the parent's memory.
@@ -391,7 +395,7 @@ StreamHandle Job::begin_iteration() {
     gate->order_after(state_->id, *stream);
   } catch (...) {
     if (stream) end_after_failed_order(s);
-    gate->release(state_->id, nullptr);
+    gate->release(state_->id, nullptr, nullptr);
     throw;
   }
   return *stream;
@@ -444,7 +448,7 @@ std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds ti
     if (stream) gate->order_after(state_->id, *stream);
   } catch (...) {
     if (stream) end_after_failed_order(s);
-    gate->release(state_->id, nullptr);
+    gate->release(state_->id, nullptr, nullptr);
     throw;
   }
   return stream;
@@ -462,7 +466,8 @@ void Job::end_iteration() {
   if (gate == nullptr) return;
   // The profile end() just updated goes with the turn, for the keeper's plans.
   const std::optional<MeasuredMemory> measured = s.measured_memory(*state_);
-  gate->release(state_->id, measured ? &*measured : nullptr);
+  const std::optional<GpuTime> gpu = s.take_gpu_time(*state_);
+  gate->release(state_->id, measured ? &*measured : nullptr, gpu ? &*gpu : nullptr);
 }
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}

@@ -24,6 +24,9 @@ struct RuntimeAccess {
   // `job`'s memory as its process measured it, for its scheduler's plans; call before the
   // job's end_iteration, whose decisions then see it.
   static void report_memory(Job& job, const MeasuredMemory& measured);
+  // `job`'s GPU time as its process measured it (timing events on its stream): charged instead
+  // of the host time between its begin and end, from this call on. Before its end_iteration.
+  static void report_gpu_time(Job& job, GpuTime gpu);
 };
 
 }  // namespace salus

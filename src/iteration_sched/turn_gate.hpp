@@ -22,6 +22,13 @@ struct MeasuredMemory {
   MemoryCurve curve;  // ephemeral bytes over the last iteration
 };
 
+// GPU time a job's process measured with timing events: that of its iterations whose work has
+// finished since its previous report, and how many they were (0: none measured since).
+struct GpuTime {
+  double seconds = 0.0;
+  std::uint32_t iterations = 0;
+};
+
 class TurnGate {
  public:
   virtual ~TurnGate() = default;
@@ -35,9 +42,10 @@ class TurnGate {
   // the GPU work of the turn's previous holder (another process's). Throws what the backend
   // throws.
   virtual void order_after(JobId job, StreamHandle stream) = 0;
-  // The iteration ended (with what the job measured of its memory, when it measured any) or
-  // never started here after acquire (null): the turn goes back.
-  virtual void release(JobId job, const MeasuredMemory* measured) = 0;
+  // The iteration ended (with what the job measured of its memory, when it measured any, and the
+  // GPU time of its iterations measured since its last release, when they are timed on the GPU)
+  // or never started here after acquire (nulls): the turn goes back.
+  virtual void release(JobId job, const MeasuredMemory* measured, const GpuTime* gpu) = 0;
   // Stops waiting (after an acquire that timed out); a held turn goes back.
   virtual void withdraw(JobId job) = 0;
   // The job left or was cancelled: the keeper forgets it. Never throws.

@@ -260,6 +260,14 @@ std::optional<MeasuredMemory> measured_of(const MemoryReport& report) {
   return m;
 }
 
+std::optional<GpuTime> gpu_time_of(const EndIteration& end) {
+  if (end.gpu_timed == 0) return std::nullopt;
+  if (!std::isfinite(end.gpu_seconds) || end.gpu_seconds < 0.0) {
+    throw ProtocolError(fmt::format("an end_iteration reports {} s of GPU time", end.gpu_seconds));
+  }
+  return GpuTime{end.gpu_seconds, end.gpu_iterations};
+}
+
 Failure failure_of(Errc code, std::string_view message) {
   Failure f;
   f.code = static_cast<std::uint32_t>(code);

@@ -33,7 +33,9 @@ inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order:
 // 2: pages travel with the interprocess fences of the work they may still be under.
 // 3: a job's turns may go on a connection of their own (attach_turns).
 // 4: end_iteration carries the job's memory as its process measured it (EndIteration).
-inline constexpr std::uint16_t kProtocolVersion = 5;
+// 5: turns carry interprocess fences; Welcome carries the GPUs' UUIDs.
+// 6: end_iteration carries the job's GPU time as its process measured it.
+inline constexpr std::uint16_t kProtocolVersion = 6;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -162,12 +164,18 @@ struct FenceEntry {
 // process says nothing (no interprocess events, or the turn was not used).
 inline constexpr std::uint32_t kFenced = 1;
 inline constexpr std::uint32_t kSettled = 2;
+// `gpu_timed` 1: the process times the job's iterations on the GPU (timing events), and
+// `gpu_seconds` is the GPU time of its `gpu_iterations` iterations whose work has finished since
+// its previous end; the daemon charges that instead of the host time between begin and end.
 struct EndIteration {
   JobCall call;
   MemoryReport memory;
   std::uint32_t fenced = 0;
-  std::uint32_t reserved = 0;
+  std::uint32_t gpu_timed = 0;
   FenceEntry fence;
+  std::uint32_t gpu_iterations = 0;
+  std::uint32_t reserved = 0;
+  double gpu_seconds = 0.0;
 };
 
 // A job's turn connection joins its process's session. The daemon also checks that the peer is
@@ -302,6 +310,9 @@ Failure failure_of(Errc code, std::string_view message);
 // non-negative number, is a ProtocolError.
 MemoryReport report_of(const MeasuredMemory* measured);
 std::optional<MeasuredMemory> measured_of(const MemoryReport& report);
+// The GPU time an end reports (nullopt: none, the process times on the host); ProtocolError for
+// a time that is not a finite, non-negative number.
+std::optional<GpuTime> gpu_time_of(const EndIteration& end);
 [[noreturn]] void throw_failure(const Failure& failure, std::string_view call);
 
 }  // namespace salus::remote

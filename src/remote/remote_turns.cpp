@@ -242,7 +242,7 @@ FencePool::Fence* RemoteTurns::fence_after(int device, StreamHandle stream) {
   return fence;
 }
 
-void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
+void RemoteTurns::release(JobId job, const MeasuredMemory* measured, const GpuTime* gpu) {
   std::optional<StreamHandle> stream;
   Entry e;
   {
@@ -256,6 +256,11 @@ void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
     e = it->second;
   }
   EndIteration end{JobCall{e.daemon_job, -1, 0, 0}, report_of(measured), 0, 0, {}};
+  if (gpu != nullptr) {
+    end.gpu_timed = 1;
+    end.gpu_iterations = gpu->iterations;
+    end.gpu_seconds = gpu->seconds;
+  }
   std::vector<int> fds;
   // A stream with nothing queued needs no fence (the common case of a job that synchronized, and
   // the switch benchmark's empty iterations): one query instead of an event to record here and
@@ -277,7 +282,7 @@ void RemoteTurns::release(JobId job, const MeasuredMemory* measured) {
 void RemoteTurns::withdraw(JobId job) {
   const Entry e = entry(job);
   if (e.holding) {
-    release(job, nullptr);  // granted after the wait ran out: it goes back as an empty iteration
+    release(job, nullptr, nullptr);  // granted after the wait ran out: it goes back as an empty iteration
     return;
   }
   (void)e.turns->call(MessageType::withdraw, JobCall{e.daemon_job, -1, 0, 0});

@@ -75,7 +75,7 @@ class RemoteTurns final : public TurnGate {
   void add(JobId job, const JobSpec& spec) override;
   bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point> deadline) override;
   void order_after(JobId job, StreamHandle stream) override;
-  void release(JobId job, const MeasuredMemory* measured) override;
+  void release(JobId job, const MeasuredMemory* measured, const GpuTime* gpu) override;
   void withdraw(JobId job) override;
   void finish(JobId job, bool cancelled) noexcept override;
 

@@ -29,6 +29,7 @@
 #include <algorithm>
 
 #include "salus/runtime.hpp"
+#include "salus/sim.hpp"
 
 namespace {
 
@@ -40,6 +41,10 @@ struct Args {
   bool empty = false;  // iterations that do nothing: turns only (the switch benchmark's partner)
   int late_fill_ms = 0;
   bool gpu_log = false;  // also log when each iteration's work starts and ends on its stream
+  int hold_ms = 0;
+  // A simulated kernel this long ends each iteration's work on its stream. With --empty 1 it is
+  // an iteration's only work, and the client waits for it after the turn has gone back.
+  int kernel_ms = 0;  // after the last iteration, before leaving: the job stays in salusd's table
   bool check_at_begin = true;  // check the weights as each iteration begins (waits for its stream)
 };
 
@@ -60,6 +65,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--late-fill-ms") a.late_fill_ms = std::stoi(v);
     else if (k == "--gpu-log") a.gpu_log = v == "1";
     else if (k == "--check-at-begin") a.check_at_begin = v == "1";
+    else if (k == "--hold-ms") a.hold_ms = std::stoi(v);
+    else if (k == "--kernel-ms") a.kernel_ms = std::stoi(v);
   }
   return a;
 }
@@ -153,8 +160,14 @@ int main(int argc, char** argv) {
     salus::Job job = rt->add_job(spec);
     if (a.empty) {
       for (int it = 0; it < a.iterations; ++it) {
-        (void)job.begin_iteration();
+        const salus::StreamHandle s = job.begin_iteration();
+        if (a.kernel_ms > 0) salus::launch_sim_kernel(rt->backend(), s, 0, a.kernel_ms / 1000.0);
         job.end_iteration();
+        if (a.kernel_ms > 0) rt->backend().synchronize_stream(s);
+      }
+      if (a.hold_ms > 0) {
+        note("holding");
+        std::this_thread::sleep_for(std::chrono::milliseconds(a.hold_ms));
       }
       note("done");
       return 0;
@@ -213,6 +226,7 @@ int main(int argc, char** argv) {
         bytes.fill(s, late, half, seed + 3000 + it);
         job.deallocate(late);
       }
+      if (a.kernel_ms > 0) salus::launch_sim_kernel(rt->backend(), s, 0, a.kernel_ms / 1000.0);
       if (a.gpu_log) rt->backend().launch_host_func(s, [it] { note(fmt::format("gpu-end {}", it)); });
       note(fmt::format("end {}", it));
       job.end_iteration();
@@ -220,6 +234,10 @@ int main(int argc, char** argv) {
     if (!bytes.check(side, weights, weight_bytes, seed)) {
       note("corrupt weights");
       return 2;
+    }
+    if (a.hold_ms > 0) {
+      note("holding");
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.hold_ms));
     }
     const salus::JobStats stats = job.stats();
     note(fmt::format("moves fetched {} activations_after_move {}", stats.memory.fetched_bytes,

@@ -4,6 +4,8 @@
 // exported it, and the fence used to be dropped on that refusal (the page then reused under the
 // queued work). The process answers its own fence with its own event (remote/fence_pool.hpp; the
 // CUDA rule itself, on the fake driver: tests/test_fence_pool.cpp).
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -116,6 +118,39 @@ TEST_F(Salusd, TheNextProcesssWorkStartsAfterThePreviousOnesTail) {
         << after.who << "'s work started on the GPU before " << before.who << "'s had ended";
   }
   EXPECT_GE(handovers, 1);
+}
+
+// The job's row of salusd's job table: the seconds its turns were charged ("held s"); -1 when the
+// table has no row for it.
+double held_seconds(const std::string& table, const std::string& job) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream row(line);
+    std::string name, process, state;
+    long turns = 0;
+    double held = 0;
+    if (row >> name >> process >> state >> turns >> held && name == job) return held;
+  }
+  return -1;
+}
+
+// A turn between processes is charged the GPU time of its work, measured with timing events in
+// its process, not the host time between its begin and end: a process that queues work and
+// hands its turn back at once has taken the GPU for as long as that work runs. Each iteration
+// here queues a 100 ms (simulated) kernel and ends its turn at once; the client waits for the
+// kernel after the turn, so each iteration's GPU time has been measured by the next one's end,
+// and of 5 iterations at least 4 are charged 100 ms or more. With the host time between begin
+// and end charged, the job was charged next to nothing.
+TEST_F(Salusd, ATurnIsChargedTheGpuTimeOfItsWork) {
+  start_daemon({"--policy", "fair", "--memory", "64MiB"});
+  const pid_t a = client("a", {"--iterations", "5", "--empty", "1", "--kernel-ms", "100",
+                               "--hold-ms", "20000"});
+  ASSERT_TRUE(wait_log("a", "holding")) << read_file(log("a")) << read_file(dir_ + "/a.err");
+  const std::string table = status();
+  ::kill(a, SIGTERM);
+  (void)wait_for(a);
+  EXPECT_GE(held_seconds(table, "a"), 0.4) << table;
 }
 
 }  // namespace
