@@ -45,12 +45,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null
   [[ -x $DRY/tests/salus_daemon_tests ]] || { echo "[gpu-check] no $DRY/: build it first"; exit 1; }
   log "no NVIDIA GPU: dry run of what needs none ($DRY/)"
   step "C++ CUDA backend tests (fake driver)" \
-    ctest --test-dir "$DRY" --output-on-failure --timeout 900 -R 'Cuda|FencePool|DeviceIdentity'
+    ctest --test-dir "$DRY" --output-on-failure --timeout 900 -R 'Cuda|FencePool|DeviceIdentity|SalusdCapacity'
   step "salusd: the cross-process tests (simulated backend)" "./$DRY/tests/salus_daemon_tests"
   for skipped in "sharing_demo --cuda" "two_jobs_demo --cuda" "PyTorch checks (gpu_checks.py)" \
       "test_gpu.py" "pytorch_sharing.py on the GPU" "two_processes on the GPU" \
       "an unmodified script under salus run on the GPU" \
-      "torchvision resnet18 with cudnn.benchmark under salus run"; do
+      "torchvision resnet18 with cudnn.benchmark under salus run" \
+      "Ray trials as processes of a CUDA salusd"; do
     echo "SKIP $skipped: needs a GPU"
   done
   if ((${#failures[@]})); then
@@ -135,6 +136,8 @@ else
     "$0" -m salus.cli run --socket "$dir/s.sock" --backend cuda --memory 4GiB -- "$0" "$dir/bench_mode.py"
     kill "$(cat "$dir/s.sock.lock")" 2>/dev/null || true
   ' "$PY"
+  # Ray Tune's way on a GPU node: trials as processes of a CUDA salusd the cluster starts.
+  step "Ray trials as processes of a CUDA salusd" "$PY" scripts/gpu_ray_trials.py
 fi
 
 echo

@@ -14,7 +14,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import salus.ray as salus_ray  # noqa: E402
-from salus.errors import NotSupported  # noqa: E402
+from salus.errors import InvalidArgument  # noqa: E402
+from salus.ray.cluster import daemon_args, trial_actor_options  # noqa: E402
 
 TIMEOUT = 180
 
@@ -95,6 +96,30 @@ def test_a_failing_trial_fails_alone(local_ray: None) -> None:
     assert sum(s.failed for s in stats) == 2 and sum(s.finished for s in stats) == 2, stats
 
 
-def test_trials_as_processes_need_simulated_gpus_for_now(local_ray: None) -> None:
-    with pytest.raises(NotSupported, match="simulated GPUs only"):
+def test_trials_as_processes_on_real_gpus_need_a_gpu(local_ray: None) -> None:
+    # This Ray cluster has no GPU: real GPUs are asked for, and the error says what to pass.
+    with pytest.raises(InvalidArgument, match="has no GPU"):
         salus_ray.SalusCluster(processes=True)
+
+
+def test_a_cuda_daemon_serves_the_nodes_gpus_from_their_free_memory() -> None:
+    assert daemon_args("cuda", 4, None, "fair") == [
+        "--backend", "cuda", "--policy", "fair", "--log-level", "warn"]
+    assert daemon_args("cuda", 4, 8 << 30, "pack")[-2:] == ["--memory", str(8 << 30)]
+    assert daemon_args("sim", 2, 64 << 20, "fair") == [
+        "--backend", "sim", "--policy", "fair", "--log-level", "warn", "--devices", "2",
+        "--memory", str(64 << 20)]
+
+
+def test_cuda_trial_processes_stay_on_the_daemons_node_and_see_its_gpus(local_ray: None) -> None:
+    node = ray.get_runtime_context().get_node_id()
+    cuda = trial_actor_options("cuda", node, {"CUDA_VISIBLE_DEVICES": "GPU-1234,GPU-5678"})
+    strategy = cuda["scheduling_strategy"]
+    assert strategy.node_id == node and strategy.soft is False
+    assert cuda["runtime_env"]["env_vars"] == {
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+        "CUDA_VISIBLE_DEVICES": "GPU-1234,GPU-5678"}
+    # Unset in the driver: Ray leaves the trials' alone too (they see what the node's raylet saw).
+    assert "CUDA_VISIBLE_DEVICES" not in trial_actor_options("cuda", node, {})["runtime_env"][
+        "env_vars"]
+    assert "runtime_env" not in trial_actor_options("sim", node, {})

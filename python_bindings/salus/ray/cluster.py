@@ -19,7 +19,7 @@ import ray
 
 from .._checks import INT_MAX, INT_MIN, Size, check_int, parse_size
 from .._runtime import MemoryHints, _coerce
-from ..cli import ensure_daemon, stop_daemon
+from ..cli import device_use, ensure_daemon, stop_daemon
 from ..errors import InvalidArgument, NotSupported
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
@@ -117,15 +117,56 @@ def _gpus(simulated_gpus: Optional[int]) -> tuple[int, str, int]:
     return gpus, "cuda", 1
 
 
-class _Daemon:
-    """The salusd of a cluster whose trials are processes: simulated devices, on this node, in a
-    directory of its own (socket, lock, log) that goes with it."""
+def _local_gpus() -> int:
+    """The GPUs Ray counts on this node (the driver's): a salusd serves its own node only."""
+    node = ray.get_runtime_context().get_node_id()
+    for n in ray.nodes():
+        if n.get("NodeID") == node and n.get("Alive", True):
+            return int(n.get("Resources", {}).get("GPU", 0))
+    return 0
 
-    def __init__(self, gpus: int, memory: int, policy: str) -> None:
+
+def daemon_args(backend: str, gpus: int, memory: Optional[int], policy: str) -> list[str]:
+    """salusd's command line for a cluster's trial processes: ``gpus`` simulated devices of
+    ``memory`` bytes, or (cuda) every GPU this node's processes see, at most ``memory`` of each
+    (None: what is free at start less salusd's reserve)."""
+    args = ["--backend", backend, "--policy", policy, "--log-level", "warn"]
+    if backend == "sim":
+        args += ["--devices", str(gpus)]
+    if memory is not None:
+        args += ["--memory", str(memory)]
+    return args
+
+
+def trial_actor_options(backend: str, node_id: str,
+                        environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Ray options for the actors of one salusd's trial processes: on its node (its socket is
+    a local file), and on CUDA seeing the GPUs as the daemon does. Ray gives an actor that asks
+    for no GPU an empty CUDA_VISIBLE_DEVICES in some versions (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO),
+    which would hide every GPU from the trial: the daemon owns the GPUs, so Ray leaves the
+    variable alone (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES) and the driver's own goes along.
+    A trial that still sees other GPUs than the daemon's is refused, naming both UUIDs."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options: dict[str, Any] = {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+    if backend == "cuda":
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+        visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        options["runtime_env"] = {"env_vars": env}
+    return options
+
+
+class _Daemon:
+    """The salusd of a cluster whose trials are processes, on this node (simulated devices, or
+    the node's GPUs), in a directory of its own (socket, lock, log) that goes with it."""
+
+    def __init__(self, backend: str, gpus: int, memory: Optional[int], policy: str) -> None:
         self._dir = tempfile.mkdtemp(prefix="salus-ray-")
         self.socket = os.path.join(self._dir, "salusd.sock")
-        ensure_daemon(self.socket, ["--backend", "sim", "--devices", str(gpus), "--memory",
-                                    str(memory), "--policy", policy, "--log-level", "warn"])
+        ensure_daemon(self.socket, daemon_args(backend, gpus, memory, policy))
 
     def stop(self) -> None:
         stop_daemon(self.socket)
@@ -146,9 +187,11 @@ class SalusCluster:
     the workers through Salus. ``worker_cpus``: CPUs Ray reserves per worker.
 
     ``processes``: each trial runs in a Ray actor process of its own, a process of a salusd this
-    cluster starts on the driver's node (``simulated_gpus`` devices; on real GPUs not yet), with
-    the same placement; a trial's crash ends its process only. ``worker_cpus`` is then what Ray
-    reserves per trial.
+    cluster starts on the driver's node, with the same placement; a trial's crash ends its
+    process only. ``worker_cpus`` is then what Ray reserves per trial. On real GPUs the trials
+    use the driver node's GPUs (Ray's other nodes are not used: a salusd serves its own node),
+    which the cluster reserves in Ray, and ``gpu_memory`` caps what salusd hands out of each
+    (default: what is free at its start less its reserve).
     """
 
     def __init__(self, *, simulated_gpus: Optional[int] = None,
@@ -160,9 +203,6 @@ class SalusCluster:
                  worker_setup: Optional[Callable[[Any], None]] = None,
                  processes: bool = False) -> None:
         _check_choices(placement, policy, trials_per_gpu)
-        if processes and simulated_gpus is None:
-            raise NotSupported("trials as processes run on simulated GPUs only so far "
-                               "(pass simulated_gpus=N)")
         if processes and worker_setup is not None:
             raise NotSupported("worker_setup has no worker process to run in when trials are "
                                "processes")
@@ -175,13 +215,25 @@ class SalusCluster:
         memory = None if gpu_memory is None else parse_size(gpu_memory, "gpu_memory")
         self._daemon: Optional[_Daemon] = None
         if processes:
-            assert memory is not None
-            self._daemon = _Daemon(gpus, memory, policy)
-            actor = ray.remote(ProcessGpuWorker).options(num_cpus=0, max_concurrency=limit + 4)
+            node = ray.get_runtime_context().get_node_id()
+            if backend == "cuda":
+                gpus = _local_gpus()
+                if gpus == 0:
+                    raise InvalidArgument("trials as processes use the GPUs of the driver's node, "
+                                          "and Ray counts none there")
+            self._daemon = _Daemon(backend, gpus, memory, policy)
+            capacities = [u.capacity for u in device_use(self._daemon.socket)][:gpus]
+            placed = trial_actor_options(backend, node)
+            # On CUDA each worker reserves its GPU in Ray (num_gpus=1), so that Ray gives it to
+            # no other work; the worker itself runs no CUDA.
+            actor = ray.remote(ProcessGpuWorker).options(
+                num_cpus=0, num_gpus=1 if backend == "cuda" else 0, max_concurrency=limit + 4,
+                scheduling_strategy=placed["scheduling_strategy"])
             self._workers: list[Any] = [
-                actor.remote(i, socket=self._daemon.socket, capacity=memory, torch=torch,
-                             torch_threads=torch_threads, trial_cpus=worker_cpus)
-                for i in range(gpus)]
+                actor.remote(i, socket=self._daemon.socket, capacity=capacities[i], torch=torch,
+                             torch_threads=torch_threads, trial_cpus=worker_cpus,
+                             backend=backend, trial_options=placed)
+                for i in range(len(capacities))]
         else:
             actor = ray.remote(GpuWorker).options(num_gpus=actor_gpus, num_cpus=worker_cpus,
                                                   max_concurrency=limit + 4)

@@ -25,12 +25,16 @@ class ProcessGpuWorker:
     bytes the placer may plan with there."""
 
     def __init__(self, index: int, *, socket: str, capacity: int, torch: bool = True,
-                 torch_threads: int = 1, trial_cpus: float = 1) -> None:
+                 torch_threads: int = 1, trial_cpus: float = 1, backend: str = "sim",
+                 trial_options: Optional[dict[str, Any]] = None) -> None:
         self.index = index
         self._socket = socket
         self._capacity = capacity
+        self._backend = backend
+        # trial_options: where Ray puts the trials' processes and what they see (cluster.py's
+        # trial_actor_options: the daemon's node, its GPUs).
         self._trial = ray.remote(GpuWorker).options(num_cpus=trial_cpus, max_concurrency=4,
-                                                    max_restarts=0)
+                                                    max_restarts=0, **(trial_options or {}))
         self._trial_args = {"torch": torch, "torch_threads": torch_threads}
         self._lock = threading.Lock()
         self._live: dict[str, tuple[str, Any]] = {}  # trial id -> (name, its process's actor)
@@ -38,7 +42,7 @@ class ProcessGpuWorker:
         self._counts = {"finished": 0, "failed": 0, "cancelled": 0}
 
     def info(self) -> dict[str, Any]:
-        return {"worker": self.index, "backend": "sim", "capacity": self._capacity,
+        return {"worker": self.index, "backend": self._backend, "capacity": self._capacity,
                 "policy": "salusd"}
 
     def run(self, spec: TrialSpec, fn: Callable[[Any], Any], config: Any) -> Outcome:
