@@ -23,7 +23,9 @@ Size = Union[int, str]
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 UINT64_MAX = SIZE_MAX = (1 << 64) - 1
 
+# The size grammar of every Salus door (salusd's parse_size too): any case; K, M, G, T as KiB ...
 _UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+          "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
           "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 # More digits than this before the point is beyond SIZE_MAX bytes whatever the unit; checked

@@ -71,16 +71,24 @@ def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10
         return False
     log = open(f"{path}.log", "a")
     with log:
-        subprocess.Popen([salusd_binary(), "--socket", path, *daemon_args],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    # A daemon that refused to start (another won the race) exits; the winner's socket comes.
+        daemon = subprocess.Popen([salusd_binary(), "--socket", path, *daemon_args],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    # A daemon that refused to start (another won the race) exits; the winner's socket comes. One
+    # that refused its arguments exits too, and says why at once, not after the wait.
     deadline = time.monotonic() + wait_s
+    exited_at: Optional[float] = None
     while not _answers(path) and time.monotonic() < deadline:
+        if exited_at is None and daemon.poll() is not None:
+            exited_at = time.monotonic()
+        if exited_at is not None and time.monotonic() - exited_at > 0.5:
+            break  # it exited and no other daemon came up meanwhile
         time.sleep(0.02)
     if not _answers(path):
         tail = Path(f"{path}.log").read_text(errors="replace")[-2000:]
-        raise DeviceError(f"salusd did not start at '{path}' within {wait_s:.0f} s; its log:\n{tail}",
+        why = (f"exited with status {daemon.returncode}" if daemon.poll() is not None
+               else f"did not answer within {wait_s:.0f} s")
+        raise DeviceError(f"salusd did not start at '{path}': it {why}; its log:\n{tail}",
                           call="salusd", status="NOT_STARTED", status_code=0)
     return True
 
@@ -133,16 +141,32 @@ def _run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise InvalidArgument("salus run: no command given (salus run -- python train.py ...)")
+        raise InvalidArgument("no command given (salus run -- python train.py ...)")
     if args.limit is not None:
         parse_size(args.limit, "--limit")  # a bad size is said here, not inside the script
     path = args.socket or default_socket()
+    # What would fail after the daemon started, or after training, fails first.
+    executable = shutil.which(command[0])
+    if executable is None:
+        raise InvalidArgument(f"cannot run {command[0]!r}: no such command (nothing was started)")
+    if args.stats is not None:
+        folder = Path(args.stats).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise InvalidArgument(f"--stats {args.stats!r}: the folder {str(folder)!r} does not "
+                                  "exist or is not writable")
     daemon_args = ["--backend", args.backend]
     if args.memory:
         daemon_args += ["--memory", args.memory]
     if args.policy:
         daemon_args += ["--policy", args.policy]
-    ensure_daemon(path, daemon_args)
+    if not ensure_daemon(path, daemon_args) and (args.memory or args.policy):
+        given = " ".join(f"--{k} {v}" for k, v in (("memory", args.memory),
+                                                   ("policy", args.policy)) if v)
+        print(f"salus run: {given} ignored: a salusd already runs at '{path}' with its own "
+              "settings ('salus status' shows them; stop it to start one with these)",
+              file=sys.stderr)
+    if args.name is None:
+        args.name = default_job_name(command)
     env = dict(os.environ)
     env.update({
         "SALUS_SOCKET": path,
@@ -158,8 +182,27 @@ def _run(args: argparse.Namespace) -> int:
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        raise InvalidArgument(f"salus run: cannot run {command[0]!r}: {e.strerror}") from e
+        raise InvalidArgument(f"cannot run {command[0]!r}: {e.strerror}") from e
     return 127  # not reached
+
+
+def default_job_name(command: Sequence[str]) -> str:
+    """A job's name from its command line: the script's stem (``python train.py`` -> train), the
+    module (``python -m pkg.train`` -> pkg.train), ``python -c`` for inline code, else the
+    command's own name. (Inside the process, ``sys.argv[0]`` is still ``-m`` or ``-c`` when Salus
+    sets up, before Python has found the module.)"""
+    program = Path(command[0]).name
+    if program.startswith("python"):
+        args = list(command[1:])
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+            args = args[1:]  # interpreter options (-u, -O, -X ...)
+        if len(args) >= 2 and args[0] == "-m":
+            return args[1]
+        if args and args[0] == "-c":
+            return f"{program} -c"
+        if args:
+            return Path(args[0]).stem or program
+    return program
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -167,10 +210,22 @@ def _status(args: argparse.Namespace) -> int:
     return subprocess.call([salusd_binary(), "--socket", path, "--status"])
 
 
+_EXAMPLE = """example:
+  salus run -- python train.py --epochs 3
+  salus run --name bert --limit 4GiB --backend sim --memory 8GiB -- python -m my.train
+  salus status"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="salus", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="salus", description="salus: run an unmodified PyTorch script as a job of the "
+        "node's salusd, or see the daemon", epilog=_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    run = sub.add_parser("run", help="run a command as a job of salusd")
+    run = sub.add_parser("run", help="run a command as a job of salusd", epilog=_EXAMPLE,
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Starts the user's salusd if none answers at the socket, "
+                         "then runs the command with PyTorch's memory and turns through it.")
     run.add_argument("--name", help="the job's name (default: the script's)")
     run.add_argument("--kind", choices=["training", "inference"], default="training")
     run.add_argument("--priority", type=int, default=0)

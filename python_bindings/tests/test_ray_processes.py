@@ -17,7 +17,7 @@ import salus.ray as salus_ray  # noqa: E402
 from salus.errors import InvalidArgument  # noqa: E402
 from salus.ray.cluster import daemon_args, trial_actor_options  # noqa: E402
 
-TIMEOUT = 180
+TIMEOUT = 600  # a bound on a hang, not a speed: Ray starts slowly on a busy machine
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -212,6 +212,56 @@ def test_bad_input_is_said_before_anything_runs(tmp_path: Path) -> None:
         assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
 
 
+def test_what_would_fail_later_fails_first_and_starts_nothing(tmp_path: Path) -> None:
+    socket = tmp_path / "never.sock"
+    for args, says in [
+            (["--", "pythn", "train.py"], "cannot run 'pythn': no such command"),
+            (["--stats", str(tmp_path / "missing" / "stats.json"), "--", sys.executable, "-c",
+              "pass"], "does not exist or is not writable")]:
+        done = subprocess.run([salus_cli(), "run", "--socket", str(socket), "--backend", "sim",
+                               *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
+        assert done.stderr.count("salus run:") == 1, done.stderr
+        assert not socket.exists() and not Path(f"{socket}.lock").exists(), \
+            "a daemon was started for a command that cannot run"
+
+
+def test_a_daemon_that_refuses_its_settings_is_said_at_once(tmp_path: Path) -> None:
+    socket = tmp_path / "bad.sock"
+    started = time.monotonic()
+    done = subprocess.run([salus_cli(), "run", "--socket", str(socket), "--backend", "sim",
+                           "--policy", "no-such-policy", "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "exited with status" in done.stderr and "no-such-policy" in done.stderr, done.stderr
+    # Said when the daemon exits, not after the 10 s a slow daemon is given to answer.
+    assert time.monotonic() - started < 8, done.stderr
+
+
+def test_settings_a_running_daemon_ignores_are_said(traced: Daemon) -> None:
+    done = subprocess.run([salus_cli(), "run", "--socket", traced.socket, "--memory", "8GiB",
+                           "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--memory 8GiB ignored: a salusd already runs" in done.stderr, done.stderr
+
+
+def test_a_job_is_named_after_its_script_module_or_code() -> None:
+    from salus.cli import default_job_name
+
+    assert default_job_name(["python3", "train.py", "--lr", "1"]) == "train"
+    assert default_job_name(["/usr/bin/python3.11", "-u", "-m", "pkg.train"]) == "pkg.train"
+    assert default_job_name(["python", "-c", "print(1)"]) == "python -c"
+    assert default_job_name(["./run_training.sh"]) == "run_training.sh"
+
+
+def test_help_shows_an_example() -> None:
+    done = subprocess.run([salus_cli(), "run", "--help"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and "salus run -- python train.py" in done.stdout, done.stdout
+    assert "``" not in done.stdout
+
+
 @pytest.mark.parametrize("mode,kind,iterations", [
     ("training", "training", 5),  # its own marks, not the optimizer steps' as well
     ("requests", "inference", 5),  # a request an iteration

@@ -197,3 +197,29 @@ def test_a_dead_daemon_is_a_device_error_not_a_hang(tmp_path: Path) -> None:
     assert info.value.status == "SALUSD_GONE"
     job.leave()
     rt.close()
+
+
+@pytest.mark.parametrize("size", ["96MiB", "96 mib", "96M", "100663296", "0.09375GiB",
+                                  "100MB", "100 mb", "0.1GB"])
+def test_salusd_reads_a_size_as_python_does(tmp_path: Path, size: str) -> None:
+    # One size grammar at every door: the daemon hands out what salus.parse_size says.
+    d = Daemon(tmp_path, "--memory", size)
+    try:
+        table = daemon_status(d)
+        capacity_mib = float(next(line.split()[4] for line in table.splitlines()
+                                  if line.startswith("0 ")))
+        expected = salus.parse_size(size, "--memory")
+        page = 2 << 20
+        assert capacity_mib * (1 << 20) == expected // page * page, table
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("size", ["lots", "12XB", "-1GiB", "1e3GiBs"])
+def test_salusd_refuses_a_bad_size_naming_its_flag_and_value(tmp_path: Path, size: str) -> None:
+    done = subprocess.run([salusd_binary(), "--socket", str(tmp_path / "s.sock"), "--backend",
+                           "sim", "--memory", size], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert "--memory" in done.stderr and f"'{size}'" in done.stderr, done.stderr
+    with pytest.raises(salus.InvalidArgument):
+        salus.parse_size(size, "--memory")

@@ -9,7 +9,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <thread>
 
@@ -22,25 +25,46 @@
 
 namespace {
 
-// "8GiB", "512MiB", "1.5G", "1048576": bytes.
-std::size_t parse_size(const std::string& text) {
+// The size grammar of every Salus door (Python's salus._checks.parse_size too): a number, then a
+// unit in any case: none or B; KiB, MiB, GiB, TiB (or K, M, G, T), powers of 1024; KB, MB, GB,
+// TB, powers of 1000. "8GiB", "512 mib", "1.5G", "2GB", "1048576". A bad one names its flag.
+std::size_t parse_size(const std::string& text, const std::string& flag) {
   std::size_t used = 0;
-  const double number = std::stod(text, &used);
+  double number = 0;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
   std::string unit = text.substr(used);
   std::erase(unit, ' ');
-  double scale = 1;
-  if (unit == "K" || unit == "KiB" || unit == "k") scale = 1024.0;
-  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw CLI::ValidationError("size", "unknown unit '" + unit + "' in '" + text + "'");
-  if (number < 0) throw CLI::ValidationError("size", "'" + text + "' is negative");
-  return static_cast<std::size_t>(number * scale);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1.0},         {"B", 1.0},
+      {"K", 0x1p10},     {"KIB", 0x1p10}, {"M", 0x1p20}, {"MIB", 0x1p20},
+      {"G", 0x1p30},     {"GIB", 0x1p30}, {"T", 0x1p40}, {"TIB", 0x1p40},
+      {"KB", 1e3},       {"MB", 1e6},     {"GB", 1e9},   {"TB", 1e12}};
+  const auto scale = kUnits.find(unit);
+  if (used == 0 || scale == kUnits.end() || !(number >= 0) || !std::isfinite(number)) {
+    throw CLI::ValidationError(
+        flag, "cannot read '" + text + "' as a size (say 512MiB, 8GiB, 2GB)");
+  }
+  return static_cast<std::size_t>(number * scale->second);
 }
 
 std::shared_ptr<salus::DeviceBackend> make_backend(const std::string& kind, int devices,
-                                                   std::size_t memory) {
+                                                   std::size_t memory, const std::string& given) {
   salus::SimConfig sim = salus::SimConfig::uniform(devices, memory);
+  // A simulated GPU is whole pages: a size between two (100MB) gets the pages it holds.
+  for (salus::SimDeviceConfig& d : sim.devices) {
+    const std::size_t whole = d.memory_bytes / d.granularity * d.granularity;
+    if (whole == 0) {
+      throw CLI::ValidationError(
+          "--memory", "'" + given + "' is less than one page of a simulated GPU (" +
+                          std::to_string(d.granularity >> 20) + "MiB)");
+    }
+    d.memory_bytes = whole;
+  }
   if (kind == "sim") return salus::make_sim_backend(std::move(sim));
   if (kind == "cuda") return salus::make_cuda_backend();
   return salus::make_default_backend(std::move(sim));
@@ -50,7 +74,7 @@ std::shared_ptr<salus::DeviceBackend> make_backend(const std::string& kind, int 
 // own contexts (about 0.5 GiB each), their lazily loaded kernels, and other programs on it: a
 // tenth of it, at least 1 GiB (what vLLM leaves by default, gpu_memory_utilization 0.9).
 std::size_t reserve_bytes(const std::string& text, const salus::DeviceBackend& backend) {
-  if (text != "auto") return parse_size(text);
+  if (text != "auto") return parse_size(text, "--reserve");
   if (backend.name() == "sim" || backend.device_count() == 0) return 0;
   return std::max<std::size_t>(salus::GiB, backend.properties(0).total_memory / 10);
 }
@@ -134,15 +158,16 @@ salus::daemon::ServerOptions server_options(const Args& a) {
 // Serves until SIGTERM or SIGINT, which `stop_signals` holds blocked in every thread: one thread
 // takes them (sigwait), so that no other thread is interrupted by them.
 int serve(Args a, const sigset_t& stop_signals) {
-  a.options.process_limit_bytes = parse_size(a.process_limit);
+  a.options.process_limit_bytes = parse_size(a.process_limit, "--process-limit");
   a.options.spill = a.spill == "host" ? salus::remote::Spill::host : salus::remote::Spill::none;
   a.options.reclaim = a.reclaim == "ask";
-  const std::size_t memory = a.memory.empty() ? 0 : parse_size(a.memory);
+  const std::size_t memory = a.memory.empty() ? 0 : parse_size(a.memory, "--memory");
   if (a.memory.empty() == false && memory == 0) {
     throw salus::InvalidArgument(fmt::format("--memory '{}': a daemon with no memory serves nobody",
                                              a.memory));
   }
-  auto backend = make_backend(a.backend, a.devices, memory != 0 ? memory : 8 * salus::GiB);
+  auto backend = make_backend(a.backend, a.devices, memory != 0 ? memory : 8 * salus::GiB,
+                              a.memory);
   // On a real GPU --memory caps what the daemon hands out (a simulated one is that size already).
   if (backend->name() != "sim") a.options.device_limit_bytes = memory;
   a.options.reserve_bytes = reserve_bytes(a.reserve, *backend);
