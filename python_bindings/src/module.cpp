@@ -22,13 +22,14 @@
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 #include "bindings.hpp"
+#include "gil.hpp"
 
 namespace py = pybind11;
 
 namespace salus::python {
 namespace {
 
-using Release = py::call_guard<py::gil_scoped_release>;
+using Release = py::call_guard<ReleaseGil>;
 
 // --- errors: C++ exceptions become the classes of salus.errors, fields included ------------------
 
@@ -234,7 +235,7 @@ class PyRuntime {
         return std::make_unique<PythonPolicy>((*holder)());
       });
     }
-    py::gil_scoped_release release;
+    ReleaseGil release;
     runtime_ = std::make_shared<Runtime>(std::move(backend), std::move(options));
   }
   // Wraps a runtime made elsewhere (the process default, shared with the C ABI).
@@ -243,7 +244,7 @@ class PyRuntime {
 
   void close() {
     if (!runtime_) return;
-    py::gil_scoped_release release;
+    ReleaseGil release;
     runtime_.reset();
   }
 
@@ -268,7 +269,7 @@ class PyJob {
   PyJob(std::shared_ptr<Runtime> runtime, Job job)
       : runtime_(std::move(runtime)), job_(std::make_unique<Job>(std::move(job))) {}
   ~PyJob() {
-    py::gil_scoped_release release;
+    ReleaseGil release;
     job_.reset();  // leaves the job
     runtime_.reset();
   }
@@ -362,7 +363,7 @@ void bind_runtime(py::module_& m) {
       [](const std::string& path) {
         std::shared_ptr<Runtime> runtime;
         {
-          py::gil_scoped_release release;
+          ReleaseGil release;
           runtime = Runtime::connect(path);
         }
         return std::make_unique<PyRuntime>(std::move(runtime));
@@ -413,7 +414,7 @@ void bind_runtime(py::module_& m) {
             std::shared_ptr<Runtime> runtime = r.shared();
             std::optional<Job> job;
             {
-              py::gil_scoped_release release;
+              ReleaseGil release;
               job.emplace(runtime->add_job(std::move(spec)));
             }
             return std::make_unique<PyJob>(runtime, std::move(*job));
@@ -427,7 +428,7 @@ void bind_runtime(py::module_& m) {
           [](const PyRuntime& r) {
             std::vector<JobStats> all;
             {
-              py::gil_scoped_release release;
+              ReleaseGil release;
               all = r.get().job_stats();
             }
             py::list out;
@@ -438,7 +439,7 @@ void bind_runtime(py::module_& m) {
            [](const PyRuntime& r, int device) {
              DeviceMemoryStats d;
              {
-               py::gil_scoped_release release;
+               ReleaseGil release;
                if (device < 0 || device >= r.get().device_count()) {
                  throw InvalidArgument("device " + std::to_string(device) + " does not exist");
                }
@@ -447,22 +448,22 @@ void bind_runtime(py::module_& m) {
              return device_stats(d);
            })
       .def("trace_json", [](const PyRuntime& r) {
-             py::gil_scoped_release release;
+             ReleaseGil release;
              return r.get().trace_json();
            })
       .def("write_trace", [](const PyRuntime& r, const std::string& path) {
-             py::gil_scoped_release release;
+             ReleaseGil release;
              r.get().write_trace(path);
            })
       .def("trim", [](const PyRuntime& r) {
-             py::gil_scoped_release release;
+             ReleaseGil release;
              return r.get().memory().trim();
            })
       .def(
           "sim_kernel",
           [](const PyRuntime& r, std::uintptr_t stream, double seconds, double occupancy,
              int device) {
-            py::gil_scoped_release release;
+            ReleaseGil release;
             launch_sim_kernel(r.get().backend(), StreamHandle{stream}, device, seconds, occupancy);
           },
           py::arg("stream"), py::arg("seconds"), py::arg("occupancy") = 1.0, py::arg("device") = 0)
@@ -477,7 +478,7 @@ void bind_runtime(py::module_& m) {
           [](const PyRuntime& r, int device) {
             SimDeviceActivity a;
             {
-              py::gil_scoped_release release;
+              ReleaseGil release;
               a = sim_device_activity(r.get().backend(), device);
             }
             return py::dict(py::arg("busy_seconds") = a.busy_seconds,
@@ -495,7 +496,7 @@ void bind_runtime(py::module_& m) {
           [](const PyRuntime& r, std::size_t bytes, int device, std::uintptr_t stream,
              std::uint32_t job, std::optional<std::string> lifetime) {
             const std::optional<Lifetime> life = lifetime_of(lifetime);
-            py::gil_scoped_release release;
+            ReleaseGil release;
             return r.get().allocate(bytes, device, StreamHandle{stream}, JobId{job}, life);
           },
           py::arg("bytes"), py::arg("device"), py::arg("stream"), py::arg("job"),
@@ -503,7 +504,7 @@ void bind_runtime(py::module_& m) {
       .def(
           "deallocate",
           [](const PyRuntime& r, DevicePtr ptr, std::size_t bytes, int device) {
-            py::gil_scoped_release release;
+            ReleaseGil release;
             r.get().deallocate(ptr, bytes, device);
           },
           py::arg("ptr"), py::arg("bytes"), py::arg("device"))
@@ -545,7 +546,7 @@ void bind_job(py::module_& m) {
            [](PyJob& j) {
              JobStats s;
              {
-               py::gil_scoped_release release;
+               ReleaseGil release;
                s = j.get().stats();
              }
              return job_stats(s);
@@ -554,7 +555,7 @@ void bind_job(py::module_& m) {
           "allocate",
           [](PyJob& j, std::size_t bytes, std::optional<std::string> lifetime) {
             const std::optional<Lifetime> life = lifetime_of(lifetime);
-            py::gil_scoped_release release;
+            ReleaseGil release;
             return j.get().allocate(bytes, life);
           },
           py::arg("bytes"), py::arg("lifetime"))
@@ -589,7 +590,7 @@ PYBIND11_MODULE(_salus, m) {
   m.def("default_runtime", [] {
     std::shared_ptr<salus::Runtime> runtime;
     {
-      py::gil_scoped_release release;  // making it may take a while (driver, simulated GPU)
+      salus::python::ReleaseGil release;  // making it may take a while (driver, simulated GPU)
       runtime = salus::Runtime::shared_default();
     }
     return std::make_unique<salus::python::PyRuntime>(std::move(runtime));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "gil.hpp"
 #include "salus/contention.hpp"
 #include "salus/error.hpp"
 #include "salus/simulation.hpp"
@@ -220,7 +221,7 @@ py::dict simulate(const py::list& jobs, const std::string& policy, int machines,
   options.timeline_step_seconds = timeline_step;
   SimResult result;
   {
-    py::gil_scoped_release release;
+    ReleaseGil release;
     const sched::Simulation simulation(policy, std::move(cluster), options);
     result = simulation.run(parsed);
   }

@@ -2,6 +2,8 @@
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 
+#include "gil.hpp"
+
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -105,7 +107,7 @@ PYBIND11_MODULE(_salus_torch, m) {
         py::arg("runtime"), py::arg("python_policy"));
   }
   m.def("disable", [] {
-    py::gil_scoped_release release;
+    salus::python::ReleaseGil release;
     salus::torch::disable();
   });
   m.def("enabled", &salus::torch::enabled);

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "bindings.hpp"
+#include "gil.hpp"
 #include "salus/device.hpp"
 #include "salus/runtime.hpp"
 
@@ -34,7 +35,7 @@ std::uintptr_t begin_iteration_interruptibly(Job& job) {
   for (;;) {
     std::optional<StreamHandle> stream;
     {
-      py::gil_scoped_release release;
+      ReleaseGil release;
       stream = job.try_begin_iteration(kSlice);
     }
     if (stream) return stream->value;
@@ -43,7 +44,7 @@ std::uintptr_t begin_iteration_interruptibly(Job& job) {
       // granted meanwhile goes back), so it may ask again later. The handler's exception is the
       // one that matters; a failure to withdraw (the job was cancelled meanwhile) adds nothing.
       try {
-        py::gil_scoped_release release;
+        ReleaseGil release;
         job.withdraw();
       } catch (const std::exception&) {
       }
@@ -63,7 +64,7 @@ void synchronize_interruptibly(DeviceBackend& backend, StreamHandle stream) {
   };
   auto reached = std::make_shared<Reached>();
   {
-    py::gil_scoped_release release;
+    ReleaseGil release;
     backend.launch_host_func(stream, [reached] {
       {
         std::lock_guard lock(reached->mu);
@@ -75,7 +76,7 @@ void synchronize_interruptibly(DeviceBackend& backend, StreamHandle stream) {
   for (;;) {
     bool done = false;
     {
-      py::gil_scoped_release release;
+      ReleaseGil release;
       std::unique_lock lock(reached->mu);
       done = reached->cv.wait_for(lock, kSlice, [&] { return reached->done; });
       lock.unlock();
