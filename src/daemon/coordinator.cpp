@@ -49,7 +49,7 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
 // Nothing free beyond the reserve is no daemon at all: said here, not at the first client's OOM.
 std::size_t Coordinator::device_capacity(int d, std::size_t free) const {
   const std::size_t total = backend_->properties(d).total_memory;
-  if (free <= options_.reserve_bytes + page_bytes_) {
+  if (free < options_.reserve_bytes + page_bytes_) {  // not one page
     throw InvalidArgument(fmt::format(
         "salusd: device {} has {:.0f} MiB free of {:.0f} MiB, and {:.0f} MiB are kept for other "
         "programs (--reserve): nothing is left to hand out", d, free / 1048576.0,
