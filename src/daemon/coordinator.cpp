@@ -73,11 +73,19 @@ Coordinator::~Coordinator() {
   for (const SessionId id : ids) close_session(id);
 }
 
-SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender send) {
+SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender send,
+                                    Hinter hint) {
   auto s = std::make_shared<Session>();
   s->token = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
   s->peer = peer;
+  if (!hint) {
+    hint = [send](std::span<const std::byte> record) {
+      send(record, {});
+      return true;
+    };
+  }
   s->send = std::move(send);
+  s->hint = std::move(hint);
   std::lock_guard lock(mu_);
   s->id = next_session_++;
   sessions_.emplace(s->id, s);

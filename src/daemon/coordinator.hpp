@@ -66,13 +66,17 @@ class Coordinator {
  public:
   // Delivers a record (and descriptors) to a session's process; may throw when it is gone.
   using Sender = std::function<void(std::span<const std::byte>, std::span<const int>)>;
+  // Delivers a hint (a reclaim) if the process's queue has room, without waiting: false when it
+  // has none (the process reads nothing: stopped or stuck; the hints it has not read stand).
+  using Hinter = std::function<bool(std::span<const std::byte>)>;
 
   Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOptions options);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  SessionId open_session(const remote::PeerCredentials& peer, Sender send);
+  // `hint`: null sends hints with `send` (tests whose sender never blocks).
+  SessionId open_session(const remote::PeerCredentials& peer, Sender send, Hinter hint = nullptr);
   // Handles one record of the session, replying through its sender (a blocking request replies
   // from a worker thread later). Throws ProtocolError for a record that breaks the protocol: the
   // caller then drops the client. Every other refusal is a Failure reply.

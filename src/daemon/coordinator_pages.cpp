@@ -141,11 +141,20 @@ void Coordinator::ask_others_to_give_back(SessionId asking, int device, std::siz
   }
   const remote::PageCount want{device, static_cast<std::uint32_t>(pages)};
   const auto record = remote::encode(MessageType::reclaim, 0, want);
+  // Never a blocking send: a process that reads nothing (stopped, stuck) would hold this asker,
+  // and every later one, on its full queue. Its unread reclaims say the same as this one.
   for (const auto& s : holders) {
+    bool sent = false;
     try {
-      s->send(record, {});
+      sent = s->hint(record);
     } catch (const std::exception&) {
-      // Gone: its pages come back when its session closes.
+      continue;  // gone: its pages come back when its session closes
+    }
+    if (sent) continue;
+    std::lock_guard lock(mu_);
+    if (s->hints_dropped++ == 0) {
+      spdlog::warn("session {}: '{}' pid {} reads no reclaims (stopped?); the others go on "
+                   "without its pages", s->id, s->name, s->peer.pid);
     }
   }
 }

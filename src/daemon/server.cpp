@@ -154,9 +154,11 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
   }
   if (!first) return;
   const SessionId id = coordinator_.open_session(
-      peer, [channel](std::span<const std::byte> record, std::span<const int> fds) {
+      peer,
+      [channel](std::span<const std::byte> record, std::span<const int> fds) {
         channel->send(record, fds);
-      });
+      },
+      [channel](std::span<const std::byte> record) { return channel->try_send(record); });
   try {
     for (auto received = std::move(first); received; received = channel->receive()) {
       coordinator_.handle(id, std::move(*received));

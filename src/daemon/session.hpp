@@ -78,6 +78,8 @@ struct Coordinator::Session {
   std::uint64_t token = 0;  // what its turn connections name (Welcome, AttachTurns)
   remote::PeerCredentials peer;
   Sender send;
+  Hinter hint;  // reclaims: a process that reads nothing must not hold up the one that asks
+  std::uint64_t hints_dropped = 0;  // guarded by mu_: reclaims its full queue refused
   std::string name;
   // Guarded by the coordinator's mu_.
   bool greeted = false;

@@ -79,6 +79,16 @@ void Channel::send(std::span<const std::byte> record, std::span<const int> fds) 
   }
 }
 
+bool Channel::try_send(std::span<const std::byte> record) const {
+  for (;;) {
+    if (::send(fd_.get(), record.data(), record.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) {
+      return true;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno != EINTR) sim::throw_errno("send", errno, "salusd connection");
+  }
+}
+
 std::optional<Received> Channel::receive() const {
   // Each reading thread's own buffer: a turn's round trip allocates (and clears) no 32 KiB.
   thread_local std::vector<std::byte> buffer;

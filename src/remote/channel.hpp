@@ -37,6 +37,9 @@ class Channel {
   // Sends one record with `fds` attached (the kernel duplicates them; the caller still owns them).
   // Throws DeviceError naming the errno when the peer is gone or the socket fails.
   void send(std::span<const std::byte> record, std::span<const int> fds = {}) const;
+  // send() without waiting: false, and nothing sent, when the peer's queue is full (a peer that
+  // reads nothing: stopped, or stuck). For records that are hints, never worth a wait.
+  [[nodiscard]] bool try_send(std::span<const std::byte> record) const;
   // The next record, or nullopt when the peer closed the connection. A malformed record (too
   // long, cut, bad header) throws ProtocolError; its descriptors are closed.
   std::optional<Received> receive() const;

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace salus::remote {
 
 DaemonLink::DaemonLink(const std::string& socket_path)
@@ -125,11 +127,7 @@ void DaemonLink::read_loop() {
       std::lock_guard lock(mu_);
       const Record& r = received->record;
       if (r.header.seq == 0) {
-        if (r.type() == MessageType::reclaim) {
-          std::lock_guard queue_lock(reclaims_->mu);
-          reclaims_->queue.push_back(body_as<PageCount>(r));
-          reclaims_->cv.notify_all();
-        }
+        if (r.type() == MessageType::reclaim) queue_reclaim(body_as<PageCount>(r));
         continue;
       }
       auto it = pending_.find(r.header.seq);
@@ -141,6 +139,20 @@ void DaemonLink::read_loop() {
     why = e.what();
   }
   fail_all(why);
+}
+
+void DaemonLink::queue_reclaim(const PageCount& want) {
+  std::lock_guard lock(reclaims_->mu);
+  // One waiting reclaim a device, for the most pages asked: a process that was stopped (or busy)
+  // while the daemon asked again and again answers once, not once for every ask it missed.
+  auto same = std::find_if(reclaims_->queue.begin(), reclaims_->queue.end(),
+                           [&](const PageCount& q) { return q.device == want.device; });
+  if (same != reclaims_->queue.end()) {
+    same->count = std::max(same->count, want.count);
+    return;
+  }
+  reclaims_->queue.push_back(want);
+  reclaims_->cv.notify_all();
 }
 
 void DaemonLink::fail_all(const std::string& why) {

@@ -62,6 +62,7 @@ class DaemonLink {
   void stop() noexcept;  // ends the connection and joins the threads
   void read_loop();
   void fail_all(const std::string& why);
+  void queue_reclaim(const PageCount& want);  // with mu_ held (reclaims_->mu is a leaf)
   [[noreturn]] void throw_gone() const;  // with mu_ held or not: reads gone_why_ under mu_
 
   const std::string path_;

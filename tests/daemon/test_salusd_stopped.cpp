@@ -1,0 +1,159 @@
+// A client that reads nothing (stopped with SIGSTOP, or stuck) while it holds pages stalls
+// nobody (issue 34, item 6): the daemon's reclaims to it never wait for room in its queue, so the
+// others' asks are answered and new clients are served; and a client that comes back answers the
+// reclaims it missed once, not once each.
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "remote/channel.hpp"
+#include "remote/daemon_link.hpp"
+#include "remote/protocol.hpp"
+#include "salus/error.hpp"
+
+#include "daemon/salusd_fixture.hpp"
+
+namespace salusd_test {
+namespace {
+
+using namespace salus::remote;
+
+// A session that takes every page of device 0 and then reads nothing more: from the daemon's side
+// it is a stopped process (the kernel queues what is sent to it until its queue is full).
+class SilentClient {
+ public:
+  explicit SilentClient(const std::string& socket) : channel_(connect_to(socket)) {
+    channel_.send(encode(MessageType::hello, 1, Hello{}));
+    auto welcome = channel_.receive();
+    if (!welcome || welcome->record.type() != MessageType::welcome) throw std::runtime_error("hello");
+    const auto w = body_as<Welcome>(welcome->record);
+    pages_ = static_cast<std::uint32_t>(w.device_bytes[0] / w.page_bytes);
+    channel_.send(encode(MessageType::take_pages, 2, PageCount{0, pages_}));
+    auto got = channel_.receive();
+    if (!got || got->record.type() != MessageType::pages) throw std::runtime_error("take_pages");
+    held_ = std::move(got->fds);
+  }
+  std::uint32_t pages() const { return pages_; }
+
+ private:
+  Channel channel_;
+  std::uint32_t pages_ = 0;
+  std::vector<UniqueFd> held_;  // its pages' memory, kept as a process keeps its mappings
+};
+
+// The kernel queues about 280 small records for a peer that reads nothing; each ask that finds no
+// page free sends a reclaim to every holder every 50 ms for --reclaim-wait (2 s): eight asks at
+// once send about 320. With a blocking send, the asks after the queue filled hung on it, and so
+// did every later ask of any process.
+TEST_F(Salusd, AClientThatReadsNothingStallsNobody) {
+  start_daemon({"--memory", "16MiB"});
+  SilentClient silent(socket_);
+  ASSERT_GT(silent.pages(), 0u);
+  DaemonLink asker(socket_);
+  constexpr int kAsks = 8;
+  auto ask_all = [&] {
+    std::vector<std::future<std::string>> asks;
+    for (int i = 0; i < kAsks; ++i) {
+      asks.push_back(std::async(std::launch::async, [&] {
+        try {
+          (void)asker.call(MessageType::take_pages, PageCount{0, 1});
+          return std::string("granted");
+        } catch (const salus::Error& e) {
+          return std::string(salus::to_string(e.code()));
+        }
+      }));
+    }
+    std::vector<std::string> out;
+    for (auto& a : asks) {
+      // A hang bound, not a timing: each ask is answered after its 2 s of reclaims. A hung one
+      // is ended by the daemon's end (its futures would wait for it).
+      if (a.wait_for(60s) != std::future_status::ready) {
+        ::kill(daemon_, SIGKILL);
+        out.push_back("hung");
+      } else {
+        out.push_back(a.get());
+      }
+    }
+    return out;
+  };
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<std::string> answers = ask_all();
+    for (const std::string& a : answers) {
+      ASSERT_EQ(a, salus::to_string(salus::Errc::out_of_memory)) << "round " << round;
+    }
+  }
+  // A process that comes now is served.
+  auto fresh = std::async(std::launch::async, [&] {
+    DaemonLink link(socket_);
+    return link.welcome().page_bytes;
+  });
+  ASSERT_EQ(fresh.wait_for(30s), std::future_status::ready) << "a new client was not served";
+  EXPECT_GT(fresh.get(), 0u);
+  EXPECT_NE(read_file(dir_ + "/salusd.log").find("reads no reclaims"), std::string::npos)
+      << read_file(dir_ + "/salusd.log");
+}
+
+// A fake daemon for one link: asked for its status, it sends a reclaim, which the client's
+// handler holds; asked again, it sends 99 more before the answer (so that the
+// link's reader has queued them all once the call returns), and the handler is let go. The
+// reclaims the client missed meanwhile are answered once, for the most pages any of them asked.
+TEST(DaemonLinkReclaims, ReclaimsMissedWhileBusyAreAnsweredOnce) {
+  char tmpl[] = "/tmp/salus-link-test-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string path = dir + "/fake.sock";
+  UniqueFd listener = listen_at(path, 0600);
+  constexpr std::uint32_t kReclaims = 100;
+  std::thread daemon([&] {
+    Channel c(UniqueFd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC)));
+    auto hello = c.receive();
+    if (!hello) return;
+    c.send(encode(MessageType::welcome, hello->record.header.seq, Welcome{}));
+    auto status = c.receive();  // the handler is in place
+    if (!status) return;
+    c.send(encode(MessageType::reclaim, 0, PageCount{0, 1}));
+    c.send(encode_body(MessageType::status_text, status->record.header.seq, {}));
+    status = c.receive();  // the handler holds the first
+    if (!status) return;
+    for (std::uint32_t i = 2; i <= kReclaims; ++i) {
+      c.send(encode(MessageType::reclaim, 0, PageCount{0, i}));
+    }
+    c.send(encode_body(MessageType::status_text, status->record.header.seq, {}));
+    (void)c.receive();  // until the client hangs up
+  });
+  std::latch first_entered(1), let_go(1);
+  std::atomic<int> calls{0};
+  std::atomic<std::uint32_t> last_count{0};
+  {
+    DaemonLink link(path);
+    link.on_reclaim([&](const PageCount& want) {
+      if (calls.fetch_add(1) == 0) {
+        first_entered.count_down();
+        let_go.wait();
+      }
+      last_count.store(want.count);
+    });
+    (void)link.call(MessageType::status, std::span<const std::byte>{});
+    first_entered.wait();
+    (void)link.call(MessageType::status, std::span<const std::byte>{});
+    let_go.count_down();
+    const auto deadline = std::chrono::steady_clock::now() + 30s;  // a hang bound
+    while (last_count.load() != kReclaims && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(last_count.load(), kReclaims);
+  }
+  daemon.join();
+  // The first, then one for the 99 it missed (the most pages they asked: 100).
+  EXPECT_EQ(calls.load(), 2);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace salusd_test
