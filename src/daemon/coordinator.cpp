@@ -244,10 +244,10 @@ void Coordinator::on_job_call(Session& s, const remote::Record& record) {
     case MessageType::end_iteration:
       // On the session's connection an end carries no fence (descriptors travel with give_pages
       // only there): the lane's next turn has nothing to wait for.
-      give_turn(*job, record.type(), end_report(record), nullptr, false);
+      give_turn(s, *job, record.type(), end_report(record), nullptr, false);
       break;
     case MessageType::withdraw:
-      give_turn(*job, record.type(), {}, nullptr, false);
+      give_turn(s, *job, record.type(), {}, nullptr, false);
       break;
     default:  // finish_job
       if (call.flag != 0) {
@@ -255,6 +255,7 @@ void Coordinator::on_job_call(Session& s, const remote::Record& record) {
       } else {
         job->leave();
         std::lock_guard lock(mu_);
+        s.in_turn.erase(job.get());
         s.jobs.erase(call.job);
         s.job_limits.erase(call.job);
       }

@@ -44,7 +44,11 @@ struct CoordinatorOptions {
   std::chrono::milliseconds idle_release{30000};
   // Whether a waiting process moves its jobs' pages to its host memory when another needs them.
   remote::Spill spill = remote::Spill::none;
-  std::chrono::milliseconds reclaim_wait{2000};  // how long a short request waits for give-backs
+  // How long a short request waits once no other process can give pages back (grant_or_wait):
+  // none is inside a turn, none is leaving.
+  std::chrono::milliseconds reclaim_wait{2000};
+  // The most a short request waits, whatever the others do (a process stopped inside its turn).
+  std::chrono::milliseconds short_wait_limit{60000};
   // Whether a short request asks the other processes for pages they cache. Off, a process keeps
   // what it was given until it gives it back itself or exits, as processes sharing a GPU without
   // Salus keep what their caching allocators reserved: the baseline the benchmarks compare with.
@@ -132,7 +136,7 @@ class Coordinator {
   // The turn calls, wherever they come from: the session's connection (begin on a worker) or the
   // job's turn connection.
   // Returns the turn and, for the fence it names, the descriptor to send with it.
-  std::pair<remote::Turn, remote::UniqueFd> take_turn(const Session& s, Job& job,
+  std::pair<remote::Turn, remote::UniqueFd> take_turn(Session& s, Job& job,
                                                       const remote::JobCall& call);
   // What an end_iteration says its job's process measured, as the policies should plan with it:
   // nothing under --spill host, where a waiting process's memory leaves the device (its jobs
@@ -147,7 +151,7 @@ class Coordinator {
     std::optional<GpuTime> gpu;
   };
   [[nodiscard]] EndReport end_report(const remote::Record& end) const;
-  void give_turn(Job& job, remote::MessageType type, const EndReport& report,
+  void give_turn(Session& s, Job& job, remote::MessageType type, const EndReport& report,
                  std::shared_ptr<const PageBank::Fence> fence, bool settled);
   // The fence an end_iteration carries (its descriptor taken from `received`), or null.
   static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,
@@ -158,6 +162,15 @@ class Coordinator {
   void on_give_pages(Session& s, remote::Received& received);
   std::shared_ptr<Job> job_of(Session& s, std::uint64_t id) const;
   std::vector<std::uint64_t> grant_or_wait(Session& s, int device, std::size_t count);
+  // With mu_ held, for a short request of `s` on `device`: whether another process holding pages
+  // there may still give some back (it is inside a turn and not short itself, it is leaving, or
+  // it gave way lately and its exit is awaited); and whether `s` is the one to give way when none
+  // may (of the processes short there, the one holding the most pages; the newest of equals).
+  [[nodiscard]] bool others_may_give_back(const Session& s, int device,
+                                          std::chrono::steady_clock::time_point now) const;
+  [[nodiscard]] bool gives_way(const Session& s, int device) const;
+  // Why a short request of `s` on `device` failed (takes mu_).
+  [[nodiscard]] std::string short_reason(const Session& s, int device) const;
   // What `s` may hold (with mu_ held): the process limit, or the sum of its jobs' limits when
   // every job has one and that is less; 0: no limit. room_of: pages it may still take.
   [[nodiscard]] std::size_t held_bytes(const Session& s) const;

@@ -39,15 +39,7 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
   s->spawn([this, s, want, seq, asked_us] {
     try {
       const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
-      if (ids.empty()) {
-        throw Error(Errc::out_of_memory,
-                    options_.reclaim
-                        ? fmt::format("no page of device {} is free, and none came back within "
-                                      "{} ms", want.device, options_.reclaim_wait.count())
-                        : fmt::format("no page of device {} is free (this daemon asks no "
-                                      "process to give pages back: --reclaim never)",
-                                      want.device));
-      }
+      if (ids.empty()) throw Error(Errc::out_of_memory, short_reason(*s, want.device));
       PageBank::Batch batch;
       {
         std::lock_guard lock(mu_);
@@ -112,21 +104,84 @@ std::vector<std::uint64_t> Coordinator::grant_or_wait(Session& s, int device, st
   // process holds only pages it has used, as processes without Salus hold what they allocated.
   if (!options_.reclaim) return bank.grant(s.id, 1);
   std::vector<std::uint64_t> ids = bank.grant(s.id, count);
-  const auto deadline = std::chrono::steady_clock::now() + options_.reclaim_wait;
-  // The others are asked again every so often: a process whose jobs were all busy when first
-  // asked may have one waiting for its turn now (whose pages may then move to its host memory).
-  while (ids.empty() && !s.closing && std::chrono::steady_clock::now() < deadline) {
+  if (!ids.empty()) {
+    s.gave_way.reset();
+    return ids;
+  }
+  // Short. The wait lasts while another process may still give pages back (its turn's end, its
+  // exit), and reclaim_wait after the last moment one could; then, if every process short here
+  // is stuck on the others, the one holding the most gives way (fails), so that a job that
+  // cannot fit fails alone and the others wait for its pages, not for a clock.
+  ++s.asking;
+  const auto start = std::chrono::steady_clock::now();
+  auto deadline = start + options_.reclaim_wait;
+  for (;;) {
+    auto now = std::chrono::steady_clock::now();
+    if (s.closing || now - start >= options_.short_wait_limit) break;
+    if (others_may_give_back(s, device, now)) deadline = now + options_.reclaim_wait;
+    if (now >= deadline) {
+      if (gives_way(s, device)) {
+        s.gave_way = now;
+        break;
+      }
+      deadline = now + options_.reclaim_wait;  // another gives way first; its pages come back
+    }
+    // The others are asked again every so often: a process whose jobs were all busy when first
+    // asked may have one waiting for its turn now (whose pages may then move to its host memory).
     lock.unlock();
     ask_others_to_give_back(s.id, device, count);
     lock.lock();
-    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kReclaimRepeat);
-    pages_back_.wait_until(lock, until, [&] {
+    now = std::chrono::steady_clock::now();
+    const bool granted = pages_back_.wait_until(lock, std::min(deadline, now + kReclaimRepeat), [&] {
       if (s.closing) return true;
       ids = bank.grant(s.id, count);
       return !ids.empty();
     });
+    if (granted) break;
   }
+  --s.asking;
+  if (!ids.empty()) s.gave_way.reset();
+  lock.unlock();
+  pages_back_.notify_all();  // the others' reading of who is short changed
   return ids;
+}
+
+std::string Coordinator::short_reason(const Session& s, int device) const {
+  if (!options_.reclaim) {
+    return fmt::format("no page of device {} is free (this daemon asks no process to give pages "
+                       "back: --reclaim never)", device);
+  }
+  std::lock_guard lock(mu_);
+  const PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  const std::size_t mine = bank.held_by(s.id);
+  return fmt::format(
+      "no page of device {} is free: this process holds {} of its {} pages and the others hold "
+      "{}, which they use (none gave any back, is inside a turn or leaving for {} ms); of the "
+      "processes short of pages this one holds the most, so it gives way",
+      device, mine, bank.capacity_pages(), bank.granted_pages() - mine,
+      options_.reclaim_wait.count());
+}
+
+bool Coordinator::others_may_give_back(const Session& s, int device,
+                                       std::chrono::steady_clock::time_point now) const {
+  const PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  for (const auto& [id, o] : sessions_) {
+    if (id == s.id || bank.held_by(id) == 0) continue;
+    if (o->closing || (!o->in_turn.empty() && o->asking == 0)) return true;
+    if (o->gave_way && now - *o->gave_way < options_.exit_wait) return true;
+  }
+  return false;
+}
+
+bool Coordinator::gives_way(const Session& s, int device) const {
+  const PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  const std::size_t mine = bank.held_by(s.id);
+  for (const auto& [id, o] : sessions_) {
+    if (id == s.id || o->asking == 0) continue;
+    const std::size_t theirs = bank.held_by(id);
+    if (theirs > mine || (theirs == mine && id > s.id)) return false;
+  }
+  return true;
 }
 
 void Coordinator::ask_others_to_give_back(SessionId asking, int device, std::size_t pages) {

@@ -19,7 +19,7 @@ namespace salus::daemon {
 
 using remote::MessageType;
 
-std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(const Session& s, Job& job,
+std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(Session& s, Job& job,
                                                                    const remote::JobCall& call) {
   remote::Turn turn{call.job, 1, 0, {}};
   std::optional<StreamHandle> lane;
@@ -31,6 +31,10 @@ std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(const Session& 
   }
   remote::UniqueFd fd;
   if (!lane) return {turn, std::move(fd)};
+  {
+    std::lock_guard lock(mu_);
+    s.in_turn.insert(&job);  // its process may give pages back at the turn's end
+  }
   // The lane's last iteration, if another process ran it: this one's work goes after it.
   const std::shared_ptr<const PageBank::Fence> fence = turn_fences_.began(&job, lane->value, s.id);
   if (!fence) return {turn, std::move(fd)};
@@ -78,8 +82,12 @@ Coordinator::EndReport Coordinator::end_report(const remote::Record& end) const 
   return {planned_memory(end), remote::gpu_time_of(remote::body_as<remote::EndIteration>(end))};
 }
 
-void Coordinator::give_turn(Job& job, MessageType type, const EndReport& report,
+void Coordinator::give_turn(Session& s, Job& job, MessageType type, const EndReport& report,
                             std::shared_ptr<const PageBank::Fence> fence, bool settled) {
+  {
+    std::lock_guard lock(mu_);
+    s.in_turn.erase(&job);
+  }
   // Before the end: it wakes the lane's next job, whose turn carries the fence.
   turn_fences_.ended(&job, std::move(fence), settled);
   if (type == MessageType::end_iteration) {
@@ -172,7 +180,7 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
       if (fd.get() >= 0) out.fds.push_back(std::move(fd));
       return out;
     }
-    give_turn(*link.job, type, report, std::move(fence), settled);
+    give_turn(*link.session, *link.job, type, report, std::move(fence), settled);
     return {remote::encode_body(MessageType::done, seq, {}), {}};
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);

@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,6 +91,11 @@ struct Coordinator::Session {
   // may hold no more pages than their sum: the daemon's bound on what a process's jobs take,
   // whatever the process itself counts.
   std::map<std::uint64_t, std::size_t> job_limits;
+  // What the page waits read (grant_or_wait): its jobs holding a turn now, its page asks waiting
+  // now, and when an ask of its was refused as the one that gives way (cleared at a grant).
+  std::set<const Job*> in_turn;
+  int asking = 0;
+  std::optional<std::chrono::steady_clock::time_point> gave_way;
   // Each turn connection's hang-up, run when the session closes.
   std::vector<std::function<void()>> hang_ups;
 

@@ -12,6 +12,7 @@
 // work included).
 // --gpu-log 1: also "gpu-begin K" and "gpu-end K" lines, written when the iteration's stream
 // reaches its start and its end (host functions queued there).
+// --linger-on-error-ms: after an error, waits this long before exiting, holding its memory.
 // Exit status: 0 all iterations done and every byte checked; 2 a byte was wrong; 3 an error
 // (its message on stderr and in the log as "error <code> <text>").
 #include <fmt/format.h>
@@ -46,6 +47,8 @@ struct Args {
   // an iteration's only work, and the client waits for it after the turn has gone back.
   int kernel_ms = 0;  // after the last iteration, before leaving: the job stays in salusd's table
   bool check_at_begin = true;  // check the weights as each iteration begins (waits for its stream)
+  // After an error, this long before exiting, holding what it holds (as a Python script unwinds).
+  int linger_on_error_ms = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -67,6 +70,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--check-at-begin") a.check_at_begin = v == "1";
     else if (k == "--hold-ms") a.hold_ms = std::stoi(v);
     else if (k == "--kernel-ms") a.kernel_ms = std::stoi(v);
+    else if (k == "--linger-on-error-ms") a.linger_on_error_ms = std::stoi(v);
   }
   return a;
 }
@@ -158,6 +162,8 @@ int main(int argc, char** argv) {
     spec.name = a.name;
     spec.priority = a.priority;
     salus::Job job = rt->add_job(spec);
+    // An error from here on is caught while the job and its runtime still hold their memory.
+    try {
     if (a.empty) {
       for (int it = 0; it < a.iterations; ++it) {
         const salus::StreamHandle s = job.begin_iteration();
@@ -246,6 +252,12 @@ int main(int argc, char** argv) {
     rt->backend().destroy_stream(side);
     note("done");
     return 0;
+    } catch (const salus::Error& e) {
+      note(fmt::format("error {} {}", salus::to_string(e.code()), e.what()));
+      std::fprintf(stderr, "salus_client %s: %s\n", a.name.c_str(), e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.linger_on_error_ms));
+      return 3;
+    }
   } catch (const salus::Error& e) {
     note(fmt::format("error {} {}", salus::to_string(e.code()), e.what()));
     std::fprintf(stderr, "salus_client %s: %s\n", a.name.c_str(), e.what());

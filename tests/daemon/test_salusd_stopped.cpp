@@ -13,12 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/salusd_fixture.hpp"
 #include "remote/channel.hpp"
 #include "remote/daemon_link.hpp"
 #include "remote/protocol.hpp"
 #include "salus/error.hpp"
-
-#include "daemon/salusd_fixture.hpp"
 
 namespace salusd_test {
 namespace {
@@ -32,7 +31,8 @@ class SilentClient {
   explicit SilentClient(const std::string& socket) : channel_(connect_to(socket)) {
     channel_.send(encode(MessageType::hello, 1, Hello{}));
     auto welcome = channel_.receive();
-    if (!welcome || welcome->record.type() != MessageType::welcome) throw std::runtime_error("hello");
+    if (!welcome || welcome->record.type() != MessageType::welcome)
+      throw std::runtime_error("hello");
     const auto w = body_as<Welcome>(welcome->record);
     pages_ = static_cast<std::uint32_t>(w.device_bytes[0] / w.page_bytes);
     channel_.send(encode(MessageType::take_pages, 2, PageCount{0, pages_}));
