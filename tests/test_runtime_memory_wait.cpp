@@ -120,6 +120,51 @@ TEST(RuntimeMemoryWait, TwoIterationsWaitingOnEachOtherFailOneNotBoth) {
   EXPECT_EQ(failed, 1);
 }
 
+// Three iterations side by side hold 25, 20 and 10 MiB of a 64 MiB device and each asks for 10
+// MiB more, the one holding the most first: all wait on each other. The one holding the most gives
+// way (fails), whatever the order of the asks, and the others complete with what it frees. Before,
+// the last to ask failed (here the smallest); the first, which cannot fit beside the others, went
+// on.
+TEST(RuntimeMemoryWait, WhenEveryIterationIsShortTheOneHoldingTheMostGivesWay) {
+  Runtime runtime(sim(64 * MiB), {.policy = "pack"});
+  struct Side {
+    Job job;
+    std::size_t holds;
+    std::atomic<bool> failed{false};
+  };
+  std::vector<std::unique_ptr<Side>> sides;
+  sides.push_back(std::make_unique<Side>(runtime.add_job(hinted("c", 1 * MiB, 2 * MiB)), 25 * MiB));
+  sides.push_back(std::make_unique<Side>(runtime.add_job(hinted("b", 1 * MiB, 2 * MiB)), 20 * MiB));
+  sides.push_back(std::make_unique<Side>(runtime.add_job(hinted("a", 1 * MiB, 2 * MiB)), 10 * MiB));
+  std::barrier all_hold(4);
+  std::atomic<int> may_ask{0};
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < sides.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Side& s = *sides[i];
+      auto it = s.job.iteration();
+      const DevicePtr held = s.job.allocate(s.holds);
+      all_hold.arrive_and_wait();
+      while (may_ask.load() <= static_cast<int>(i)) std::this_thread::yield();
+      try {
+        s.job.deallocate(s.job.allocate(10 * MiB));
+      } catch (const OutOfMemory&) {
+        s.failed = true;
+      }
+      s.job.deallocate(held);
+    });
+  }
+  all_hold.arrive_and_wait();
+  // c asks first, and is refused before the others ask.
+  may_ask = 1;
+  while (runtime.memory().device_stats(0).out_of_memory == 0) std::this_thread::yield();
+  may_ask = 3;
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(sides[0]->failed) << "c, holding the most, did not give way";
+  EXPECT_FALSE(sides[1]->failed);
+  EXPECT_FALSE(sides[2]->failed);
+}
+
 // A job that runs alone on the device and cannot get memory fails at once: there is nothing
 // to wait for.
 TEST(RuntimeMemoryWait, AnIterationAloneOnTheDeviceFailsAtOnce) {

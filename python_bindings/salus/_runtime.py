@@ -443,7 +443,14 @@ class Iteration:
                 raise
             # The body's error says more (often a cancel the end repeats).
         if pending is not None:
-            raise pending from exc
+            # Raised from this frame, the error would be held in its locals, which its own
+            # traceback reaches: a cycle that kept the failed iteration's frames, and so its
+            # tensors, until Python's cyclic collector ran (a job that failed for lack of memory
+            # kept that memory from the others for seconds or more).
+            try:
+                raise pending from exc
+            finally:
+                del pending, exc, tb
 
 
 class Job:
@@ -539,7 +546,10 @@ class Job:
         _unbind()
         pending = salus_torch._pending_error() if exc is not None else None
         if pending is not None:
-            raise pending from exc
+            try:
+                raise pending from exc
+            finally:
+                del pending, exc, tb  # no cycle through this frame (see Iteration.__exit__)
 
 
 _default: Optional[Runtime] = None

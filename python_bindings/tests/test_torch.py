@@ -287,6 +287,40 @@ def test_job_over_its_limit_gets_out_of_memory_naming_it_and_nothing_leaks() -> 
         rt.close()
 
 
+def test_a_failed_iterations_tensors_are_freed_as_its_error_unwinds() -> None:
+    """The error an iteration raises for lack of memory holds no cycle through Salus's frames:
+    with the cyclic collector off, the iteration's tensors are freed once the frame that caught
+    it returns. Before, Iteration.__exit__ raised the Salus error from its own frame, whose
+    locals its traceback reaches, and the failed job's memory stayed taken until the collector
+    ran (issue 34: a job that cannot fit took the others down)."""
+    import gc
+
+    rt = make_torch_runtime("fair", memory="20MiB")
+    job = rt.add_job("hog")
+
+    def hog() -> str:
+        try:
+            with job.iteration():
+                held = []
+                for _ in range(20):
+                    held.append(torch.empty(2 << 20, dtype=torch.uint8))
+        except salus.OutOfMemory as e:
+            return type(e).__name__
+        return "fitted"
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        assert hog() == "OutOfMemory"
+        assert rt.device_stats(0).allocated == 0, "the failed iteration's tensors are alive"
+        job.leave()
+    finally:
+        if enabled:
+            gc.enable()
+        salus_torch.disable()
+        rt.close()
+
+
 def test_enable_refuses_twice_and_wrong_types(torch_runtime: salus.Runtime) -> None:
     with pytest.raises(salus.InvalidArgument, match="enabled already"):
         salus_torch.enable(torch_runtime)

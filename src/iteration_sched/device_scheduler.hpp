@@ -88,6 +88,9 @@ struct JobRecordState {
   // backend could not record them, or when the iteration is timed on the host.
   std::optional<IterationTimers::Pair> timer;
   bool host_timed = false;  // the running iteration computes on the host: its host time counts
+  // While an allocation of the job waits for memory: the bytes the job held when it was refused
+  // (which of the waiters gives way when all wait: memory_wait.cpp); 0 when none waits.
+  std::size_t memory_wait_bytes = 0;
   // GPU time measured with events (settle_timings) and not yet handed to the gate's keeper
   // (take_gpu_time).
   GpuTime unreported_gpu;
@@ -251,11 +254,16 @@ class DeviceScheduler {
   // back as they free it and end: an allocation the device refuses while they run waits for
   // them and tries again, and no new iteration starts meanwhile (holds_), so the memory they
   // free goes to the waiter. It fails when nothing else runs (the job does not fit beside the
-  // others' persistent memory) or when every other running iteration waits for memory too.
+  // others' persistent memory), unless an allocation failed lately (its job's memory may come
+  // back as the error unwinds: kGiveBackGrace). When every running iteration waits for memory,
+  // the waiter holding the most gives way (fails) and the others wait for what it frees.
   DevicePtr allocate_or_wait(JobRecordState& job, const AllocationRequest& request);
   // With mu_ held: false when waiting cannot help; else waits a while (an iteration ending, the
   // job finishing, or a short time for frees in the middle of others' iterations).
   bool wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  // With mu_ held: whether `job` is the one of the device's memory waiters to give way (it holds
+  // the most; the newest of equals).
+  [[nodiscard]] bool gives_way(const JobRecordState& job) const;
   // With mu_ held: an iteration ended or a running job left; memory waiters try again.
   void note_iteration_gone();
   class StartHold;
@@ -306,6 +314,10 @@ class DeviceScheduler {
   int running_holders_ = 0;    // ... of which inside an iteration
   std::uint64_t iterations_gone_ = 0;  // iterations that ended or left running, ever
   std::condition_variable memory_back_;  // iterations_gone_ moved
+  // When an allocation here last failed for lack of memory, and whose (its own failure is no
+  // reason for a job to wait).
+  SteadyClock::time_point last_gave_way_{};
+  JobId last_gave_way_job_{};
   std::vector<PendingTiming> pending_timings_;  // ended iterations whose GPU time is not read yet
   std::uint64_t arrivals_ = 0;
 };

@@ -1,11 +1,12 @@
 // DeviceScheduler: allocations that wait for memory held by the device's other running
 // iterations (see device_scheduler.hpp, allocate_or_wait).
-#include "waits/blocking.hpp"
-#include "iteration_sched/device_scheduler.hpp"
-#include "log/log.hpp"
-
+#include <algorithm>
 #include <thread>
 #include <utility>
+
+#include "iteration_sched/device_scheduler.hpp"
+#include "log/log.hpp"
+#include "waits/blocking.hpp"
 
 namespace salus {
 
@@ -14,6 +15,10 @@ namespace {
 // How often a waiting allocation tries again while the iterations it waits for still run: they
 // free memory in the middle too (a backward pass frees its activations).
 constexpr auto kRetryEvery = std::chrono::milliseconds(20);
+// After an allocation failed for lack of memory, how long the others that find nothing else
+// running still wait: the failed job's tensors are freed as its error unwinds (or its script
+// ends), a moment after the failure.
+constexpr auto kGiveBackGrace = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -36,8 +41,8 @@ class DeviceScheduler::StartHold {
         to_wake = scheduler_.run_decisions();
       } catch (const Error& e) {
         // The next iteration end decides again; a failing stream must not unwind a destructor.
-        log::error("device {}: deciding after a memory wait failed: {}",
-                   scheduler_.device_, e.what());
+        log::error("device {}: deciding after a memory wait failed: {}", scheduler_.device_,
+                   e.what());
       }
     }
     wake(to_wake);
@@ -48,15 +53,18 @@ class DeviceScheduler::StartHold {
   const bool running_;
 };
 
-DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
-                                            const AllocationRequest& request) {
+DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const AllocationRequest& request) {
   std::optional<StartHold> hold;
   bool settled = false;
   std::optional<SteadyClock::time_point> began;  // the first refusal: the wait's start
   bool waited = false;
   // The error says how long the allocation waited before it gave up (OutOfMemoryInfo::waited);
   // one that had nothing to wait for failed at once.
+  // Called with mu_ held (the catch's lock): the others waiting learn that this one gave up.
   const auto fail = [&](const OutOfMemory& e) -> OutOfMemory {
+    last_gave_way_ = SteadyClock::now();
+    last_gave_way_job_ = job.id;
+    memory_back_.notify_all();
     OutOfMemoryInfo info = e.info();
     if (waited) {
       info.waited =
@@ -64,6 +72,16 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
     }
     return OutOfMemory(std::move(info));
   };
+  // Once it waits, the job is one of the device's memory waiters until this returns or throws.
+  struct Waiting {
+    DeviceScheduler* scheduler = nullptr;
+    JobRecordState* job = nullptr;
+    ~Waiting() {
+      if (scheduler == nullptr) return;
+      std::lock_guard lock(scheduler->mu_);
+      job->memory_wait_bytes = 0;
+    }
+  } waiting;
   for (;;) {
     try {
       return memory_->allocate(request);
@@ -71,13 +89,16 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job,
       if (e.info().job_limit_bytes != 0) throw;  // its own budget: others ending changes nothing
       std::unique_lock lock(mu_);
       check_usable(job, "allocate");  // cancelled meanwhile: that says more
+      job.memory_wait_bytes = std::max<std::size_t>(1, e.info().job_in_use_bytes);
+      if (waiting.scheduler == nullptr) waiting = {this, &job};
       if (!hold) hold.emplace(*this, job.state == JobState::running);
       if (!began) began = SteadyClock::now();
       if (allocation_wait_limit_.count() > 0 &&
           SteadyClock::now() >= *began + allocation_wait_limit_) {
-        log::warn("device {}: job {}'s allocation of {} bytes waited {} ms for other "
-                  "iterations to end (RuntimeOptions::allocation_wait_limit) and fails",
-                  device_, job.id.value, request.bytes, allocation_wait_limit_.count());
+        log::warn(
+            "device {}: job {}'s allocation of {} bytes waited {} ms for other "
+            "iterations to end (RuntimeOptions::allocation_wait_limit) and fails",
+            device_, job.id.value, request.bytes, allocation_wait_limit_.count());
         throw fail(e);
       }
       if (wait_for_memory(job, lock)) {
@@ -109,7 +130,14 @@ bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std:
     const bool starting = other->state == JobState::waiting && other->started;  // its own thread
     if (running || starting) ++others;
   }
-  if (others - (running_holders_ - self) <= 0) return false;
+  if (others - (running_holders_ - self) <= 0) {
+    // Nothing runs that is not short of memory too. A job that gave up lately may still give
+    // its memory back; and where other running iterations wait too, only one gives way.
+    const bool others_wait = running_holders_ - self > 0;
+    const bool grace =
+        last_gave_way_job_ != job.id && SteadyClock::now() - last_gave_way_ < kGiveBackGrace;
+    if (!grace && !(others_wait && !gives_way(job))) return false;
+  }
   const std::uint64_t seen = iterations_gone_;
   waits::before_blocking();
   memory_back_.wait_for(lock, kRetryEvery, [&] {
@@ -117,6 +145,17 @@ bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std:
            job.state == JobState::left;
   });
   check_usable(job, "allocate");
+  return true;
+}
+
+bool DeviceScheduler::gives_way(const JobRecordState& job) const {
+  for (const auto& [id, other] : jobs_) {
+    if (other.get() == &job || other->memory_wait_bytes == 0) continue;
+    if (other->memory_wait_bytes > job.memory_wait_bytes ||
+        (other->memory_wait_bytes == job.memory_wait_bytes && other->id.value > job.id.value)) {
+      return false;
+    }
+  }
   return true;
 }
 
