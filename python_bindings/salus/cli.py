@@ -71,7 +71,8 @@ def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10
         return False
     log = open(f"{path}.log", "a")
     with log:
-        daemon = subprocess.Popen([salusd_binary(), "--socket", path, *daemon_args],
+        daemon = subprocess.Popen([salusd_binary(), "--socket", path, "--own-log", log.name,
+                                   *daemon_args],
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     # A daemon that refused to start (another won the race) exits; the winner's socket comes. One

@@ -151,6 +151,17 @@ class PythonPolicy final : public Policy {
 // --- runtime and jobs ---------------------------------------------------------------------------
 
 SimConfig sim_config(int devices, std::size_t memory, const std::string& topology) {
+  // A simulated GPU is whole pages: said here, where the argument's name is known, in MiB.
+  const std::size_t page = SimDeviceConfig{}.granularity;
+  if (memory % page != 0) {
+    const auto size = [](std::size_t bytes) {
+      return bytes % MiB == 0 ? std::to_string(bytes / MiB) + "MiB" : std::to_string(bytes) + "B";
+    };
+    const std::size_t below = memory / page * page;
+    const std::string say = below == 0 ? size(page) : size(below) + " or " + size(below + page);
+    throw InvalidArgument("memory=" + size(memory) + ": a simulated GPU's memory is whole pages "
+                          "of " + size(page) + "; say " + say);
+  }
   if (topology == "none") return SimConfig::uniform(devices, memory);
   if (topology == "nvlink_mesh") return SimConfig::nvlink_mesh(devices, memory);
   if (topology == "two_islands") {

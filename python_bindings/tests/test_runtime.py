@@ -157,6 +157,17 @@ def test_a_bad_allocation_wait_is_refused_by_name(value: object, error: type) ->
         salus.Runtime("sim", memory="64MiB", allocation_wait=value)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("memory, says", [("191MiB", "memory=191MiB: .* pages of 2MiB; say 190MiB or 192MiB"),
+                                          ("1GB", "memory=1000000000B: .* say 952MiB or 954MiB"),
+                                          (1000, "memory=1000B: .* say 2MiB$")])
+def test_a_simulated_gpu_of_part_pages_is_refused_naming_the_argument(memory: object,
+                                                                      says: str) -> None:
+    """Before, the refusal was in bytes and named neither the argument nor what would do
+    (issue 34, item 9)."""
+    with pytest.raises(salus.InvalidArgument, match=says):
+        salus.Runtime("sim", memory=memory)  # type: ignore[arg-type]
+
+
 def test_trace_shows_iterations(runtime: salus.Runtime, tmp_path: Path) -> None:
     job = runtime.add_job("traced")
     with job.iteration():

@@ -199,9 +199,22 @@ def test_salus_run_starts_a_daemon_when_none_answers(tmp_path: Path) -> None:
         status = subprocess.run([salus_cli(), "status", "--socket", socket], capture_output=True,
                                 text=True, timeout=10)
         assert status.returncode == 0 and "policy" in status.stdout, status.stderr
+        # The query is not one of the daemon's processes: the sessions table is empty.
+        sessions = status.stdout.split("session ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+        assert sessions == [], status.stdout
     finally:
         pid = int(Path(socket + ".lock").read_text())
         os.kill(pid, signal.SIGTERM)
+    # Stopped cleanly, it leaves nothing beside its socket (its lock file and log included).
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # until the daemon has exited
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("own.sock"))
+    assert left == [], left
 
 
 def test_bad_input_is_said_before_anything_runs(tmp_path: Path) -> None:

@@ -156,7 +156,7 @@ void Coordinator::dispatch(const std::shared_ptr<Session>& s, const remote::Reco
     case MessageType::take_pages:
       return on_take_pages(s, record);
     case MessageType::status: {
-      std::string text = status_table();
+      std::string text = status_table(s->id);
       constexpr std::size_t kRoom = remote::kMaxRecordBytes - sizeof(remote::Header);
       if (text.size() > kRoom) text = text.substr(0, kRoom - 16) + "\n... (cut)\n";
       return reply(*s, MessageType::status_text, record.header.seq, std::as_bytes(std::span(text)));

@@ -117,7 +117,9 @@ class Coordinator {
   // calls it about once a second). Returns how many went.
   std::size_t release_idle_pages();
 
-  [[nodiscard]] std::string status_table() const;
+  // `asking`: the session that asks, left out of the table when it is only a query (no jobs, no
+  // pages: `salusd --status`, `salus status`).
+  [[nodiscard]] std::string status_table(std::optional<SessionId> asking = std::nullopt) const;
   // "" when every bank is consistent, else what is wrong (tests, fuzz).
   [[nodiscard]] std::string inconsistency() const;
   [[nodiscard]] DeviceUse device_use(int device) const;

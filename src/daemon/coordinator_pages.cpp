@@ -392,7 +392,7 @@ std::size_t Coordinator::release_idle_pages() {
   return idle.size();
 }
 
-std::string Coordinator::status_table() const {
+std::string Coordinator::status_table(std::optional<SessionId> asking) const {
   // Who holds what, under the lock; the jobs' own state from the runtime, after it.
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> jobs;  // process name, job
   // What each device has free now, asked of the driver before the lock is taken.
@@ -440,6 +440,7 @@ std::string Coordinator::status_table() const {
     for (const auto& [id, s] : sessions_) {
       std::size_t held = 0;
       for (const auto& b : banks_) held += b->held_by(id);
+      if (id == asking && s->jobs.empty() && held == 0) continue;
       out += fmt::format("{:<8} {:>8} {:<20} {:>5} {:>12.1f} {:>12}\n", id, s->peer.pid,
                          s->name.substr(0, 20), s->jobs.size(), held * page_bytes_ / 1048576.0,
                          limit_bytes(*s) == 0

@@ -93,6 +93,7 @@ struct Args {
   std::string group;
   std::string trace;
   std::string log_level = "info";
+  std::string own_log;
   bool status = false;
   salus::daemon::CoordinatorOptions options;
 };
@@ -128,6 +129,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--trace", a.trace, "write a Perfetto trace of every process's iterations here at exit");
   app.add_option("--log-level", a.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_option("--own-log", a.own_log,
+                 "the file this daemon's output goes to (salus run's PATH.log): removed when the "
+                 "daemon stops cleanly, kept when it fails");
   app.add_flag("--status", a.status, "print the running daemon's processes, jobs and memory, and exit");
 }
 
@@ -194,6 +198,7 @@ int serve(Args a, const sigset_t& stop_signals) {
   signals.join();
   if (!a.trace.empty()) coordinator.runtime().write_trace(a.trace);
   spdlog::info("stopped");
+  if (!a.own_log.empty()) ::unlink(a.own_log.c_str());
   return 0;
 }
 

@@ -58,6 +58,8 @@ Server::~Server() {
   }
   for (Connection& c : connections) c.thread.join();
   ::unlink(options_.socket_path.c_str());
+  // Still holding its lock: a daemon starting now makes a lock file of its own.
+  ::unlink((options_.socket_path + ".lock").c_str());
 }
 
 void Server::stop() {
