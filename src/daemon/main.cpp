@@ -87,6 +87,7 @@ struct Args {
   std::string memory;  // "": 8GiB for a simulated GPU, all of a real one
   std::string reserve = "auto";
   double idle_release_s = 30;
+  double exit_wait_s = 10;
   std::string process_limit = "0";
   std::string spill = "none";
   std::string reclaim = "ask";
@@ -114,6 +115,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--idle-release", a.idle_release_s,
                  "seconds a free page waits for a taker before it goes back to the driver "
                  "(0: kept; default 30)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--exit-wait", a.exit_wait_s,
+                 "seconds the pages of a process that hung up wait for it to exit (while it lives "
+                 "it may still reach them) before they are reused; default 10")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
@@ -175,6 +180,8 @@ int serve(Args a, const sigset_t& stop_signals) {
   // On a real GPU --memory caps what the daemon hands out (a simulated one is that size already).
   if (backend->name() != "sim") a.options.device_limit_bytes = memory;
   a.options.reserve_bytes = reserve_bytes(a.reserve, *backend);
+  a.options.exit_wait =
+      std::chrono::milliseconds(static_cast<std::int64_t>(a.exit_wait_s * 1000.0));
   a.options.idle_release = std::chrono::milliseconds(
       static_cast<std::int64_t>(a.idle_release_s * 1000.0));
   salus::daemon::Coordinator coordinator(std::move(backend), a.options);

@@ -21,8 +21,17 @@ namespace {
 // crashed daemon's socket does not block the next one.
 remote::UniqueFd take_lock(const std::string& socket_path) {
   const std::string path = socket_path + ".lock";
-  remote::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (fd.get() < 0) sim::throw_errno("open", errno, path);
+  // Never through a link: one planted there would have the daemon truncate and write its target.
+  remote::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      throw DeviceError("open", "ELOOP", err,
+                        fmt::format("'{}' is a symbolic link: salusd will not write through it "
+                                    "(remove it, or choose another --socket)", path));
+    }
+    sim::throw_errno("open", err, path);
+  }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {};
     const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
@@ -151,7 +160,17 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
       return serve_turns(channel, peer, first->record);
     }
   } catch (const std::exception& e) {
+    // Said and hung up at once (another protocol version, most often): a client that waited for
+    // an answer would otherwise wait until the connection is reaped.
     spdlog::warn("a connection was dropped at its first record: {}", e.what());
+    try {
+      channel->send(remote::encode(
+          remote::MessageType::failure, 0,
+          remote::failure_of(Errc::invalid_argument,
+                             fmt::format("salusd refused the connection: {}", e.what()))));
+    } catch (const std::exception&) {
+    }
+    channel->shutdown();
     return;
   }
   if (!first) return;

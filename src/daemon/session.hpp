@@ -2,6 +2,8 @@
 // the worker threads that run its blocking requests.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -29,14 +31,18 @@ class Workers {
   Workers& operator=(const Workers&) = delete;
   ~Workers() { join(); }
 
-  void run(std::function<void()> task) {
+  // Runs `task` on a thread of the pool, unless `limit` tasks are queued or running already:
+  // false then, and nothing runs.
+  bool run(std::function<void()> task, std::size_t limit) {
     std::lock_guard lock(mu_);
+    if (tasks_.size() + running_ >= limit) return false;
     tasks_.push_back(std::move(task));
     if (idle_ == 0) {
       threads_.emplace_back([this] { loop(); });
     } else {
       cv_.notify_one();
     }
+    return true;
   }
   // Runs what is queued, then ends every thread.
   void join() {
@@ -60,10 +66,12 @@ class Workers {
       if (tasks_.empty()) return;  // stopping, nothing left
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
+      ++running_;
       lock.unlock();
       task();
       task = nullptr;  // what it captured goes before the lock is taken again
       lock.lock();
+      --running_;
     }
   }
 
@@ -72,6 +80,7 @@ class Workers {
   std::deque<std::function<void()>> tasks_;
   std::vector<std::thread> threads_;
   int idle_ = 0;
+  std::size_t running_ = 0;
   bool stopping_ = false;
 };
 
@@ -99,8 +108,18 @@ struct Coordinator::Session {
   // Each turn connection's hang-up, run when the session closes.
   std::vector<std::function<void()>> hang_ups;
 
+  // A process may have this many blocking requests (page asks, turns asked on this connection)
+  // in the daemon at once, each on a thread: more are refused, not given threads without bound.
+  static constexpr std::size_t kMaxBlocking = 64;
   Workers workers;
-  void spawn(std::function<void()> fn) { workers.run(std::move(fn)); }
+  // Runs `fn` on a worker; throws InvalidArgument when kMaxBlocking requests wait already.
+  void spawn(std::function<void()> fn) {
+    if (!workers.run(std::move(fn), kMaxBlocking)) {
+      throw InvalidArgument(fmt::format(
+          "process {} has {} requests waiting in salusd already (the most at once)", peer.pid,
+          kMaxBlocking));
+    }
+  }
   void join_workers() { workers.join(); }
 };
 

@@ -153,6 +153,20 @@ UniqueFd connect_to(const std::string& path) {
                       fmt::format("cannot reach salusd at '{}': {} ({})", path,
                                   std::strerror(err), hint));
   }
+  // Whoever listens there gets this process's memory and runs its turns: only a daemon of this
+  // user, or root's (which serves a group), is trusted. Another user could have put a socket at
+  // a path this user's clients use.
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    sim::throw_errno("getsockopt(SO_PEERCRED)", errno, path);
+  }
+  if (cred.uid != ::getuid() && cred.uid != 0) {
+    throw DeviceError("connect", "EPERM", EPERM,
+                      fmt::format("the salusd at '{}' runs as uid {} (pid {}), not as this user "
+                                  "(uid {}) or root: not trusted",
+                                  path, cred.uid, cred.pid, ::getuid()));
+  }
   return fd;
 }
 

@@ -1,7 +1,9 @@
 // salusd with real processes, when something goes wrong: a client killed at any moment loses only
 // its own job, a dead daemon is a clear error, limits hold whatever a process asks, a cancel from
 // another thread ends a wait for the daemon's turn, and a second daemon or another user is refused.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <future>
@@ -244,6 +246,58 @@ TEST_F(Salusd, AnotherUserIsRefused) {
     ::_exit(13);
   }
   EXPECT_EQ(wait_for(child, 10s), 0);
+}
+
+// A lock file planted as a symbolic link (by another user, say) is not written through: the
+// daemon refuses to start and the link's target keeps its bytes (issue 34, item 7).
+TEST_F(Salusd, ALockFileThatIsALinkIsRefusedAndItsTargetKept) {
+  const std::string target = dir_ + "/precious";
+  {
+    std::FILE* f = std::fopen(target.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("precious bytes", f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(::symlink(target.c_str(), (socket_ + ".lock").c_str()), 0);
+  const std::string out = dir_ + "/refused.log";
+  const pid_t daemon = spawn({SALUSD_PATH, "--socket", socket_, "--backend", "sim"}, out);
+  EXPECT_EQ(wait_for(daemon, 20s), 1) << read_file(out);
+  EXPECT_NE(read_file(out).find("symbolic link"), std::string::npos) << read_file(out);
+  EXPECT_EQ(read_file(target), "precious bytes");
+}
+
+// A client does not trust a daemon of another user at its path: that daemon would get the
+// client's memory and decide its turns (issue 34, item 7). Root runs the client here; the daemon
+// runs as nobody, in a folder both may write.
+TEST_F(Salusd, AClientRefusesADaemonOfAnotherUser) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to start a daemon as another user";
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);
+  const pid_t daemon = ::fork();
+  if (daemon == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    const std::string log = dir_ + "/nobody.log";
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    ::execl(SALUSD_PATH, SALUSD_PATH, "--socket", socket_.c_str(), "--backend", "sim",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  struct stat st {};
+  while (::stat(socket_.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  try {
+    (void)salus::Runtime::connect(socket_);
+    ADD_FAILURE() << "root's client used nobody's daemon";
+  } catch (const salus::DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs as uid 65534"), std::string::npos) << e.what();
+  }
+  ::kill(daemon, SIGTERM);
+  EXPECT_EQ(wait_for(daemon, 20s), 0) << read_file(dir_ + "/nobody.log");
 }
 
 TEST_F(Salusd, ConnectingWithNoDaemonSaysSo) {

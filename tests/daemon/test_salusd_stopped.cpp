@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
+#include <cstring>
 #include <future>
 #include <latch>
 #include <string>
@@ -53,7 +56,7 @@ class SilentClient {
 // once send about 320. With a blocking send, the asks after the queue filled hung on it, and so
 // did every later ask of any process.
 TEST_F(Salusd, AClientThatReadsNothingStallsNobody) {
-  start_daemon({"--memory", "16MiB"});
+  start_daemon({"--memory", "16MiB", "--exit-wait", "0.2"});
   SilentClient silent(socket_);
   ASSERT_GT(silent.pages(), 0u);
   DaemonLink asker(socket_);
@@ -153,6 +156,71 @@ TEST(DaemonLinkReclaims, ReclaimsMissedWhileBusyAreAnsweredOnce) {
   // The first, then one for the 99 it missed (the most pages they asked: 100).
   EXPECT_EQ(calls.load(), 2);
   std::system(("rm -rf " + dir).c_str());
+}
+
+// The daemon's threads, from /proc.
+int threads_of(pid_t pid) {
+  const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+  const auto at = status.find("Threads:");
+  return at == std::string::npos ? -1 : std::stoi(status.substr(at + 8));
+}
+
+// 300 page asks at once from one process, none of which can be granted: the daemon gives at
+// most 64 of them a waiting thread and refuses the rest at once, naming the bound. Before, each
+// had a thread: 300 asks, 306 threads.
+TEST_F(Salusd, WaitingRequestsOfAProcessAreBounded) {
+  start_daemon({"--memory", "16MiB", "--exit-wait", "0.2"});
+  SilentClient silent(socket_);
+  Channel c(connect_to(socket_));
+  c.send(encode(MessageType::hello, 1, Hello{}));
+  ASSERT_TRUE(c.receive());
+  constexpr int kAsks = 300;
+  for (int i = 0; i < kAsks; ++i) {
+    c.send(encode(MessageType::take_pages, 2 + static_cast<std::uint64_t>(i), PageCount{0, 1}));
+  }
+  int refused = 0, out_of_memory = 0, most_threads = 0;
+  for (int i = 0; i < kAsks; ++i) {
+    most_threads = std::max(most_threads, threads_of(daemon_));
+    auto answer = c.receive();
+    ASSERT_TRUE(answer);
+    ASSERT_EQ(answer->record.type(), MessageType::failure);
+    const auto failure = body_as<Failure>(answer->record);
+    const std::string text = name_of(failure.message, "");
+    if (text.find("requests waiting in salusd already") != std::string::npos) {
+      ++refused;
+    } else {
+      EXPECT_NE(text.find("no page of device 0 is free"), std::string::npos) << text;
+      ++out_of_memory;
+    }
+  }
+  // The first 64 wait (2 s each, then fail); what comes while they wait is refused. (One that
+  // came after a wait ended would wait in its turn: the bound is on waits at once.)
+  EXPECT_GE(out_of_memory, 64);
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(out_of_memory + refused, kAsks);
+  EXPECT_LE(most_threads, 64 + 16) << "the daemon's threads grew with the asks";
+}
+
+// A client of another protocol version is told so and hung up on at once (issue 34, item 7).
+// Before, the daemon dropped the connection without a word and without closing it: the client
+// waited (5 s and more) for an answer that never came.
+TEST_F(Salusd, AnotherProtocolVersionIsRefusedNamingBoth) {
+  start_daemon({"--memory", "16MiB"});
+  Channel c(connect_to(socket_));
+  std::vector<std::byte> hello = encode(MessageType::hello, 1, Hello{});
+  const std::uint16_t other = kProtocolVersion + 93;
+  std::memcpy(hello.data() + offsetof(Header, version), &other, sizeof(other));
+  c.send(hello);
+  // The answer's header is this build's: its body is the failure.
+  auto answer = std::async(std::launch::async, [&] { return c.receive(); });
+  ASSERT_EQ(answer.wait_for(30s), std::future_status::ready) << "no answer and no hang-up";
+  auto refusal = answer.get();
+  ASSERT_TRUE(refusal);
+  ASSERT_EQ(refusal->record.type(), MessageType::failure);
+  const std::string text = name_of(body_as<Failure>(refusal->record).message, "");
+  EXPECT_NE(text.find("protocol version " + std::to_string(other)), std::string::npos) << text;
+  EXPECT_NE(text.find("speaks " + std::to_string(kProtocolVersion)), std::string::npos) << text;
+  EXPECT_FALSE(c.receive()) << "the connection stayed open";
 }
 
 }  // namespace
