@@ -97,10 +97,10 @@ TEST(SimTimingEvents, TwoStreamsMeasureWallTime) {
   backend->launch_host_func(b.handle(), [] { std::this_thread::sleep_for(30ms); });
   end.record(b.handle());
   end.synchronize();
-  // Across streams there is no common busy clock: the host function counts (wall time).
+  // Across streams there is no common busy clock: the host function counts (wall time). Wall
+  // time has no upper bound a busy machine keeps (issue 34: 0.2 s was passed beside other work).
   const double elapsed = end.seconds_since(start);
   EXPECT_GE(elapsed, 0.079);
-  EXPECT_LT(elapsed, 0.2);
   EXPECT_NEAR(start.seconds_since(end), -elapsed, 1e-9);
 }
 

@@ -260,7 +260,8 @@ class DeviceScheduler {
   DevicePtr allocate_or_wait(JobRecordState& job, const AllocationRequest& request);
   // With mu_ held: false when waiting cannot help; else waits a while (an iteration ending, the
   // job finishing, or a short time for frees in the middle of others' iterations).
-  bool wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock);
+  bool wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                       SteadyClock::time_point began);
   // With mu_ held: whether `job` is the one of the device's memory waiters to give way (it holds
   // the most; the newest of equals).
   [[nodiscard]] bool gives_way(const JobRecordState& job) const;

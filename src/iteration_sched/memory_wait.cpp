@@ -101,7 +101,7 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
             device_, job.id.value, request.bytes, allocation_wait_limit_.count());
         throw fail(e);
       }
-      if (wait_for_memory(job, lock)) {
+      if (wait_for_memory(job, lock, *began)) {
         waited = true;
         continue;
       }
@@ -115,7 +115,8 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
   }
 }
 
-bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+                                      SteadyClock::time_point began) {
   const int self = job.state == JobState::running ? 1 : 0;
   // Other iterations that run or are about to, that another thread may end. One that this thread
   // began cannot end while this thread waits here (a program that drives two jobs from one
@@ -134,8 +135,11 @@ bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std:
     // Nothing runs that is not short of memory too. A job that gave up lately may still give
     // its memory back; and where other running iterations wait too, only one gives way.
     const bool others_wait = running_holders_ - self > 0;
-    const bool grace =
-        last_gave_way_job_ != job.id && SteadyClock::now() - last_gave_way_ < kGiveBackGrace;
+    // At most two graces a wait: others failing again and again must not hold it (and, through
+    // its hold, every new iteration on the device) for ever.
+    const auto now = SteadyClock::now();
+    const bool grace = last_gave_way_job_ != job.id && now - last_gave_way_ < kGiveBackGrace &&
+                       now - began < 2 * kGiveBackGrace;
     if (!grace && !(others_wait && !gives_way(job))) return false;
   }
   const std::uint64_t seen = iterations_gone_;
