@@ -110,16 +110,16 @@ std::optional<Received> Channel::receive() const {
   }
   std::vector<UniqueFd> fds = take_fds(msg);  // owned now: closed on any throw below
   if (n == 0) return std::nullopt;  // records are never empty: the peer is gone
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-    throw ProtocolError(fmt::format("a record longer than {} bytes or with more than {} "
-                                    "descriptors was cut",
-                                    kMaxRecordBytes, kMaxFds));
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    throw ProtocolError(fmt::format("a record longer than {} bytes was cut", kMaxRecordBytes));
   }
   const std::span<const std::byte> record(buffer.data(), static_cast<std::size_t>(n));
   Received out;
   out.record.header = decode_header(record);
   out.record.body.assign(record.begin() + sizeof(Header), record.end());
   out.fds = std::move(fds);
+  // The control buffer holds kMaxFds: descriptors lost are ones this process had no room for.
+  out.fds_cut = (msg.msg_flags & MSG_CTRUNC) != 0;
   return out;
 }
 

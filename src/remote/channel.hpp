@@ -20,6 +20,9 @@ using sim::UniqueFd;
 struct Received {
   Record record;
   std::vector<UniqueFd> fds;
+  // The record came whole but not all its descriptors did: this process had no room for them
+  // (RLIMIT_NOFILE). What the record says of descriptors it does not have, it cannot use.
+  bool fds_cut = false;
 };
 
 struct PeerCredentials {
@@ -41,7 +44,8 @@ class Channel {
   // reads nothing: stopped, or stuck). For records that are hints, never worth a wait.
   [[nodiscard]] bool try_send(std::span<const std::byte> record) const;
   // The next record, or nullopt when the peer closed the connection. A malformed record (too
-  // long, cut, bad header) throws ProtocolError; its descriptors are closed.
+  // long, cut, bad header) throws ProtocolError; its descriptors are closed. A whole record
+  // whose descriptors did not all fit in this process comes with fds_cut.
   std::optional<Received> receive() const;
   // True when a record (or the peer's close) is waiting to be received: receive() would not
   // block. Does not wait.

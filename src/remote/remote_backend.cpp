@@ -1,6 +1,9 @@
 #include "remote/remote_backend.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -134,6 +137,19 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
     std::vector<PageEntry> entries;
     std::vector<FenceEntry> fence_entries;
     (void)pages_body(reply.record, entries, fence_entries);
+    if (reply.fds_cut) {
+      // The pages are the daemon's again at once; the link stays (nothing else was lost).
+      std::vector<std::uint64_t> back;
+      for (const PageEntry& e : entries) back.push_back(e.id);
+      send_returns(device, back, GiveFence::untouched, false);
+      rlimit files{};
+      (void)::getrlimit(RLIMIT_NOFILE, &files);
+      throw DeviceError(
+          "recvmsg", "EMFILE", EMFILE,
+          fmt::format("this process has no room for the descriptors of {} pages salusd sent "
+                      "(RLIMIT_NOFILE {}): raise its limit (ulimit -n), or close files",
+                      entries.size(), files.rlim_cur));
+    }
     const auto fences = import_fences(device, fence_entries, reply.fds);
     std::size_t imported = 0;
     try {

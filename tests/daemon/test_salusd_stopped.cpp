@@ -2,7 +2,9 @@
 // nobody (issue 34, item 6): the daemon's reclaims to it never wait for room in its queue, so the
 // others' asks are answered and new clients are served; and a client that comes back answers the
 // reclaims it missed once, not once each.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "remote/daemon_link.hpp"
 #include "remote/protocol.hpp"
 #include "salus/error.hpp"
+#include "salus/runtime.hpp"
 
 namespace salusd_test {
 namespace {
@@ -199,6 +202,52 @@ TEST_F(Salusd, WaitingRequestsOfAProcessAreBounded) {
   EXPECT_GT(refused, 0);
   EXPECT_EQ(out_of_memory + refused, kAsks);
   EXPECT_LE(most_threads, 64 + 16) << "the daemon's threads grew with the asks";
+}
+
+// A client with 4 free descriptors asks for pages (a batch of 16, a descriptor each): it gets an
+// out-of-memory error naming the descriptor limit, the pages go back to the daemon, and the link
+// stays: with the limit raised, the next allocation works (issue 34, item 7). Before, the cut
+// record was taken for a broken protocol and the link declared dead.
+TEST_F(Salusd, AClientShortOfDescriptorsGetsOutOfMemoryAndKeepsItsLink) {
+  start_daemon({"--memory", "64MiB"});
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 0;
+    try {
+      auto runtime = salus::Runtime::connect(socket_);
+      salus::Job job = runtime->add_job(salus::JobSpec{.name = "few-files"});
+      rlimit files{};
+      ::getrlimit(RLIMIT_NOFILE, &files);
+      int open_now = 0;
+      for (int fd = 0; fd < 4096; ++fd) open_now += ::fcntl(fd, F_GETFD) != -1 ? 1 : 0;
+      rlimit few = files;
+      few.rlim_cur = static_cast<rlim_t>(open_now + 4);
+      ::setrlimit(RLIMIT_NOFILE, &few);
+      try {
+        (void)job.allocate(1 << 20);
+        code = 20;  // it fitted: the test says nothing
+      } catch (const salus::OutOfMemory& e) {
+        code = std::string(e.what()).find("RLIMIT_NOFILE") != std::string::npos ? 0 : 21;
+      } catch (const std::exception&) {
+        code = 22;
+      }
+      ::setrlimit(RLIMIT_NOFILE, &files);
+      if (code == 0) {
+        try {
+          job.deallocate(job.allocate(1 << 20));
+        } catch (const std::exception&) {
+          code = 23;  // the link did not survive
+        }
+      }
+    } catch (const std::exception&) {
+      code = 24;
+    }
+    ::_exit(code);
+  }
+  EXPECT_EQ(wait_for(child, 60s), 0) << "20: fitted, 21: another message, 22: another error, "
+                                         "23: the link died, 24: setup\n"
+                                      << read_file(dir_ + "/salusd.log");
+  EXPECT_EQ(wait_for_granted_pages(0), 0) << status();
 }
 
 // A client of another protocol version is told so and hung up on at once (issue 34, item 7).
