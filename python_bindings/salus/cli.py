@@ -35,7 +35,7 @@ def default_socket() -> str:
         return os.environ["SALUS_SOCKET"]
     if os.environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(os.environ["XDG_RUNTIME_DIR"], "salusd.sock")
-    return f"/tmp/salusd-{os.getuid()}.sock"
+    return f"/tmp/salus-{os.getuid()}/salusd.sock"
 
 
 def _answers(path: str) -> bool:
@@ -69,9 +69,14 @@ def ensure_daemon(path: str, daemon_args: Sequence[str] = (), wait_s: float = 10
     first one's lock and exits, and both calls wait for the socket."""
     if _answers(path):
         return False
-    log = open(f"{path}.log", "a")
+    private = f"/tmp/salus-{os.getuid()}"
+    if os.path.dirname(path) == private:
+        os.makedirs(private, mode=0o700, exist_ok=True)  # salusd checks that it is this user's
+    # The daemon's log names other processes' jobs: its user's alone to read.
+    log_path = f"{path}.log"
+    log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
     with log:
-        daemon = subprocess.Popen([salusd_binary(), "--socket", path, "--own-log", log.name,
+        daemon = subprocess.Popen([salusd_binary(), "--socket", path, "--own-log", log_path,
                                    *daemon_args],
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)

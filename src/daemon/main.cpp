@@ -185,6 +185,9 @@ int serve(Args a, const sigset_t& stop_signals) {
   a.options.idle_release = std::chrono::milliseconds(
       static_cast<std::int64_t>(a.idle_release_s * 1000.0));
   salus::daemon::Coordinator coordinator(std::move(backend), a.options);
+  // The default socket's own folder is made here, and checked to be this user's alone.
+  const std::string folder = salus::remote::private_socket_folder();
+  if (a.socket_path.rfind(folder + "/", 0) == 0) salus::remote::make_private_folder(folder);
   salus::daemon::Server server(coordinator, server_options(a));
   std::thread signals([&] {
     int sig = 0;

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -31,6 +32,15 @@ remote::UniqueFd take_lock(const std::string& socket_path) {
                                     "(remove it, or choose another --socket)", path));
     }
     sim::throw_errno("open", err, path);
+  }
+  // Another user's file (made in a folder others may write): not this daemon's to write.
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) sim::throw_errno("fstat", errno, path);
+  if (st.st_uid != ::getuid() || !S_ISREG(st.st_mode)) {
+    throw DeviceError("open", "EPERM", EPERM,
+                      fmt::format("'{}' is not a file of uid {} (it is uid {}'s): salusd will not "
+                                  "write it (remove it, or choose another --socket)",
+                                  path, ::getuid(), st.st_uid));
   }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {};

@@ -200,7 +200,26 @@ std::string default_socket_path() {
   if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run != nullptr && *run != '\0') {
     return fmt::format("{}/salusd.sock", run);
   }
-  return fmt::format("/tmp/salusd-{}.sock", ::getuid());
+  return fmt::format("{}/salusd.sock", private_socket_folder());
+}
+
+std::string private_socket_folder() { return fmt::format("/tmp/salus-{}", ::getuid()); }
+
+void make_private_folder(const std::string& folder) {
+  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+    sim::throw_errno("mkdir", errno, folder);
+  }
+  // Made by another user before this one (it is in /tmp), or a link to elsewhere: refused, for
+  // whoever can write there can replace the socket or plant its lock file.
+  struct stat st {};
+  if (::lstat(folder.c_str(), &st) != 0) sim::throw_errno("lstat", errno, folder);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 0077) != 0) {
+    throw InvalidArgument(fmt::format(
+        "'{}' must be a folder of uid {} that only it may use (mode 0700): it is {} of uid {} with "
+        "mode {:o}; remove it, or choose another --socket",
+        folder, ::getuid(), S_ISDIR(st.st_mode) ? "a folder" : "not a folder", st.st_uid,
+        st.st_mode & 07777));
+  }
 }
 
 }  // namespace salus::remote

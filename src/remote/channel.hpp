@@ -66,7 +66,12 @@ UniqueFd connect_to(const std::string& path);
 UniqueFd listen_at(const std::string& path, unsigned mode, std::optional<gid_t> group = std::nullopt);
 
 // The per-user default socket: $SALUS_SOCKET, else $XDG_RUNTIME_DIR/salusd.sock, else
-// /tmp/salusd-<uid>.sock.
+// salusd.sock in private_socket_folder().
 std::string default_socket_path();
+// /tmp/salus-<uid>: the default socket's folder where there is no $XDG_RUNTIME_DIR.
+std::string private_socket_folder();
+// Makes `folder` (mode 0700) unless it exists, and checks that it is a folder of this user that
+// nobody else may use (not a link); throws InvalidArgument naming what it is instead.
+void make_private_folder(const std::string& folder);
 
 }  // namespace salus::remote

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "remote/channel.hpp"
 #include "remote/daemon_link.hpp"
 #include "remote/protocol.hpp"
 #include "salus/runtime.hpp"
@@ -264,6 +265,46 @@ TEST_F(Salusd, ALockFileThatIsALinkIsRefusedAndItsTargetKept) {
   EXPECT_EQ(wait_for(daemon, 20s), 1) << read_file(out);
   EXPECT_NE(read_file(out).find("symbolic link"), std::string::npos) << read_file(out);
   EXPECT_EQ(read_file(target), "precious bytes");
+}
+
+// A lock file another user made beside the socket (in a folder others may write) is not written
+// either, even by root; and the default socket's private folder is made 0700, and refused when it
+// is not this user's alone (issue 34, item 7).
+TEST_F(Salusd, ALockFileOfAnotherUserIsRefused) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  const std::string lock = socket_ + ".lock";
+  {
+    std::FILE* f = std::fopen(lock.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("theirs", f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(::chown(lock.c_str(), 65534, 65534), 0);
+  const std::string out = dir_ + "/refused.log";
+  const pid_t daemon = spawn({SALUSD_PATH, "--socket", socket_, "--backend", "sim"}, out);
+  EXPECT_EQ(wait_for(daemon, 20s), 1) << read_file(out);
+  EXPECT_NE(read_file(out).find("is not a file of uid 0"), std::string::npos) << read_file(out);
+  EXPECT_EQ(read_file(lock), "theirs");
+}
+
+TEST(PrivateSocketFolder, IsMadeForThisUserAloneAndRefusedOtherwise) {
+  char tmpl[] = "/tmp/salus-folder-test-XXXXXX";
+  const std::string base = ::mkdtemp(tmpl);
+  const std::string fresh = base + "/fresh";
+  salus::remote::make_private_folder(fresh);
+  struct stat st {};
+  ASSERT_EQ(::lstat(fresh.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  salus::remote::make_private_folder(fresh);  // there already, and fine
+  const std::string open_to_all = base + "/open";
+  ASSERT_EQ(::mkdir(open_to_all.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(open_to_all.c_str(), 0777), 0);
+  EXPECT_THROW(salus::remote::make_private_folder(open_to_all), salus::InvalidArgument);
+  const std::string link = base + "/link";
+  ASSERT_EQ(::symlink(fresh.c_str(), link.c_str()), 0);
+  EXPECT_THROW(salus::remote::make_private_folder(link), salus::InvalidArgument);
+  std::system(("rm -rf " + base).c_str());
 }
 
 // A client does not trust a daemon of another user at its path: that daemon would get the
