@@ -76,6 +76,9 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
   struct Waiting {
     DeviceScheduler* scheduler = nullptr;
     JobRecordState* job = nullptr;
+    Waiting() = default;
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
     ~Waiting() {
       if (scheduler == nullptr) return;
       std::lock_guard lock(scheduler->mu_);
@@ -90,7 +93,9 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
       std::unique_lock lock(mu_);
       check_usable(job, "allocate");  // cancelled meanwhile: that says more
       job.memory_wait_bytes = std::max<std::size_t>(1, e.info().job_in_use_bytes);
-      if (waiting.scheduler == nullptr) waiting = {this, &job};
+      // Set in place, with mu_ held: a temporary Waiting's destructor would take mu_ again.
+      waiting.job = &job;
+      waiting.scheduler = this;
       if (!hold) hold.emplace(*this, job.state == JobState::running);
       if (!began) began = SteadyClock::now();
       if (allocation_wait_limit_.count() > 0 &&
