@@ -5,9 +5,11 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 
 #include "salus/device.hpp"
 #include "salus/runtime.hpp"
+#include "salus/sim.hpp"
 
 namespace salus::python {
 
@@ -21,5 +23,10 @@ void synchronize_interruptibly(DeviceBackend& backend, StreamHandle stream);
 
 // _salus.simulate: the discrete-event cluster simulator (salus/simulation.hpp).
 void bind_simulation(pybind11::module_& m);
+
+// The simulated GPUs of `topology` (runtime_config.cpp); InvalidArgument naming what is wrong.
+SimConfig sim_config(int devices, std::size_t memory, const std::string& topology);
+// The spill policy named `spill`; InvalidArgument listing the known ones.
+SpillPolicy spill_policy(const std::string& spill);
 
 }  // namespace salus::python
