@@ -54,17 +54,36 @@ run_ctest() {
   pass "$label" $((total - bad))
   if ((bad > 0 || status != 0)); then
     fail "$label: ${names:-ctest exited with status $status}" "$((bad > 0 ? bad : 1))"
+    ctest_details "$dir" "$names"
   fi
 }
 CTEST_WRAPPER=()
 
-# run_suite LABEL DIR [ctest args...]: the tests, then those labelled soak (tests/soak) two at a
-# time. Each soak runs for a fixed time whatever its speed (they are about two thirds of ctest's
-# time), so two at once halve their share without changing what each checks; the others run one
-# at a time, as their timing expectations assume an otherwise idle machine.
+# Why each failure failed: its output's last lines, printed just above the summary at the end,
+# since CI shows only the end of the log.
+DETAILS=$(mktemp)
+# detail TITLE: stdin's last 30 lines under TITLE, for the end of the log.
+detail() { { printf -- '--- %s (last lines)\n' "$1"; tail -n 30; } >>"$DETAILS"; }
+# ctest_details DIR NAMES: each failed test's output, from ctest's log of the run just ended.
+ctest_details() {
+  local log=$1/Testing/Temporary/LastTest.log name
+  [[ -f $log ]] || return 0
+  while IFS= read -r name; do
+    [[ -n $name ]] || continue
+    name=${name% (*}  # "Soak.x (Failed)" -> "Soak.x"
+    awk -v n="$name" '$0 ~ ("Testing: " n "$") {on = 1} on {print} on && /^<end of output>/ {exit}' \
+      "$log" | detail "$name"
+  done < <(tr ';' '\n' <<<"$2")
+}
+
+# run_suite LABEL DIR [ctest args...]: the tests two at a time, then those labelled soak
+# (tests/soak) two at a time. The tests assert what Salus guarantees, not timings of an idle
+# machine, so a neighbour on the other core changes nothing they check (they pass beside two busy
+# loops too); the soaks run for a fixed time whatever their speed, so they go apart from the
+# others, whose work they would only slow.
 run_suite() {
   local label=$1 dir=$2; shift 2
-  run_ctest "$label" "$dir" "$@" -LE soak
+  run_ctest "$label" "$dir" "$@" -LE soak -j 2
   run_ctest "$label, soak" "$dir" "$@" -L soak -j 2
 }
 
@@ -134,6 +153,11 @@ run_pytest() {
   local summary ok bad names
   summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$out" | tail -n1 || true)
   names=$(grep -E '^(FAILED|ERROR) ' "$out" | cut -c1-240 | paste -sd';' - || true)
+  # Each failure's section of pytest's report ("____ test_x ____" up to the next one).
+  if [[ -n $names ]]; then
+    awk '/^_{3,} .* _{3,}$/ {on = 1} /^=+ short test summary/ {on = 0} on {print}' "$out" |
+      tail -n 60 | detail "pytest failures"
+  fi
   rm -f "$out"
   ok=$(grep -oE '[0-9]+ passed' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
   bad=0
@@ -229,6 +253,8 @@ fi
 
 elapsed=$((SECONDS - START))
 log "done in $((elapsed / 60))m$((elapsed % 60))s"
+[[ -s $DETAILS ]] && cat "$DETAILS"
+rm -f "$DETAILS"
 for f in "${failures[@]}"; do printf '[test] failed: %s\n' "$f"; done
 printf '%d passed, %d failed\n' "$passed" "$failed"
 ((failed == 0))

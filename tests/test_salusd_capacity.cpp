@@ -10,6 +10,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "daemon/coordinator.hpp"
 #include "daemon/page_bank.hpp"
+#include "remote/protocol.hpp"
 #include "support/expect_throw.hpp"
 #include "support/fake_driver.hpp"
 
@@ -103,6 +104,58 @@ TEST(SalusdCapacity, TheCoordinatorReleasesIdlePagesWithoutItsLockAndSaysSoInIts
   const std::string before = coordinator.status_table();
   EXPECT_NE(before.find("left to others MiB"), std::string::npos) << before;
   EXPECT_NE(before.find("724.0"), std::string::npos) << "free at start, 1024 - 300 MiB:\n" << before;
+}
+
+// With --group, users share one daemon. What another user runs is not this user's to read: the
+// status shows its pages, not its pid, process name or job names (issue 34, item 7). Root sees
+// everything.
+TEST(SalusdStatus, AnotherUsersPidAndNamesAreHiddenFromAUserAndShownToRoot) {
+  Fixture f(0);
+  daemon::Coordinator coordinator(f.backend, with_reserve(0));
+  std::string last_reply;
+  const auto sender = [&](std::span<const std::byte> record, std::span<const int>) {
+    last_reply.assign(reinterpret_cast<const char*>(record.data()) + sizeof(remote::Header),
+                      record.size() - sizeof(remote::Header));
+  };
+  const auto call = [&](daemon::SessionId s, remote::MessageType type, std::uint64_t seq,
+                        std::span<const std::byte> body) {
+    remote::Received r;
+    const std::vector<std::byte> bytes = remote::encode_body(type, seq, body);
+    r.record.header = remote::decode_header(bytes);
+    r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+    coordinator.handle(s, std::move(r));
+  };
+  const auto open = [&](pid_t pid, uid_t uid, const char* process, const char* job) {
+    const daemon::SessionId s = coordinator.open_session({pid, uid, 100}, sender);
+    remote::Hello hello;
+    remote::set_name(hello.name, process);
+    call(s, remote::MessageType::hello, 1, std::as_bytes(std::span(&hello, 1)));
+    remote::AddJob add;
+    remote::set_name(add.name, job);
+    call(s, remote::MessageType::add_job, 2, std::as_bytes(std::span(&add, 1)));
+    return s;
+  };
+  const auto status_for = [&](daemon::SessionId s) {
+    call(s, remote::MessageType::status, 9, {});
+    return last_reply;
+  };
+  const daemon::SessionId alice = open(4242, 1000, "alice-train", "alice-job");
+  const daemon::SessionId bob = open(4343, 1001, "bob-train", "bob-job");
+  const daemon::SessionId root = open(4444, 0, "root-tool", "root-job");
+
+  const std::string seen_by_bob = status_for(bob);
+  for (const char* secret : {"alice-train", "alice-job", "4242", "root-tool", "root-job", "4444"}) {
+    EXPECT_EQ(seen_by_bob.find(secret), std::string::npos) << secret << " in\n" << seen_by_bob;
+  }
+  EXPECT_NE(seen_by_bob.find("bob-job"), std::string::npos) << seen_by_bob;
+  EXPECT_NE(seen_by_bob.find("(another user)"), std::string::npos) << seen_by_bob;
+
+  const std::string seen_by_root = status_for(root);
+  for (const char* shown : {"alice-train", "alice-job", "4242", "bob-train", "4343"}) {
+    EXPECT_NE(seen_by_root.find(shown), std::string::npos) << shown << " missing in\n"
+                                                           << seen_by_root;
+  }
+  for (const daemon::SessionId s : {alice, bob, root}) coordinator.close_session(s);
 }
 
 }  // namespace

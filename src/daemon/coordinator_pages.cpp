@@ -21,6 +21,8 @@ using remote::MessageType;
 
 namespace {
 constexpr auto kReclaimRepeat = std::chrono::milliseconds(50);
+// How another user's process and jobs show in the status table (Coordinator::status_table).
+constexpr std::string_view kAnotherUser = "(another user)";
 }  // namespace
 
 void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record) {
@@ -394,7 +396,12 @@ std::size_t Coordinator::release_idle_pages() {
 
 std::string Coordinator::status_table(std::optional<SessionId> asking) const {
   // Who holds what, under the lock; the jobs' own state from the runtime, after it.
-  std::vector<std::pair<std::string, std::shared_ptr<Job>>> jobs;  // process name, job
+  struct Listed {
+    std::string process;
+    std::shared_ptr<Job> job;
+    bool other = false;  // another user's: its names are not shown
+  };
+  std::vector<Listed> jobs;
   // What each device has free now, asked of the driver before the lock is taken.
   std::vector<std::string> free_now;
   for (int d = 0; d < backend_->device_count(); ++d) {
@@ -437,24 +444,41 @@ std::string Coordinator::status_table(std::optional<SessionId> asking) const {
     }
     out += fmt::format("\n{:<8} {:>8} {:<20} {:>5} {:>12} {:>12}\n", "session", "pid",
                        "process", "jobs", "held MiB", "limit MiB");
+    // With --group, users share the daemon: a user sees what others hold, not who they are or
+    // what they run (their pids and the names of their processes and jobs). Root sees all.
+    std::optional<uid_t> viewer;
+    if (asking) {
+      if (const auto it = sessions_.find(*asking); it != sessions_.end()) {
+        viewer = it->second->peer.uid;
+      }
+    }
+    const auto hidden = [&](const Session& s) {
+      return viewer && *viewer != 0 && s.peer.uid != *viewer;
+    };
     for (const auto& [id, s] : sessions_) {
       std::size_t held = 0;
       for (const auto& b : banks_) held += b->held_by(id);
       if (id == asking && s->jobs.empty() && held == 0) continue;
-      out += fmt::format("{:<8} {:>8} {:<20} {:>5} {:>12.1f} {:>12}\n", id, s->peer.pid,
-                         s->name.substr(0, 20), s->jobs.size(), held * page_bytes_ / 1048576.0,
+      const bool other = hidden(*s);
+      out += fmt::format("{:<8} {:>8} {:<20} {:>5} {:>12.1f} {:>12}\n", id,
+                         other ? std::string("-") : std::to_string(s->peer.pid),
+                         other ? std::string(kAnotherUser) : s->name.substr(0, 20),
+                         s->jobs.size(), held * page_bytes_ / 1048576.0,
                          limit_bytes(*s) == 0
                              ? std::string("-")
                              : fmt::format("{:.1f}", limit_bytes(*s) / 1048576.0));
-      for (const auto& [job_id, job] : s->jobs) jobs.emplace_back(s->name, job);
+      for (const auto& [job_id, job] : s->jobs) {
+        jobs.push_back({other ? std::string(kAnotherUser) : s->name, job, other});
+      }
     }
   }
   out += fmt::format("\n{:<20} {:<20} {:<9} {:>6} {:>10} {:>10}\n", "job", "process", "state",
                      "turns", "held s", "waited s");
-  for (const auto& [process, job] : jobs) {
+  for (const auto& [process, job, other] : jobs) {
     try {
       const JobStats st = job->stats();
-      out += fmt::format("{:<20} {:<20} {:<9} {:>6} {:>10.2f} {:>10.2f}\n", st.name.substr(0, 20),
+      out += fmt::format("{:<20} {:<20} {:<9} {:>6} {:>10.2f} {:>10.2f}\n",
+                         other ? std::string(kAnotherUser) : st.name.substr(0, 20),
                          process.substr(0, 20), to_string(st.state), st.iterations,
                          st.attained_seconds, st.waiting_seconds);
     } catch (const Error&) {

@@ -9,8 +9,10 @@ measured back into simulated seconds and bytes, so their results read like the s
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -159,6 +161,8 @@ class LiveRun:
             result = self._result(trace.name if trace is not None else None)
         finally:
             self._stop.set()
+            if monitor.is_alive():  # a failed run: the monitor must not read a closed runtime
+                monitor.join()
             if teardown is not None:
                 teardown()
             self.runtime.close()
@@ -178,15 +182,44 @@ class LiveRun:
         deadline = time.monotonic() + 60.0 + 10.0 * self.real(serial + latest)
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        stuck = [j for j, t in zip(self.jobs, threads) if t.is_alive()]
+        stuck = [(j, t) for j, t in zip(self.jobs, threads) if t.is_alive()]
         if stuck:
-            for j in stuck:
+            # What each stuck job was doing, read before the cancels change it: a hang that a
+            # busy CI machine shows once must say where it was.
+            where = self._where(stuck)
+            for j, _ in stuck:
                 if j.handle is not None:
                     j.handle.cancel()
             for t in threads:
                 t.join(10.0)
             raise Error(f"{len(stuck)} job(s) did not finish in time (first: "
-                        f"{stuck[0].spec.name}); they were cancelled")
+                        f"{stuck[0][0].spec.name}); they were cancelled. Where they were:\n"
+                        f"{where}", jobs=[j.spec.name for j, _ in stuck], where=where)
+
+    def _where(self, stuck: list[tuple[LiveJob, threading.Thread]]) -> str:
+        """Each stuck job's state in the runtime and its thread's innermost Python frames."""
+        try:
+            states = {s.name: s for s in self.runtime.job_stats()}
+        except Error as e:
+            states = {}
+            lines = [f"  (job_stats failed: {e})"]
+        else:
+            lines = []
+        frames = sys._current_frames()
+        for j, t in stuck:
+            s = states.get(j.spec.name)
+            state = (f"{s.state}, {s.iterations} iterations, lane {s.lane}, "
+                     f"{s.memory.in_use} bytes in use" if s is not None else "not in job_stats")
+            lines.append(f"  {j.spec.name}: {state}")
+            frame = frames.get(t.ident) if t.ident is not None else None
+            if frame is not None:
+                for entry in traceback.format_stack(frame)[-4:]:
+                    lines.append("    " + entry.rstrip().replace("\n", "\n    "))
+        others = [s for s in states.values() if s.state in ("running", "waiting")
+                  and s.name not in {j.spec.name for j, _ in stuck}]
+        for s in others:
+            lines.append(f"  (not stuck) {s.name}: {s.state}, lane {s.lane}")
+        return "\n".join(lines)
 
     def _job_thread(self, job: LiveJob, body: Body) -> None:
         spec = job.spec
