@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,6 +297,36 @@ TEST(SimSharing, DescriptorsHoldingNoSharedMemoryAreRefused) {
   ::close(shared.fd);
   sim->release_chunk(chunk);
   EXPECT_EQ(sim->chunk_bytes(kGpu0), 0u);
+}
+
+// An imported event is mapped and read for as long as it lives. A sender that could shrink the
+// file afterwards would kill the importer with SIGBUS (issue 34, item 7: a client gave pages back
+// with such a fence, and the next process crashed): exported events are sealed at their size, and
+// an event file without that seal is refused.
+TEST(SimSharing, AnEventFileThatCouldShrinkIsRefusedAndAnExportedOneCannotShrink) {
+  const std::shared_ptr<sim::SimBackend> sim = make_sim(SimConfig::uniform(1, 64 * MiB));
+  const EventHandle event = sim->create_shareable_event(0);
+  const SharedEvent shared = sim->export_event(event);
+  EXPECT_NE(::ftruncate(shared.fd, 0), 0) << "the exported event's size is sealed";
+  EXPECT_EQ(errno, EPERM);
+
+  // A copy of a real event's bytes in a file of the right size, but unsealed.
+  const int forged = ::memfd_create("forged-event", MFD_CLOEXEC);
+  ASSERT_GE(forged, 0);
+  std::array<char, 4096> bytes{};
+  ASSERT_EQ(::pread(shared.fd, bytes.data(), bytes.size(), 0), 4096);
+  ASSERT_EQ(::pwrite(forged, bytes.data(), bytes.size(), 0), 4096);
+  const std::size_t before = open_descriptors();
+  expect_throw_with<InvalidArgument>([&] { (void)sim->import_event(0, {forged, {}}); },
+                                     "not sealed against shrinking");
+  EXPECT_EQ(open_descriptors(), before) << "a refused import keeps nothing";
+
+  const EventHandle opened = sim->import_event(0, shared);  // the sealed one is taken
+  EXPECT_TRUE(sim->query_event(opened));
+  sim->destroy_event(opened);
+  ::close(forged);
+  ::close(shared.fd);
+  sim->destroy_event(event);
 }
 
 }  // namespace

@@ -100,9 +100,13 @@ void SimBackend::SharedEventMemory::wait(std::uint64_t generation,
 
 EventHandle SimBackend::do_create_shareable_event(int device) {
   check_process("this simulated GPU");
-  const int fd = ::memfd_create("salus-sim-event", MFD_CLOEXEC);
+  const int fd = ::memfd_create("salus-sim-event", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) throw_errno("memfd_create", errno, "cuEventCreate");
-  if (::ftruncate(fd, kBytes) != 0) {
+  // Sealed at its size: a process that imports it maps it, and a sender that could shrink it
+  // afterwards would kill that process with SIGBUS (issue 34, item 7). import_event refuses an
+  // event without these seals.
+  if (::ftruncate(fd, kBytes) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int err = errno;
     ::close(fd);
     throw_errno("ftruncate", err, "cuEventCreate");
@@ -147,6 +151,15 @@ EventHandle SimBackend::do_import_event(int device, const SharedEvent& shared) {
       st.st_size != static_cast<off_t>(kBytes)) {
     throw InvalidArgument(
         fmt::format("import_event: descriptor {} is no exported simulated event", shared.fd));
+  }
+  // Mapped below and read for as long as the event lives: its size must be sealed, or whoever
+  // sent it could shrink it under this process (SIGBUS at the next read).
+  const int seals = ::fcntl(shared.fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || (seals & F_SEAL_SEAL) == 0) {
+    throw InvalidArgument(fmt::format(
+        "import_event: descriptor {} is not sealed against shrinking (F_SEAL_SHRINK): its "
+        "sender could cut it under this process, so it is refused",
+        shared.fd));
   }
   const int fd = ::fcntl(shared.fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) throw_errno("fcntl", errno, "cuIpcOpenEventHandle");

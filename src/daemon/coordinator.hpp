@@ -181,6 +181,9 @@ class Coordinator {
   [[nodiscard]] std::string limit_reason(const Session& s) const;
   void ask_others_to_give_back(SessionId asking, int device, std::size_t pages);
   void wait_for_exit(const Session& s) const;
+  // Throws InvalidArgument unless `fence` opens as an event of this backend on `device` (a
+  // sealed event file, a handle of an event): it goes on to another process, which waits for it.
+  void check_fence(int device, const PageBank::Fence& fence) const;
   // The timeline of every process's pages (salusd --trace): a move per grant and per give-back,
   // and each device's pages per process as a counter. With mu_ held.
   void trace_pages(const std::string& what, int device, double begin_us, std::size_t pages);

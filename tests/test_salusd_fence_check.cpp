@@ -1,0 +1,123 @@
+// salusd forwards a fence only once it has opened it (issue 34, item 7): pages given back behind
+// a "fence" that is no event (here, an unsealed copy of a real event's file, which its sender
+// could shrink under the next holder: SIGBUS there) are refused, named, and stay the sender's;
+// pages behind a real exported event are taken back. On the coordinator over a simulated GPU.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <array>
+#include <condition_variable>
+#include <mutex>
+#include <cstring>
+
+#include "daemon/coordinator.hpp"
+#include "remote/protocol.hpp"
+#include "salus/sim.hpp"
+
+namespace salus {
+namespace {
+
+using remote::MessageType;
+
+// A session driven by hand: each call waits for its reply (some are answered by the daemon's
+// workers, on another thread).
+struct Client {
+  daemon::Coordinator& coordinator;
+  daemon::SessionId id = 0;
+  std::uint64_t seq = 1;
+  std::mutex mu;
+  std::condition_variable replied;
+  std::uint64_t answered = 0;  // the seq of the last reply
+  MessageType last_type{};
+  std::string last_failure;
+  std::vector<remote::PageEntry> granted;
+
+  void call(MessageType type, std::span<const std::byte> body, std::vector<int> fds = {}) {
+    remote::Received r;
+    const std::uint64_t mine = seq++;
+    const std::vector<std::byte> bytes = remote::encode_body(type, mine, body);
+    r.record.header = remote::decode_header(bytes);
+    r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+    for (const int fd : fds) r.fds.emplace_back(::dup(fd));
+    coordinator.handle(id, std::move(r));
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(replied.wait_for(lock, std::chrono::seconds(30), [&] { return answered == mine; }))
+        << "no reply to " << remote::to_string(type);
+  }
+  void on_reply(std::span<const std::byte> record) {
+    remote::Record r;
+    r.header = remote::decode_header(record);
+    r.body.assign(record.begin() + sizeof(remote::Header), record.end());
+    std::lock_guard lock(mu);
+    answered = r.header.seq;
+    replied.notify_all();
+    last_type = r.type();
+    if (last_type == MessageType::failure) {
+      const auto f = remote::body_as<remote::Failure>(r);
+      last_failure = f.message.data();
+    } else if (last_type == MessageType::pages) {
+      std::vector<remote::FenceEntry> fences;
+      (void)remote::pages_body(r, granted, fences);
+    }
+  }
+  void give_back(const remote::FenceEntry& fence, int fd) {
+    remote::GiveHead head;
+    head.count = 1;
+    head.fence = remote::GiveFence::fenced;
+    const std::uint64_t ids[1] = {granted.front().id};
+    call(MessageType::give_pages, remote::give_pages_body(head, ids, &fence), {fd});
+  }
+};
+
+TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheSenders) {
+  daemon::CoordinatorOptions o;
+  o.exit_wait = std::chrono::milliseconds(0);
+  const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  daemon::Coordinator coordinator(backend, o);
+  Client c{coordinator};
+  c.id = coordinator.open_session({::getpid(), ::getuid(), ::getgid()},
+                                  [&](std::span<const std::byte> record, std::span<const int>) {
+                                    c.on_reply(record);
+                                  });
+  remote::Hello hello;
+  remote::set_name(hello.name, "fence-test");
+  c.call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
+  const remote::PageCount want{0, 2};
+  c.call(MessageType::take_pages, std::as_bytes(std::span(&want, 1)));
+  ASSERT_EQ(c.last_type, MessageType::pages);
+  ASSERT_EQ(c.granted.size(), 2u);
+  const std::size_t granted = coordinator.device_use(0).granted_bytes;
+
+  // A real event's file, and an unsealed copy of its bytes.
+  const EventHandle event = backend->create_shareable_event(0);
+  const SharedEvent real = backend->export_event(event);
+  const int forged = ::memfd_create("forged-fence", MFD_CLOEXEC);
+  ASSERT_GE(forged, 0);
+  std::array<char, 4096> bytes{};
+  ASSERT_EQ(::pread(real.fd, bytes.data(), bytes.size(), 0), 4096);
+  ASSERT_EQ(::pwrite(forged, bytes.data(), bytes.size(), 0), 4096);
+  remote::FenceEntry entry;
+  entry.handle = real.handle;
+  entry.fd_index = 0;
+
+  c.give_back(entry, forged);
+  EXPECT_EQ(c.last_type, MessageType::failure);
+  EXPECT_NE(c.last_failure.find("fence is no event of device 0"), std::string::npos)
+      << c.last_failure;
+  EXPECT_NE(c.last_failure.find("not sealed"), std::string::npos) << c.last_failure;
+  EXPECT_EQ(coordinator.device_use(0).granted_bytes, granted) << "the pages stay the sender's";
+
+  c.give_back(entry, real.fd);
+  EXPECT_EQ(c.last_type, MessageType::done) << c.last_failure;
+  EXPECT_LT(coordinator.device_use(0).granted_bytes, granted) << "taken back behind the event";
+  EXPECT_EQ(coordinator.inconsistency(), "");
+
+  coordinator.close_session(c.id);
+  ::close(forged);
+  ::close(real.fd);
+  backend->destroy_event(event);
+}
+
+}  // namespace
+}  // namespace salus
