@@ -91,6 +91,38 @@ TEST_F(DecisionCoreTest, JobThatDoesNotFitWaitsAndIsAdmittedWhenAnotherLeaves) {
   EXPECT_EQ(core.job_count(), 2u);
 }
 
+// Two pending jobs whose weights are resident keep each other out (each fits alone, not beside
+// the other's weights). Once the admitted job leaves, nothing would ever change for them: the
+// earliest is admitted and starts (salus-bench's jct run hung here, its last jobs waiting for
+// good), under every lane plan.
+TEST_F(DecisionCoreTest, PendingJobsThatKeepEachOtherOutDoNotWaitForGoodOnAnEmptyDevice) {
+  for (const char* name : {"fair", "fifo", "pack", "memory_aware"}) {
+    SCOPED_TRACE(name);
+    const auto p = policy(name);
+    DecisionCore core(*p, 100);
+    const auto resident = [](JobView v) {
+      v.memory_resident = true;
+      return v;
+    };
+    core.add(resident(job(1, 10, 30)));
+    core.add(resident(job(2, 35, 60)));  // fits alone (95), not beside job 1 or job 3's weights
+    core.add(resident(job(3, 35, 60)));
+    EXPECT_TRUE(core.admitted(JobId{1}));
+    EXPECT_FALSE(core.admitted(JobId{2}));
+    EXPECT_FALSE(core.admitted(JobId{3}));
+    core.wait(JobId{2});
+    core.wait(JobId{3});
+    core.remove(JobId{1});
+    EXPECT_TRUE(core.admitted(JobId{2})) << "the earliest pending job goes in";
+    EXPECT_FALSE(core.admitted(JobId{3}));
+    EXPECT_EQ(started(core.decide(0.0)), Ids{2});
+    core.finish(JobId{2}, 1.0);
+    core.remove(JobId{2});
+    EXPECT_TRUE(core.admitted(JobId{3}));
+    EXPECT_EQ(started(core.decide(1.0)), Ids{3});
+  }
+}
+
 TEST_F(DecisionCoreTest, PackedOpensLanesWhileTheyFitThenJoinsTheLeastGrowingLane) {
   const auto pack = policy("pack");
   DecisionCore core(*pack, 100);

@@ -302,6 +302,15 @@ struct DecisionCore::State {
         ++it;
       }
     }
+    // Pending jobs whose resident bytes keep each other out while none is admitted would wait for
+    // good: nothing runs, so nothing they wait for changes (found by salus-bench's jct run, whose
+    // last three jobs hung). The earliest goes in; if it then runs short, it is the one that
+    // fails (memory waits), and the others' turns come after it.
+    if (!pending.empty() && none_admitted()) {
+      JobRecord& first = jobs.at(pending.begin()->second);
+      pending.erase(pending.begin());
+      admit(first, plan == LanePlan::single ? 0 : first_free_lane());
+    }
   }
 
   // How much the committed bytes grow if `rec` joins `lane_id`.
