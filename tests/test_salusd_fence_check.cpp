@@ -32,6 +32,8 @@ struct Client {
   MessageType last_type{};
   std::string last_failure;
   std::vector<remote::PageEntry> granted;
+  remote::Welcome welcome;
+  std::uint64_t job = 0;
 
   void call(MessageType type, std::span<const std::byte> body, std::vector<int> fds = {}) {
     remote::Received r;
@@ -56,6 +58,10 @@ struct Client {
     if (last_type == MessageType::failure) {
       const auto f = remote::body_as<remote::Failure>(r);
       last_failure = f.message.data();
+    } else if (last_type == MessageType::welcome) {
+      welcome = remote::body_as<remote::Welcome>(r);
+    } else if (last_type == MessageType::job_added) {
+      job = remote::body_as<remote::JobAdded>(r).job;
     } else if (last_type == MessageType::pages) {
       std::vector<remote::FenceEntry> fences;
       (void)remote::pages_body(r, granted, fences);
@@ -112,6 +118,81 @@ TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheS
   EXPECT_EQ(c.last_type, MessageType::done) << c.last_failure;
   EXPECT_LT(coordinator.device_use(0).granted_bytes, granted) << "taken back behind the event";
   EXPECT_EQ(coordinator.inconsistency(), "");
+
+  coordinator.close_session(c.id);
+  ::close(forged);
+  ::close(real.fd);
+  backend->destroy_event(event);
+}
+
+// The same for a turn's fence: an end_iteration behind a fence that is no sealed event is
+// refused, naming it, and the turn stays the job's; behind a real event the turn ends. (The next
+// holder of the lane imports the fence: before, a forged one failed or crashed that process.)
+TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKept) {
+  daemon::CoordinatorOptions o;
+  o.exit_wait = std::chrono::milliseconds(0);
+  const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  daemon::Coordinator coordinator(backend, o);
+  Client c{coordinator};
+  const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
+  c.id = coordinator.open_session(me, [&](std::span<const std::byte> record, std::span<const int>) {
+    c.on_reply(record);
+  });
+  remote::Hello hello;
+  remote::set_name(hello.name, "fence-test");
+  c.call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
+  remote::AddJob add;
+  remote::set_name(add.name, "job");
+  c.call(MessageType::add_job, std::as_bytes(std::span(&add, 1)));
+  ASSERT_NE(c.job, 0u);
+  const remote::AttachTurns attach{c.welcome.session, c.welcome.token, c.job};
+  remote::Record attach_record;
+  const std::vector<std::byte> attach_bytes = remote::encode(MessageType::attach_turns, 1, attach);
+  attach_record.header = remote::decode_header(attach_bytes);
+  attach_record.body.assign(attach_bytes.begin() + sizeof(remote::Header), attach_bytes.end());
+  const daemon::Coordinator::TurnLink link = coordinator.attach_turns(me, attach_record, [] {});
+  const auto turn_call = [&](MessageType type, std::span<const std::byte> body, int fd) {
+    remote::Received r;
+    const std::vector<std::byte> bytes = remote::encode_body(type, 2, body);
+    r.record.header = remote::decode_header(bytes);
+    r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+    if (fd >= 0) r.fds.emplace_back(::dup(fd));
+    const std::vector<std::byte> reply = coordinator.turn_call(link, r).record;
+    remote::Record out;
+    out.header = remote::decode_header(reply);
+    out.body.assign(reply.begin() + sizeof(remote::Header), reply.end());
+    return out;
+  };
+  const remote::JobCall begin{c.job, -1, 0, 0};
+  ASSERT_EQ(turn_call(MessageType::begin_iteration, std::as_bytes(std::span(&begin, 1)), -1).type(),
+            MessageType::turn);
+
+  const EventHandle event = backend->create_shareable_event(0);
+  const SharedEvent real = backend->export_event(event);
+  const int forged = ::memfd_create("forged-fence", MFD_CLOEXEC);
+  ASSERT_GE(forged, 0);
+  std::array<char, 4096> bytes{};
+  ASSERT_EQ(::pread(real.fd, bytes.data(), bytes.size(), 0), 4096);
+  ASSERT_EQ(::pwrite(forged, bytes.data(), bytes.size(), 0), 4096);
+  remote::EndIteration end;
+  end.call = remote::JobCall{c.job, -1, 0, 0};
+  end.fenced = remote::kFenced;
+  end.fence.handle = real.handle;
+  end.fence.fd_index = 0;
+
+  const remote::Record refused =
+      turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), forged);
+  ASSERT_EQ(refused.type(), MessageType::failure);
+  const std::string why = remote::body_as<remote::Failure>(refused).message.data();
+  EXPECT_NE(why.find("end_iteration: its fence is no event of device 0"), std::string::npos)
+      << why;
+  EXPECT_EQ(coordinator.runtime().job_stats().front().state, JobState::running)
+      << "the turn stays the job's";
+
+  const remote::Record ended =
+      turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), real.fd);
+  EXPECT_EQ(ended.type(), MessageType::done);
+  EXPECT_EQ(coordinator.runtime().job_stats().front().state, JobState::idle);
 
   coordinator.close_session(c.id);
   ::close(forged);

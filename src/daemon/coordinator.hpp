@@ -183,7 +183,9 @@ class Coordinator {
   void wait_for_exit(const Session& s) const;
   // Throws InvalidArgument unless `fence` opens as an event of this backend on `device` (a
   // sealed event file, a handle of an event): it goes on to another process, which waits for it.
-  void check_fence(int device, const PageBank::Fence& fence) const;
+  void check_fence(int device, const PageBank::Fence& fence, std::string_view what) const;
+  // check_fence for an end_iteration's fence, once per distinct fence of the process.
+  void check_turn_fence(Session& s, Job& job, const PageBank::Fence& fence);
   // The timeline of every process's pages (salusd --trace): a move per grant and per give-back,
   // and each device's pages per process as a counter. With mu_ held.
   void trace_pages(const std::string& what, int device, double begin_us, std::size_t pages);

@@ -248,7 +248,7 @@ void Coordinator::on_give_pages(Session& s, remote::Received& received) {
   const auto head = remote::give_body(record, ids, entry);
   const PageBank::FencePtr fence = fence_of(s.id, head.fence, entry, received.fds);
   if (fence && head.device >= 0 && head.device < static_cast<int>(banks_.size())) {
-    check_fence(head.device, *fence);  // before the lock: it opens the event
+    check_fence(head.device, *fence, "give_pages");  // before the lock: it opens the event
   }
   {
     std::lock_guard lock(mu_);
@@ -283,7 +283,8 @@ void Coordinator::trace_pages(const std::string& what, int device, double begin_
   trace_->counter(std::move(held));
 }
 
-void Coordinator::check_fence(int device, const PageBank::Fence& fence) const {
+void Coordinator::check_fence(int device, const PageBank::Fence& fence,
+                              std::string_view what) const {
   // The pages' next holder imports the fence and waits for it. What it cannot import would fail
   // that process, not this one's sender; a file its sender could still shrink would crash it
   // (SIGBUS). So a fence goes on only once it opened here.
@@ -295,9 +296,10 @@ void Coordinator::check_fence(int device, const PageBank::Fence& fence) const {
     opened = backend_->import_event(device, shared);
   } catch (const Error& e) {
     throw InvalidArgument(fmt::format(
-        "give_pages: the pages' fence is no event of device {} that another process could wait "
-        "for, so the pages stay this process's: {}",
-        device, e.what()));
+        "{}: its fence is no event of device {} that another process could wait for, so it is "
+        "refused{}: {}",
+        what, device, what == "give_pages" ? " and the pages stay this process's" : "",
+        e.what()));
   }
   backend_->destroy_event(opened);
 }

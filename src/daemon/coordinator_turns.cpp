@@ -10,6 +10,7 @@
 #include "daemon/session.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -70,6 +71,24 @@ std::shared_ptr<const PageBank::Fence> Coordinator::end_fence(const Session& s,
   fence->from = s.id;
   if (with_fd) fence->fd = std::move(received.fds.front());
   return fence;
+}
+
+void Coordinator::check_turn_fence(Session& s, Job& job, const PageBank::Fence& fence) {
+  // Identity: the file (its seals cannot change once sealed) or the handle's bytes.
+  std::string key(reinterpret_cast<const char*>(fence.entry.handle.data()),
+                  fence.entry.handle.size());
+  if (fence.fd.get() >= 0) {
+    struct stat st {};
+    if (::fstat(fence.fd.get(), &st) == 0) key = fmt::format("file {}:{}", st.st_dev, st.st_ino);
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (s.checked_fences.contains(key)) return;
+  }
+  check_fence(job.stats().device, fence, "end_iteration");
+  std::lock_guard lock(mu_);
+  if (s.checked_fences.size() >= 256) s.checked_fences.clear();  // a pool is a few events
+  s.checked_fences.insert(std::move(key));
 }
 
 std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& end) const {
@@ -180,6 +199,7 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
       if (fd.get() >= 0) out.fds.push_back(std::move(fd));
       return out;
     }
+    if (fence) check_turn_fence(*link.session, *link.job, *fence);  // the turn stays its own
     give_turn(*link.session, *link.job, type, report, std::move(fence), settled);
     return {remote::encode_body(MessageType::done, seq, {}), {}};
   } catch (const std::exception& e) {

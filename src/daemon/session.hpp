@@ -105,6 +105,9 @@ struct Coordinator::Session {
   std::set<const Job*> in_turn;
   int asking = 0;
   std::optional<std::chrono::steady_clock::time_point> gave_way;
+  // The turn fences of this process that opened here (Coordinator::check_turn_fence), by file
+  // identity or handle bytes: its fence pool sends the same few again and again.
+  std::set<std::string> checked_fences;
   // Each turn connection's hang-up, run when the session closes.
   std::vector<std::function<void()>> hang_ups;
 
