@@ -195,6 +195,9 @@ class _Shared:
         self.runtime = runtime
         self.job = job
         self.hook = hook
+        # Begins the first turn at the script's first forward (removed then): see share().
+        self.first_forward_hook: Any = None
+        self.pid = os.getpid()  # the process whose job this is (not a forked child)
         self.iteration: Optional["Iteration"] = None  # the one marked here, not by the script
         self.marking = False  # an iteration marked here is being entered
         self.auto = True  # iterations are marked here until the script marks its own
@@ -247,8 +250,9 @@ def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
     Connects to salusd (``socket``: None for ``$SALUS_SOCKET`` or the per-user default), routes
     PyTorch's memory through it (:func:`enable`) and adds one job (``name``: the script's name by
     default) that the calling thread works for. Iterations are marked at PyTorch's optimizer
-    steps: each ``optimizer.step()`` ends one turn and waits for the next. So memory made before
-    the first step returns (weights, optimizer state) is the job's persistent memory, and each
+    steps: each ``optimizer.step()`` ends one turn and waits for the next; the first turn begins
+    at the first forward of any module. So memory made before it (weights) is the job's persistent
+    memory, what a step makes and keeps (optimizer state) becomes so as its turn ends, and each
     step's activations are ephemeral. A script that runs several optimizers per iteration, or
     accumulates gradients over several steps, takes several turns per iteration: mark its
     iterations with ``job.iteration()`` instead. ``limit`` caps the job's bytes (``"2GiB"``; None:
@@ -280,8 +284,27 @@ def share(name: Optional[str] = None, *, socket: Any = None, priority: int = 0,
         if state.auto:
             state.mark()
 
+    def first_forward(module: Any, args: Any) -> None:
+        # The first step runs inside a turn too, from its first forward: otherwise it would run
+        # beside the others' turns, its memory unplanned, where memory is tight the one that
+        # fails (issue 34). Weights made before it are still the job's persistent memory; what
+        # the first step makes and keeps (optimizer state) outlives the turn and becomes so.
+        # A forked child (a DataLoader worker running transforms that are modules) inherits the
+        # hook, not the job.
+        if os.getpid() != state.pid:
+            return
+        hook = state.first_forward_hook
+        state.first_forward_hook = None
+        if hook is not None:
+            hook.remove()
+        if state.auto and state.iteration is None and not state.marking:
+            state.mark()
+
     if kind == "training":
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
         state.hook = register_optimizer_step_post_hook(after_step)
+        state.first_forward_hook = register_module_forward_pre_hook(first_forward)
     _shared = state
     atexit.register(_unshare)
     return job
@@ -294,6 +317,8 @@ def _unshare() -> None:
         return
     if state.hook is not None:
         state.hook.remove()
+    if state.first_forward_hook is not None:
+        state.first_forward_hook.remove()
     try:
         state.end_marked()
         if state.stats_path:

@@ -93,8 +93,9 @@ def test_three_unmodified_scripts_take_turns_and_train_as_alone(traced: Daemon,
         assert shared["weights"] == alone(tmp_path, m, steps)["weights"], m  # bitwise
         stats = json.loads((tmp_path / f"{m}.stats.json").read_text())
         assert stats["name"] == f"job-{m}"
-        # An iteration from each optimizer step to the next, the last one to the exit.
-        assert stats["iterations"] == steps
+        # The first from the first forward to the first optimizer step (before, the first step
+        # ran outside any turn), then one from each step to the next, the last one to the exit.
+        assert stats["iterations"] == steps + 1
         memory = stats["memory"]
         # Before the first step returns: weights and momentum buffers (and the first step's
         # activations), so at least twice the parameters are persistent.
@@ -105,7 +106,7 @@ def test_three_unmodified_scripts_take_turns_and_train_as_alone(traced: Daemon,
     assert sorted({n for _, _, n in spans}) == sorted(f"job-{m}" for m in MODELS)
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         assert e0 <= b1 + 1.0, f"{n0} and {n1} ran iterations at once"  # us; the trace's rounding
-    assert len(spans) == 3 * steps
+    assert len(spans) == 3 * (steps + 1)
     # Turns interleave: each script ran an iteration between two of each other's (run one after
     # another they would not). How often the turn changed hands is the machine's timing, not a
     # guarantee (a script still preparing its next step is not waiting for the turn): on a busy
@@ -151,8 +152,102 @@ def test_third_party_models_as_unmodified_scripts_train_as_alone(policy: str,
         shared = json.loads((tmp_path / f"{m}.json").read_text())
         assert shared["weights"] == json.loads(out.read_text())["weights"], m  # bitwise
         stats = json.loads((tmp_path / f"{m}.stats.json").read_text())
-        assert stats["iterations"] == steps, (m, stats)
+        assert stats["iterations"] == steps + 1, (m, stats)  # the first step's turn too
         assert stats["memory"]["ephemeral"]["peak"] > 0, (m, stats["memory"])
+
+
+TIGHT_RUNS = int(os.environ.get("SALUS_TIGHT_RUNS", "1"))  # issue 34 asks 5; CI runs 1
+POLICIES = ["fair", "pack", "memory_aware", "fifo", "srtf", "priority"]
+PAGE = 2 << 20
+
+
+def third_party_run(socket: str, model: str, folder: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [salus_cli(), "run", "--socket", socket, "--name", model, "--stats",
+         str(folder / f"{model}.stats.json"), "--", sys.executable, str(THIRD_PARTY),
+         "--model", model, "--steps", "4", "--out", str(folder / f"{model}.json")],
+        stderr=subprocess.PIPE, text=True)
+
+
+def third_party_shared(folder: Path, policy: str, memory: int,
+                       hog: bool = False) -> dict[str, tuple[int, str]]:
+    """The three third-party scripts (and a script that cannot fit) as processes of one salusd:
+    each one's exit code and the last line of its stderr."""
+    folder.mkdir(parents=True)
+    daemon = Daemon(folder, "--policy", policy, "--memory", f"{memory >> 20}MiB")
+    try:
+        procs = {m: third_party_run(daemon.socket, m, folder) for m in THIRD_PARTY_MODELS}
+        if hog:
+            procs["hog"] = subprocess.Popen(
+                [salus_cli(), "run", "--socket", daemon.socket, "--name", "hog", "--",
+                 sys.executable, str(Path(__file__).with_name("hog_train.py")),
+                 "--bytes", str(2 * memory)], stderr=subprocess.PIPE, text=True)
+        ends = {}
+        for m, p in procs.items():
+            _, err = p.communicate(timeout=300)
+            ends[m] = (p.returncode, (err.strip().splitlines() or [""])[-1])
+    finally:
+        assert daemon.stop() == 0, daemon.log.read_text()
+    return ends
+
+
+THIRD_PARTY_MODELS = ["mobilenet", "vit", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def tight_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, str]]:
+    """1.05x the floor across processes, in whole pages: the sum of each script's persistent
+    peak and the largest ephemeral peak, measured on a generous daemon; and each script's
+    weights alone, in plain PyTorch."""
+    for library in ("torchvision", "timm", "transformers"):
+        pytest.importorskip(library)
+    folder = tmp_path_factory.mktemp("generous") / "run"
+    ends = third_party_shared(folder, "fair", 512 << 20)
+    assert all(code == 0 for code, _ in ends.values()), ends
+    stats = {m: json.loads((folder / f"{m}.stats.json").read_text()) for m in THIRD_PARTY_MODELS}
+    floor = (sum(s["memory"]["persistent"]["peak"] for s in stats.values()) +
+             max(s["memory"]["ephemeral"]["peak"] for s in stats.values()))
+    alone_weights = {}
+    for m in THIRD_PARTY_MODELS:
+        out = folder / f"alone-{m}.json"
+        subprocess.run([sys.executable, str(THIRD_PARTY), "--model", m, "--steps", "4", "--out",
+                        str(out)], check=True, timeout=240)
+        alone_weights[m] = json.loads(out.read_text())["weights"]
+    return -(-int(floor * 1.05) // PAGE) * PAGE, alone_weights
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_third_party_scripts_share_a_tight_gpu_across_processes(
+        policy: str, tight_processes: tuple[int, dict[str, str]], tmp_path: Path) -> None:
+    """Issue 34, item 1: at 1.05x the floor the three scripts all train, bitwise as alone, under
+    every policy (before, the smallest working memory was not repeatable: 360 MiB passed once and
+    failed on a rerun, each failure a script's first step, which ran outside any turn)."""
+    memory, alone_weights = tight_processes
+    for run in range(TIGHT_RUNS):
+        folder = tmp_path / f"run{run}"
+        ends = third_party_shared(folder, policy, memory)
+        for m in THIRD_PARTY_MODELS:
+            assert ends[m][0] == 0, f"{policy} at {memory >> 20} MiB, run {run}: {m}: {ends[m]}"
+            assert json.loads((folder / f"{m}.json").read_text())["weights"] == \
+                alone_weights[m], (policy, run, m)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_script_that_cannot_fit_fails_alone_across_processes(
+        policy: str, tight_processes: tuple[int, dict[str, str]], tmp_path: Path) -> None:
+    """Issue 34, item 2: beside the three, a script whose step needs twice the device fails with
+    salus.OutOfMemory, and only it; the others end bitwise as alone (before, under memory_aware
+    ConvNeXt died too in 4 of 4 runs and BERT in 2 of 4)."""
+    memory, alone_weights = tight_processes
+    for run in range(TIGHT_RUNS):
+        folder = tmp_path / f"run{run}"
+        ends = third_party_shared(folder, policy, memory, hog=True)
+        code, last = ends["hog"]
+        assert code != 0 and last.startswith("salus.errors.OutOfMemory:"), (policy, run, last)
+        for m in THIRD_PARTY_MODELS:
+            assert ends[m][0] == 0, f"{policy}, run {run}: {m} failed beside the hog: {ends[m]}"
+            assert json.loads((folder / f"{m}.json").read_text())["weights"] == \
+                alone_weights[m], (policy, run, m)
 
 
 def test_a_script_over_its_limit_fails_alone_with_salus_out_of_memory(traced: Daemon,
