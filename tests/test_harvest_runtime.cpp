@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <latch>
 #include <random>
 #include <string>
 #include <thread>
@@ -58,12 +59,21 @@ struct Outcome {
 };
 
 // One job's life: persistent buffers made before the first iteration; in each iteration their
-// pattern is checked, an ephemeral workspace is used, and a new pattern is written.
+// pattern is checked, an ephemeral workspace is used, and a new pattern is written. `made`, when
+// given: the jobs' iterations begin only once every job has made its buffers, so that they hold
+// them at once whatever the threads' timing (on a busy machine one job ran all its iterations
+// before the other had made its buffers, and no page had to move).
 void run_job(Runtime& runtime, Job& job, const std::vector<std::size_t>& sizes, int iterations,
-             std::size_t workspace, std::uint64_t tag, Outcome& out) {
+             std::size_t workspace, std::uint64_t tag, Outcome& out, std::latch* made = nullptr) {
   try {
     std::vector<Buffer> buffers;
-    for (std::size_t bytes : sizes) buffers.push_back({job.allocate(bytes), bytes});
+    try {
+      for (std::size_t bytes : sizes) buffers.push_back({job.allocate(bytes), bytes});
+    } catch (...) {
+      if (made != nullptr) made->count_down();  // the others must not wait for good
+      throw;
+    }
+    if (made != nullptr) made->arrive_and_wait();
     auto seed = [&](int iteration, std::size_t i) {
       return tag * 1'000'000 + static_cast<std::uint64_t>(iteration) * 100 + i + 1;
     };
@@ -131,9 +141,11 @@ TEST_P(HarvestRuntimeConcurrency, JobsThatDoNotFitTogetherKeepTheirBytesAndPoint
   }
   std::vector<Outcome> outcomes(jobs.size());
   std::vector<std::thread> threads;
+  std::latch made(static_cast<std::ptrdiff_t>(jobs.size()));
   for (std::size_t j = 0; j < jobs.size(); ++j) {
-    threads.emplace_back(
-        [&, j] { run_job(runtime, jobs[j], sizes, kIterations, 4 * MiB, j + 1, outcomes[j]); });
+    threads.emplace_back([&, j] {
+      run_job(runtime, jobs[j], sizes, kIterations, 4 * MiB, j + 1, outcomes[j], &made);
+    });
   }
   for (std::thread& t : threads) t.join();
 
