@@ -70,9 +70,10 @@ ctest_details() {
   [[ -f $log ]] || return 0
   while IFS= read -r name; do
     [[ -n $name ]] || continue
-    name=${name% (*}  # "Soak.x (Failed)" -> "Soak.x"
-    awk -v n="$name" '$0 ~ ("Testing: " n "$") {on = 1} on {print} on && /^<end of output>/ {exit}' \
-      "$log" | detail "$name"
+    name=${name% (*}    # "Soak.x (Failed)" -> "Soak.x"
+    name=${name%%  #*}  # "Suite/T.x/fair  # GetParam() = ..." -> "Suite/T.x/fair"
+    awk -v n="Testing: $name" 'index($0, n) && length($0) == index($0, n) + length(n) - 1 {on = 1}
+      on {print} on && /^<end of output>/ {exit}' "$log" | detail "$name"
   done < <(tr ';' '\n' <<<"$2")
 }
 
