@@ -76,6 +76,19 @@ struct Client {
   }
 };
 
+// A copy of an exported event's file, byte for byte, but unsealed (its sender could shrink it);
+// -1 on failure.
+int unsealed_copy(int event_fd) {
+  const int copy = ::memfd_create("forged-fence", MFD_CLOEXEC);
+  std::array<char, 4096> bytes{};
+  if (copy < 0 || ::pread(event_fd, bytes.data(), bytes.size(), 0) != 4096 ||
+      ::pwrite(copy, bytes.data(), bytes.size(), 0) != 4096) {
+    if (copy >= 0) ::close(copy);
+    return -1;
+  }
+  return copy;
+}
+
 TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheSenders) {
   daemon::CoordinatorOptions o;
   o.exit_wait = std::chrono::milliseconds(0);
@@ -98,11 +111,8 @@ TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheS
   // A real event's file, and an unsealed copy of its bytes.
   const EventHandle event = backend->create_shareable_event(0);
   const SharedEvent real = backend->export_event(event);
-  const int forged = ::memfd_create("forged-fence", MFD_CLOEXEC);
+  const int forged = unsealed_copy(real.fd);
   ASSERT_GE(forged, 0);
-  std::array<char, 4096> bytes{};
-  ASSERT_EQ(::pread(real.fd, bytes.data(), bytes.size(), 0), 4096);
-  ASSERT_EQ(::pwrite(forged, bytes.data(), bytes.size(), 0), 4096);
   remote::FenceEntry entry;
   entry.handle = real.handle;
   entry.fd_index = 0;
@@ -169,11 +179,8 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
 
   const EventHandle event = backend->create_shareable_event(0);
   const SharedEvent real = backend->export_event(event);
-  const int forged = ::memfd_create("forged-fence", MFD_CLOEXEC);
+  const int forged = unsealed_copy(real.fd);
   ASSERT_GE(forged, 0);
-  std::array<char, 4096> bytes{};
-  ASSERT_EQ(::pread(real.fd, bytes.data(), bytes.size(), 0), 4096);
-  ASSERT_EQ(::pwrite(forged, bytes.data(), bytes.size(), 0), 4096);
   remote::EndIteration end;
   end.call = remote::JobCall{c.job, -1, 0, 0};
   end.fenced = remote::kFenced;
