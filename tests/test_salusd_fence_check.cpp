@@ -67,6 +67,14 @@ struct Client {
       (void)remote::pages_body(r, granted, fences);
     }
   }
+  // Opens the session and greets the daemon.
+  void open(const remote::PeerCredentials& peer) {
+    id = coordinator.open_session(peer, [this](std::span<const std::byte> record,
+                                               std::span<const int>) { on_reply(record); });
+    remote::Hello hello;
+    remote::set_name(hello.name, "fence-test");
+    call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
+  }
   void give_back(const remote::FenceEntry& fence, int fd) {
     remote::GiveHead head;
     head.count = 1;
@@ -75,6 +83,12 @@ struct Client {
     call(MessageType::give_pages, remote::give_pages_body(head, ids, &fence), {fd});
   }
 };
+
+daemon::CoordinatorOptions options() {
+  daemon::CoordinatorOptions o;
+  o.exit_wait = std::chrono::milliseconds(0);  // its pages come back when the test closes it
+  return o;
+}
 
 // A copy of an exported event's file, byte for byte, but unsealed (its sender could shrink it);
 // -1 on failure.
@@ -90,18 +104,11 @@ int unsealed_copy(int event_fd) {
 }
 
 TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheSenders) {
-  daemon::CoordinatorOptions o;
-  o.exit_wait = std::chrono::milliseconds(0);
   const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
-  daemon::Coordinator coordinator(backend, o);
+  daemon::Coordinator coordinator(backend, options());
   Client c{coordinator};
-  c.id = coordinator.open_session({::getpid(), ::getuid(), ::getgid()},
-                                  [&](std::span<const std::byte> record, std::span<const int>) {
-                                    c.on_reply(record);
-                                  });
-  remote::Hello hello;
-  remote::set_name(hello.name, "fence-test");
-  c.call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
+  const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
+  c.open(me);
   const remote::PageCount want{0, 2};
   c.call(MessageType::take_pages, std::as_bytes(std::span(&want, 1)));
   ASSERT_EQ(c.last_type, MessageType::pages);
@@ -139,18 +146,11 @@ TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheS
 // refused, naming it, and the turn stays the job's; behind a real event the turn ends. (The next
 // holder of the lane imports the fence: before, a forged one failed or crashed that process.)
 TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKept) {
-  daemon::CoordinatorOptions o;
-  o.exit_wait = std::chrono::milliseconds(0);
   const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
-  daemon::Coordinator coordinator(backend, o);
+  daemon::Coordinator coordinator(backend, options());
   Client c{coordinator};
   const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
-  c.id = coordinator.open_session(me, [&](std::span<const std::byte> record, std::span<const int>) {
-    c.on_reply(record);
-  });
-  remote::Hello hello;
-  remote::set_name(hello.name, "fence-test");
-  c.call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
+  c.open(me);
   remote::AddJob add;
   remote::set_name(add.name, "job");
   c.call(MessageType::add_job, std::as_bytes(std::span(&add, 1)));
