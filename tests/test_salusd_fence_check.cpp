@@ -23,6 +23,8 @@ using remote::MessageType;
 // A session driven by hand: each call waits for its reply (some are answered by the daemon's
 // workers, on another thread).
 struct Client {
+  explicit Client(daemon::Coordinator& c) : coordinator(c) {}
+
   daemon::Coordinator& coordinator;
   daemon::SessionId id = 0;
   std::uint64_t seq = 1;
@@ -106,7 +108,7 @@ int unsealed_copy(int event_fd) {
 TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheSenders) {
   const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
   daemon::Coordinator coordinator(backend, options());
-  Client c{coordinator};
+  Client c(coordinator);
   const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
   c.open(me);
   const remote::PageCount want{0, 2};
@@ -148,7 +150,7 @@ TEST(SalusdFenceCheck, PagesBehindAFenceThatIsNoSealedEventAreRefusedAndStayTheS
 TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKept) {
   const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
   daemon::Coordinator coordinator(backend, options());
-  Client c{coordinator};
+  Client c(coordinator);
   const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
   c.open(me);
   remote::AddJob add;

@@ -2,6 +2,10 @@
 #include "daemon/session.hpp"
 #include "iteration_sched/runtime_access.hpp"
 
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -37,6 +41,8 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
   // Each process measures its own jobs' memory (it carves their blocks) and reports it at every
   // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
   RuntimeAccess::measure_elsewhere(runtime_);
+  stop_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (stop_.get() < 0) sim::throw_errno("eventfd", errno, "salusd");
   for (int d = 0; d < backend_->device_count(); ++d) {
     const std::size_t free = backend_->free_memory(d);
     const std::size_t capacity = device_capacity(d, free);
@@ -65,6 +71,7 @@ std::size_t Coordinator::device_capacity(int d, std::size_t free) const {
 }
 
 Coordinator::~Coordinator() {
+  stop();  // no process's exit is waited for now
   std::vector<SessionId> ids;
   {
     std::lock_guard lock(mu_);
@@ -86,10 +93,19 @@ SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender 
   }
   s->send = std::move(send);
   s->hint = std::move(hint);
+  if (peer.pid != ::getpid()) {
+    // Fails (ESRCH) when the process is gone already: wait_for_exit then finds it gone.
+    s->pidfd = remote::UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0)));
+  }
   std::lock_guard lock(mu_);
   s->id = next_session_++;
   sessions_.emplace(s->id, s);
   return s->id;
+}
+
+void Coordinator::stop() {
+  const std::uint64_t one = 1;
+  (void)!::write(stop_.get(), &one, sizeof(one));
 }
 
 std::shared_ptr<Coordinator::Session> Coordinator::session(SessionId id) const {

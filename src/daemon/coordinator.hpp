@@ -53,7 +53,11 @@ struct CoordinatorOptions {
   // what it was given until it gives it back itself or exits, as processes sharing a GPU without
   // Salus keep what their caching allocators reserved: the baseline the benchmarks compare with.
   bool reclaim = true;
-  std::chrono::milliseconds exit_wait{10000};    // how long a dead client's pages wait for its exit
+  // A process that hung up holding pages may live on and still map them: its pages wait for its
+  // exit, however long. For this long after it hung up, a short request counts them as coming
+  // back (it waits); after it, the log says whose exit they wait for, and short requests go on
+  // without them.
+  std::chrono::milliseconds exit_wait{10000};
 };
 
 struct DeviceUse {
@@ -86,8 +90,11 @@ class Coordinator {
   // caller then drops the client. Every other refusal is a Failure reply.
   void handle(SessionId session, remote::Received received);
   // The connection is gone: cancels its jobs, waits for its workers and (when it held pages) for
-  // the process to exit, then takes its pages back. Hangs up the session's turn connections.
+  // the process to exit, however long (or until stop()), then takes its pages back. Hangs up the
+  // session's turn connections.
   void close_session(SessionId session);
+  // The daemon is stopping: every wait for a process's exit ends (the pages go with the daemon).
+  void stop();
 
   // A job's turn connection, joined to its process's session by AttachTurns (the connection's
   // first record). Its calls are answered by the connection's own thread (turn_call), so that a
@@ -180,7 +187,11 @@ class Coordinator {
   [[nodiscard]] std::size_t room_of(const Session& s) const;
   [[nodiscard]] std::string limit_reason(const Session& s) const;
   void ask_others_to_give_back(SessionId asking, int device, std::size_t pages);
+  // Returns once the session's process has exited (or stop() was called); see exit_wait.
   void wait_for_exit(const Session& s) const;
+  // Returns once no other process maps a page the session holds (a forked child of its process
+  // may: see daemon/mappings.hpp), or stop() was called.
+  void wait_until_unmapped(const Session& s) const;
   // Throws InvalidArgument unless `fence` opens as an event of this backend on `device` (a
   // sealed event file, a handle of an event): it goes on to another process, which waits for it.
   void check_fence(int device, const PageBank::Fence& fence, std::string_view what) const;
@@ -205,6 +216,7 @@ class Coordinator {
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_session_ = 1;
   TurnFences turn_fences_;  // has its own lock
+  remote::UniqueFd stop_;   // an eventfd: stop() writes it, wait_for_exit polls it
 };
 
 }  // namespace salus::daemon

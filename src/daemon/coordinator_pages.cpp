@@ -2,6 +2,7 @@
 // pages, and the status table.
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <limits>
 
 #include "daemon/coordinator.hpp"
+#include "daemon/mappings.hpp"
 #include "daemon/session.hpp"
 
 namespace salus::daemon {
@@ -169,7 +172,9 @@ bool Coordinator::others_may_give_back(const Session& s, int device,
   const PageBank& bank = *banks_[static_cast<std::size_t>(device)];
   for (const auto& [id, o] : sessions_) {
     if (id == s.id || bank.held_by(id) == 0) continue;
-    if (o->closing || (!o->in_turn.empty() && o->asking == 0)) return true;
+    if (!o->in_turn.empty() && o->asking == 0) return true;
+    // Leaving: its pages come back at its exit (wait_for_exit), likely soon.
+    if (o->closing && o->closed_at && now - *o->closed_at < options_.exit_wait) return true;
     if (o->gave_way && now - *o->gave_way < options_.exit_wait) return true;
   }
   return false;
@@ -305,25 +310,80 @@ void Coordinator::check_fence(int device, const PageBank::Fence& fence,
 }
 
 void Coordinator::wait_for_exit(const Session& s) const {
-  // A process that dies closes its socket before its last mapping is gone only in the sense that
-  // both happen at its exit; until the kernel says it has exited, its pages may still be mapped
-  // (and on CUDA, its context may still run work on them). A pidfd becomes readable at exit.
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, s.peer.pid, 0));
-  if (pidfd < 0) {
-    if (errno == ESRCH) return;  // already gone
-    const auto deadline = std::chrono::steady_clock::now() + options_.exit_wait;
-    while (::kill(s.peer.pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // A page goes to another process only once no process can reach it. One that hung up may live
+  // on with its mappings (and, on CUDA, work queued on them), so its pages wait for its exit,
+  // however long: never for a fixed time. (A forked child inherits no mapping of device memory:
+  // the simulated device maps it MADV_DONTFORK, as CUDA does.) The daemon's own process is a
+  // coordinator in a test, whose clients' mappings are its own: nothing to wait for.
+  if (s.peer.pid == ::getpid()) return;
+  if (s.pidfd.get() < 0) {
+    // No pidfd (the kernel has none, or the process was gone at its first record): ask by pid.
+    while (::kill(s.peer.pid, 0) == 0 || errno == EPERM) {
+      pollfd stop{stop_.get(), POLLIN, 0};
+      if (::poll(&stop, 1, 10) != 0) return;
     }
     return;
   }
-  pollfd p{pidfd, POLLIN, 0};
-  const int ready = ::poll(&p, 1, static_cast<int>(options_.exit_wait.count()));
-  ::close(pidfd);
-  if (ready == 0) {
-    spdlog::warn("session {}: pid {} closed its connection holding pages and has not exited "
-                 "after {} ms; its pages are reused now",
-                 s.id, s.peer.pid, options_.exit_wait.count());
+  pollfd p[2] = {{s.pidfd.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+  int timeout = static_cast<int>(options_.exit_wait.count());
+  for (;;) {
+    const int ready = ::poll(p, 2, timeout);
+    if (ready > 0) return;  // exited, or the daemon stops
+    if (ready < 0 && errno != EINTR) {
+      spdlog::error("session {}: waiting for pid {} to exit failed ({}); its pages are reused",
+                    s.id, s.peer.pid, std::strerror(errno));
+      return;
+    }
+    if (ready == 0 && timeout >= 0) {
+      spdlog::warn("session {}: pid {} hung up holding pages and has not exited after {} ms; "
+                   "it may still map them, so they wait for its exit",
+                   s.id, s.peer.pid, options_.exit_wait.count());
+      timeout = -1;
+    }
+  }
+}
+
+void Coordinator::wait_until_unmapped(const Session& s) const {
+  std::vector<ChunkHandle> chunks;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& bank : banks_) {
+      const std::vector<ChunkHandle> held = bank->chunks_held_by(s.id);
+      chunks.insert(chunks.end(), held.begin(), held.end());
+    }
+  }
+  std::vector<FileRange> ranges;
+  for (const ChunkHandle chunk : chunks) {
+    try {
+      const SharedChunk shared = backend_->export_chunk(chunk);
+      const remote::UniqueFd fd(shared.fd);
+      struct stat st {};
+      // Only a memory file's pages show in maps (a simulated device's); a CUDA page does not.
+      if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      ranges.push_back({static_cast<std::uint64_t>(st.st_dev),
+                        static_cast<std::uint64_t>(st.st_ino), shared.offset, shared.bytes});
+    } catch (const std::exception& e) {
+      spdlog::error("session {}: a page's file is unknown ({}); it is not checked", s.id, e.what());
+    }
+  }
+  bool told = false;
+  for (;;) {
+    const std::vector<pid_t> mapping = processes_mapping(ranges);
+    if (mapping.empty()) return;
+    if (!told) {
+      spdlog::warn("session {}: pid {} has exited, but pid {}{} still maps pages it held; they "
+                   "wait until none does", s.id, s.peer.pid, mapping.front(),
+                   mapping.size() > 1 ? fmt::format(" and {} more", mapping.size() - 1) : "");
+      told = true;
+    }
+    // Until one of them exits (or a second has passed: it may unmap and live on).
+    std::vector<remote::UniqueFd> pidfds;
+    std::vector<pollfd> polled{{stop_.get(), POLLIN, 0}};
+    for (const pid_t pid : mapping) {
+      pidfds.emplace_back(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+      if (pidfds.back().get() >= 0) polled.push_back({pidfds.back().get(), POLLIN, 0});
+    }
+    if (::poll(polled.data(), polled.size(), 1000) > 0 && polled.front().revents != 0) return;
   }
 }
 
@@ -337,6 +397,7 @@ void Coordinator::close_session(SessionId id) {
     if (it == sessions_.end()) return;
     s = it->second;
     s->closing = true;
+    s->closed_at = std::chrono::steady_clock::now();
     jobs.swap(s->jobs);
     hang_ups.swap(s->hang_ups);
   }
@@ -356,7 +417,10 @@ void Coordinator::close_session(SessionId id) {
     std::lock_guard lock(mu_);
     for (const auto& bank : banks_) held += bank->held_by(id);
   }
-  if (held > 0) wait_for_exit(*s);
+  if (held > 0) {
+    wait_for_exit(*s);
+    wait_until_unmapped(*s);
+  }
   {
     std::lock_guard lock(mu_);
     for (std::size_t d = 0; d < banks_.size(); ++d) {
@@ -494,6 +558,15 @@ std::string Coordinator::status_table(std::optional<SessionId> asking) const {
       for (const auto& [job_id, job] : s->jobs) {
         jobs.push_back({other ? std::string(kAnotherUser) : s->name, job, other});
       }
+    }
+    for (const auto& [id, s] : sessions_) {
+      std::size_t held = 0;
+      for (const auto& b : banks_) held += b->held_by(id);
+      if (!s->closed_at || held == 0) continue;
+      out += fmt::format("session {} (pid {}) hung up {:.1f} s ago: its {} pages wait until no "
+                         "process can reach them\n", id, hidden(*s) ? std::string("-") : std::to_string(s->peer.pid),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       *s->closed_at).count(), held);
     }
   }
   out += fmt::format("\n{:<20} {:<20} {:<9} {:>6} {:>10} {:>10}\n", "job", "process", "state",

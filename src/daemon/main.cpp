@@ -117,8 +117,9 @@ void add_options(CLI::App& app, Args& a) {
                  "(0: kept; default 30)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-wait", a.exit_wait_s,
-                 "seconds the pages of a process that hung up wait for it to exit (while it lives "
-                 "it may still reach them) before they are reused; default 10")
+                 "the pages of a process that hung up wait for its exit however long (while it "
+                 "lives it may still reach them); for these seconds another process short of "
+                 "pages waits for them, and after them the log names the process; default 10")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");

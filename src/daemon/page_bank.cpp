@@ -124,6 +124,14 @@ std::size_t PageBank::held_by(SessionId owner) const {
       pages_.begin(), pages_.end(), [&](const auto& entry) { return entry.second.owner == owner; }));
 }
 
+std::vector<ChunkHandle> PageBank::chunks_held_by(SessionId owner) const {
+  std::vector<ChunkHandle> chunks;
+  for (const auto& [id, slot] : pages_) {
+    if (slot.owner == owner) chunks.push_back(slot.chunk);
+  }
+  return chunks;
+}
+
 std::string PageBank::inconsistency() const {
   std::vector<std::uint64_t> free = free_;
   std::sort(free.begin(), free.end());

@@ -76,6 +76,7 @@ class PageBank {
   [[nodiscard]] std::size_t made_pages() const { return pages_.size(); }
   [[nodiscard]] std::uint64_t released_idle_pages() const { return released_idle_; }
   [[nodiscard]] std::size_t held_by(SessionId owner) const;
+  [[nodiscard]] std::vector<ChunkHandle> chunks_held_by(SessionId owner) const;
   // Pages with a fence (work of their last holder that may not have finished).
   [[nodiscard]] std::size_t fenced_pages() const;
   // Pages given back behind work, since the daemon started.

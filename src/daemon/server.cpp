@@ -82,6 +82,7 @@ Server::~Server() {
 }
 
 void Server::stop() {
+  coordinator_.stop();  // a connection waiting for its process's exit ends too
   std::vector<std::shared_ptr<remote::Channel>> channels;
   {
     std::lock_guard lock(mu_);

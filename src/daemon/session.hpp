@@ -92,9 +92,14 @@ struct Coordinator::Session {
   Hinter hint;  // reclaims: a process that reads nothing must not hold up the one that asks
   std::uint64_t hints_dropped = 0;  // guarded by mu_: reclaims its full queue refused
   std::string name;
+  // The process, held from its first record (a pid may name another process by the time it hung
+  // up): its exit is what frees its pages (Coordinator::wait_for_exit). Empty for the daemon's
+  // own process (a coordinator in a test) and when it could not be opened.
+  remote::UniqueFd pidfd;
   // Guarded by the coordinator's mu_.
   bool greeted = false;
   bool closing = false;
+  std::optional<std::chrono::steady_clock::time_point> closed_at;  // when it hung up
   std::map<std::uint64_t, std::shared_ptr<Job>> jobs;  // by the daemon's job id
   // Each job's byte limit (AddJob.limit_total; 0: none). While every job has one, the process
   // may hold no more pages than their sum: the daemon's bound on what a process's jobs take,
