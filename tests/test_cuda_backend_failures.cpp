@@ -178,6 +178,8 @@ std::vector<FailureCase> failure_cases() {
       {"cuStreamGetCtx", CUDA_ERROR_LAUNCH_FAILED, validate_framework_stream},
       {"cuMemcpyAsync", CUDA_ERROR_INVALID_VALUE,
        [](Env& e) { e.backend.copy_async(e.va + kPage, e.va, kPage, e.stream); }},
+      {"cuMemsetD8Async", CUDA_ERROR_INVALID_VALUE,
+       [](Env& e) { e.backend.fill_async(e.va, 0, kPage, e.stream); }},
       {"cuStreamIsCapturing", CUDA_ERROR_INVALID_HANDLE,
        [](Env& e) { static_cast<void>(e.backend.stream_capturing(e.stream)); }},
       {"cuMemExportToShareableHandle", CUDA_ERROR_INVALID_VALUE, share_fresh_chunk},

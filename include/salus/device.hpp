@@ -145,7 +145,8 @@ struct StreamPriorityRange {
 //  - Handles: chunk and event handles are not 0 (export_chunk's too); destroy_stream refuses
 //    handle 0 (the default stream is nobody's to destroy). Whether a non-zero handle is live is
 //    the backend's to check.
-//  - launch_host_func: fn is not empty. copy_async of 0 bytes is a no-op that reaches no backend.
+//  - launch_host_func: fn is not empty. copy_async and fill_async of 0 bytes are no-ops that
+//    reach no backend.
 // Hot paths (map, unmap, set_access, record_event, query_event, stream_wait_event,
 // launch_host_func) get O(1) checks only (set_access: one per grant).
 class SALUS_API DeviceBackend {
@@ -275,6 +276,9 @@ class SALUS_API DeviceBackend {
   [[nodiscard]] double elapsed_seconds(EventHandle start, EventHandle end);
   // Copies between any two mapped ranges (device, peer or host), ordered on `stream`.
   void copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes, StreamHandle stream);
+  // Sets every byte of a mapped, writable range to `value`, ordered on `stream`
+  // (cuMemsetD8Async). salusd zeroes a page so before another user gets it.
+  void fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes, StreamHandle stream);
 
   // The backend that does the work: this one, or the one a wrapper (a process connected to
   // salusd) forwards to. What needs one backend's own features (simulated kernels) asks it.
@@ -345,6 +349,8 @@ class SALUS_API DeviceBackend {
   virtual EventHandle do_create_timing_event(int device) = 0;
   [[nodiscard]] virtual double do_elapsed_seconds(EventHandle start, EventHandle end) = 0;
   virtual void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                             StreamHandle stream) = 0;
+  virtual void do_fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
                              StreamHandle stream) = 0;
   [[nodiscard]] virtual DeviceBackend& do_underlying() noexcept { return *this; }
 };

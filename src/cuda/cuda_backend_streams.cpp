@@ -334,4 +334,10 @@ void CudaBackend::do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
            to_cu(stream));
 }
 
+void CudaBackend::do_fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                                StreamHandle stream) {
+  const auto scope = bind(device_of(stream));
+  SALUS_CU(api_, cuMemsetD8Async, static_cast<CUdeviceptr>(dst), value, bytes, to_cu(stream));
+}
+
 }  // namespace salus::cuda

@@ -285,6 +285,12 @@ void DeviceBackend::copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
   do_copy_async(dst, src, bytes, stream);
 }
 
+void DeviceBackend::fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                               StreamHandle stream) {
+  if (bytes == 0) return;  // nothing to order
+  do_fill_async(dst, value, bytes, stream);
+}
+
 // --- events -----------------------------------------------------------------------------------
 
 EventHandle DeviceBackend::create_event(int device) {

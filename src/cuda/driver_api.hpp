@@ -55,6 +55,7 @@
   X(cuEventElapsedTime)              \
   X(cuLaunchHostFunc)                \
   X(cuMemcpyAsync)                   \
+  X(cuMemsetD8Async)                 \
   X(cuStreamIsCapturing)             \
   X(cuDeviceGetAttribute)           \
   X(cuDriverGetVersion)

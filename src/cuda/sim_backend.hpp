@@ -149,6 +149,8 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] SharedEvent do_export_event(EventHandle event) override;
   EventHandle do_import_event(int device, const SharedEvent& shared) override;
   void do_launch_host_func(StreamHandle stream, std::function<void()> fn) override;
+  void do_fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                     StreamHandle stream) override;
   void do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                      StreamHandle stream) override;
   EventHandle do_create_timing_event(int device) override;

@@ -237,6 +237,23 @@ void SimBackend::do_copy_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
   });
 }
 
+void SimBackend::do_fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                               StreamHandle stream) {
+  {
+    std::lock_guard lock(mem_mutex_);
+    if (!range_usable(dst, bytes, true)) {
+      throw DeviceError("cuMemsetD8Async", "CUDA_ERROR_INVALID_VALUE", kCudaErrorInvalidValue,
+                        fmt::format("[{:#x}, +{}) is not writable memory", dst, bytes));
+    }
+  }
+  auto target = stream_for(stream, 0);
+  target->push([dst, value, bytes, on = target.get()](std::stop_token) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memset(reinterpret_cast<void*>(dst), value, bytes);
+    on->add_busy(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  });
+}
+
 void SimBackend::launch_kernel(StreamHandle stream, int device, double seconds, double occupancy) {
   check_device(device, "launch_sim_kernel");
   auto target = stream_for(stream, device);

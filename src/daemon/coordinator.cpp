@@ -37,7 +37,8 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
       options_(std::move(options)),
       runtime_(backend_, runtime_options(options_)),
       page_bytes_(backend_->granularity(Location::gpu(0))),
-      trace_(RuntimeAccess::trace(runtime_)) {
+      trace_(RuntimeAccess::trace(runtime_)),
+      scrubber_(backend_) {
   // Each process measures its own jobs' memory (it carves their blocks) and reports it at every
   // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
   RuntimeAccess::measure_elsewhere(runtime_);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "daemon/page_bank.hpp"
+#include "daemon/scrubber.hpp"
 #include "daemon/turn_fences.hpp"
 #include "iteration_sched/trace.hpp"
 #include "remote/channel.hpp"
@@ -130,6 +131,8 @@ class Coordinator {
   // "" when every bank is consistent, else what is wrong (tests, fuzz).
   [[nodiscard]] std::string inconsistency() const;
   [[nodiscard]] DeviceUse device_use(int device) const;
+  // Pages zeroed so far because they went to another user (Scrubber).
+  [[nodiscard]] std::uint64_t zeroed_pages() const { return scrubber_.scrubbed(); }
   [[nodiscard]] Runtime& runtime() { return runtime_; }
 
  private:
@@ -171,6 +174,9 @@ class Coordinator {
   void on_give_pages(Session& s, remote::Received& received);
   std::shared_ptr<Job> job_of(Session& s, std::uint64_t id) const;
   std::vector<std::uint64_t> grant_or_wait(Session& s, int device, std::size_t count);
+  // Zeroes the pages of `ids` (just granted to `s`) whose last holder was another user, each
+  // behind its last fence; their fence is then the zeroing's. On failure the grant goes back.
+  void scrub_for(Session& s, int device, const std::vector<std::uint64_t>& ids);
   // With mu_ held, for a short request of `s` on `device`: whether another process holding pages
   // there may still give some back (it is inside a turn and not short itself, it is leaving, or
   // it gave way lately and its exit is awaited); and whether `s` is the one to give way when none
@@ -213,6 +219,7 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable pages_back_;
   std::vector<std::unique_ptr<PageBank>> banks_;
+  Scrubber scrubber_;  // has its own lock; goes before the banks (it maps their pages)
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_session_ = 1;
   TurnFences turn_fences_;  // has its own lock

@@ -45,6 +45,7 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
     try {
       const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
       if (ids.empty()) throw Error(Errc::out_of_memory, short_reason(*s, want.device));
+      scrub_for(*s, want.device, ids);
       PageBank::Batch batch;
       {
         std::lock_guard lock(mu_);
@@ -62,6 +63,34 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
       fail(*s, seq, e);
     }
   });
+}
+
+void Coordinator::scrub_for(Session& s, int device, const std::vector<std::uint64_t>& ids) {
+  // What to zero, and after what: read under the lock, queued without it.
+  std::vector<std::uint64_t> zero;
+  std::vector<Scrubber::Page> pages;
+  PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  {
+    std::lock_guard lock(mu_);
+    zero = bank.of_another_user(ids, s.peer.uid);
+    for (const std::uint64_t id : zero) pages.push_back({bank.chunk_of(id), bank.fence_of(id)});
+  }
+  PageBank::FencePtr zeroed;
+  if (!pages.empty()) {
+    try {
+      zeroed = scrubber_.scrub(device, pages, page_bytes_);
+    } catch (...) {
+      // Not one page goes out unzeroed: the grant goes back, the pages' fences as they were (a
+      // zeroing queued before the failure only adds to what their next holder finds done).
+      std::lock_guard lock(mu_);
+      if (bank.all_held_by(s.id, ids)) bank.take_back(ids, remote::GiveFence::untouched);
+      pages_back_.notify_all();
+      throw;
+    }
+  }
+  std::lock_guard lock(mu_);
+  for (const std::uint64_t id : zero) bank.set_fence(id, zeroed);
+  bank.set_user(ids, s.id, s.peer.uid);
 }
 
 std::size_t Coordinator::held_bytes(const Session& s) const {
@@ -460,6 +489,7 @@ DeviceUse Coordinator::device_use(int device) const {
 }
 
 std::size_t Coordinator::release_idle_pages() {
+  scrubber_.recycle_completed();
   if (options_.idle_release.count() == 0) return 0;
   std::vector<ChunkHandle> idle;
   {
@@ -473,6 +503,7 @@ std::size_t Coordinator::release_idle_pages() {
   // The driver's calls without the lock: grants and give-backs go on meanwhile.
   for (const ChunkHandle chunk : idle) {
     try {
+      scrubber_.forget(chunk);  // its mapping for zeroing, if it had one
       backend_->release_chunk(chunk);
     } catch (const std::exception& e) {
       spdlog::error("releasing an idle page failed: {}", e.what());
@@ -500,10 +531,11 @@ std::string Coordinator::status_table(std::optional<SessionId> asking) const {
       free_now.emplace_back("?");
     }
   }
-  std::string out = fmt::format("policy {}  page {} KiB  spill {}  reclaim {}\n\n",
+  std::string out = fmt::format("policy {}  page {} KiB  spill {}  reclaim {}  zeroed for "
+                                "another user {}\n\n",
                                 runtime_.policy(), page_bytes_ / 1024,
                                 options_.spill == remote::Spill::host ? "host" : "none",
-                                options_.reclaim ? "ask" : "never");
+                                options_.reclaim ? "ask" : "never", scrubber_.scrubbed());
   {
     std::lock_guard lock(mu_);
     // fenced: pages whose last holder's work may still run; behind work: pages given back

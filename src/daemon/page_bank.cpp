@@ -41,7 +41,9 @@ std::vector<std::uint64_t> PageBank::grant(SessionId owner, std::size_t count) {
       break;  // the device has less than it said (another user): what was granted stands
     }
     const std::uint64_t id = remote::page_id(device_, next_serial_++);
-    pages_.emplace(id, Slot{chunk, 0, nullptr});
+    Slot slot;
+    slot.chunk = chunk;
+    pages_.emplace(id, std::move(slot));
     out.push_back(id);
   }
   for (const std::uint64_t id : out) pages_.at(id).owner = owner;
@@ -49,6 +51,26 @@ std::vector<std::uint64_t> PageBank::grant(SessionId owner, std::size_t count) {
   peak_granted_ = std::max(peak_granted_, granted_);
   return out;
 }
+
+std::vector<std::uint64_t> PageBank::of_another_user(const std::vector<std::uint64_t>& ids,
+                                                     std::uint32_t user) const {
+  std::vector<std::uint64_t> out;
+  for (const std::uint64_t id : ids) {
+    const std::optional<std::uint32_t>& last = pages_.at(id).user;
+    if (last && *last != user) out.push_back(id);
+  }
+  return out;
+}
+
+void PageBank::set_user(const std::vector<std::uint64_t>& ids, SessionId owner,
+                        std::uint32_t user) {
+  for (const std::uint64_t id : ids) {
+    Slot& slot = pages_.at(id);
+    if (slot.owner == owner) slot.user = user;
+  }
+}
+
+void PageBank::set_fence(std::uint64_t id, FencePtr fence) { pages_.at(id).fence = std::move(fence); }
 
 bool PageBank::all_held_by(SessionId owner, const std::vector<std::uint64_t>& ids) const {
   std::vector<std::uint64_t> sorted = ids;

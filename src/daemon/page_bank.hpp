@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -46,6 +47,16 @@ class PageBank {
   // (settled), `fence` (fenced), or the one they were granted with (untouched).
   void take_back(const std::vector<std::uint64_t>& ids,
                  remote::GiveFence mode = remote::GiveFence::settled, FencePtr fence = nullptr);
+  // Of `ids` (pages just granted), the pages whose last holder was not `user` (a uid): their
+  // bytes are another user's. A page never held has no last holder.
+  [[nodiscard]] std::vector<std::uint64_t> of_another_user(const std::vector<std::uint64_t>& ids,
+                                                           std::uint32_t user) const;
+  // Those of `ids` that `owner` still holds are `user`'s pages now (zeroed first where
+  // of_another_user named them).
+  void set_user(const std::vector<std::uint64_t>& ids, SessionId owner, std::uint32_t user);
+  void set_fence(std::uint64_t id, FencePtr fence);
+  [[nodiscard]] ChunkHandle chunk_of(std::uint64_t id) const { return pages_.at(id).chunk; }
+  [[nodiscard]] FencePtr fence_of(std::uint64_t id) const { return pages_.at(id).fence; }
   // Every page `owner` holds goes back, its fence kept; returns how many.
   std::size_t take_back_all(SessionId owner);
   // `session` has exited: the work its fences stand for is gone with it.
@@ -91,6 +102,7 @@ class PageBank {
     SessionId owner = 0;  // 0: free
     FencePtr fence;       // null: nothing pending
     Clock::time_point freed_at{};  // when it was last taken back (free pages only)
+    std::optional<std::uint32_t> user;  // the uid of its last holder's process (none: never held)
   };
   DeviceBackend& backend_;
   const int device_;

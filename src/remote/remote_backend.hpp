@@ -159,6 +159,10 @@ class RemoteBackend final : public DeviceBackend {
                      StreamHandle stream) override {
     local_->copy_async(dst, src, bytes, stream);
   }
+  void do_fill_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                     StreamHandle stream) override {
+    local_->fill_async(dst, value, bytes, stream);
+  }
   DeviceBackend& do_underlying() noexcept override { return local_->underlying(); }
 
   const std::shared_ptr<DeviceBackend> local_;

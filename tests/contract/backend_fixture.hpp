@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <bit>
 #include <chrono>
 #include <cstdint>
@@ -52,6 +54,8 @@ class BackendHarness {
   // (every byte on the simulated backend, sample words on the fake driver's sparse memory).
   virtual void fill(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) = 0;
   [[nodiscard]] virtual bool check(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) const = 0;
+  // Whether [ptr, ptr + bytes) reads as zeroes (the same bytes or words as check reads).
+  [[nodiscard]] virtual bool zeroed(DevicePtr ptr, std::size_t bytes) const = 0;
 
   // Physical bytes the backend holds at `where` (chunks created and not released).
   [[nodiscard]] virtual std::size_t chunk_bytes(Location where) const = 0;
@@ -113,6 +117,10 @@ class SimHarness final : public BackendHarness {
   [[nodiscard]] bool check(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) const override {
     return check_pattern(ptr, bytes, seed);
   }
+  [[nodiscard]] bool zeroed(DevicePtr ptr, std::size_t bytes) const override {
+    const auto* p = reinterpret_cast<const unsigned char*>(ptr);
+    return std::all_of(p, p + bytes, [](unsigned char b) { return b == 0; });
+  }
   [[nodiscard]] std::size_t chunk_bytes(Location where) const override {
     return sim_->chunk_bytes(where);
   }
@@ -171,6 +179,12 @@ class FakeCudaHarness final : public BackendHarness {
   [[nodiscard]] bool check(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) const override {
     for (const std::size_t at : sample_offsets(bytes)) {
       if (fake_.read_word(ptr + at) != word(seed, at)) return false;
+    }
+    return true;
+  }
+  [[nodiscard]] bool zeroed(DevicePtr ptr, std::size_t bytes) const override {
+    for (const std::size_t at : sample_offsets(bytes)) {
+      if (fake_.read_word(ptr + at) != 0) return false;
     }
     return true;
   }

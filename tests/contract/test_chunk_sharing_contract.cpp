@@ -127,6 +127,32 @@ TEST_P(ChunkSharingContract, EveryImportIsAHandleOfItsOwn) {
   harness->expect_no_violations("importing one chunk twice");
 }
 
+// salusd zeroes a page before another user gets it (fill_async): through an import, as salusd
+// holds no mapping of its own clients' pages, and in stream order, after work queued before it.
+TEST_P(ChunkSharingContract, AFillZeroesItsRangeAloneInStreamOrder) {
+  const ChunkHandle chunk = backend->create_chunk(kGpu0, 2 * page);
+  const SharedChunk shared = backend->export_chunk(chunk);
+  const std::shared_ptr<DeviceBackend> daemon = harness->peer_backend();
+  const ChunkHandle imported = daemon->import_chunk(kGpu0, shared);
+  ::close(shared.fd);
+  const DevicePtr a = map_rw(*backend, chunk, 2 * page);
+  const DevicePtr b = map_rw(*daemon, imported, 2 * page);
+  harness->fill(a, page, 21);
+  harness->fill(a + page, page, 22);
+  const StreamHandle stream = daemon->create_stream(0, 0);
+  daemon->copy_async(b, b + page, page, stream);  // queued before the fill: the fill wins
+  daemon->fill_async(b, 0, page, stream);
+  daemon->synchronize_stream(stream);
+  EXPECT_TRUE(harness->zeroed(a, page)) << "the filled page is not zero";
+  EXPECT_TRUE(harness->check(a + page, page, 22)) << "the fill went past its range";
+  EXPECT_NO_THROW(daemon->fill_async(b, 0, 0, stream)) << "0 bytes: nothing to do";
+  daemon->destroy_stream(stream);
+  unmap_free(*daemon, b, 2 * page);
+  daemon->release_chunk(imported);
+  unmap_free(*backend, a, 2 * page);
+  backend->release_chunk(chunk);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ChunkSharingContract, ::testing::ValuesIn(contract_backends()),
                          ContractBackendName);
 

@@ -149,6 +149,10 @@ CUresult fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
 CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
   return forward([&](auto& s) { return s.memcpy_async(dst, src, bytes, stream); });
 }
+CUresult fake_cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t bytes,
+                              CUstream stream) {
+  return forward([&](auto& s) { return s.memset_async(dst, value, bytes, stream); });
+}
 CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   return forward([&](auto& s) { return s.stream_is_capturing(stream, status); });
 }

@@ -264,6 +264,30 @@ CUresult FakeDriver::State::memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::
              });
 }
 
+CUresult FakeDriver::State::memset_async(CUdeviceptr dst, unsigned char value, std::size_t bytes,
+                                         CUstream stream) {
+  return run("cuMemsetD8Async",
+             {dst, value, bytes, static_cast<std::uint64_t>(std::bit_cast<std::uintptr_t>(stream))},
+             [&] {
+               if (!valid_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+               if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
+               if (config_.check_copy_ranges && bytes > 0 && !range_mapped(dst, bytes)) {
+                 return CUDA_ERROR_INVALID_VALUE;
+               }
+               if (bytes > 0) {
+                 // A copy of nothing: the words under the range are gone (read as 0) when it
+                 // completes.
+                 const int device = device_of_stream(stream);
+                 check_access(fmt::format("fill on device {} of", device), device, dst, bytes,
+                              CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+                 std::vector<CopyPiece> pieces = copy_pieces(dst, dst, bytes);
+                 for (CopyPiece& p : pieces) p.src = 0;
+                 enqueue(ItemKind::copy, stream, {span_of(dst, bytes)}, 0, false, std::move(pieces));
+               }
+               return CUDA_SUCCESS;
+             });
+}
+
 int FakeDriver::State::device_of_stream(CUstream stream) const {
   const auto it = streams_.find(std::bit_cast<std::uintptr_t>(stream));
   return it != streams_.end() ? it->second : current_device();

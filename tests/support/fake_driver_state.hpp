@@ -83,6 +83,8 @@ class FakeDriver::State {
   CUresult ipc_open_event_handle(CUevent* event, CUipcEventHandle handle);
   CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data);
   CUresult memcpy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream);
+  // Models zeroes only (bytes are sparse words): another value is CUDA_ERROR_NOT_SUPPORTED.
+  CUresult memset_async(CUdeviceptr dst, unsigned char value, std::size_t bytes, CUstream stream);
   CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus* status);
 
   // Host functions and capture (fake_driver_host.cpp).
