@@ -59,6 +59,10 @@ struct CoordinatorOptions {
   // back (it waits); after it, the log says whose exit they wait for, and short requests go on
   // without them.
   std::chrono::milliseconds exit_wait{10000};
+  // How long after a page came back behind a process's work (a fence) the daemon waits for that
+  // work before it hands the page to another process; a page whose work has not completed by
+  // then is withheld until it does, or its process exits.
+  std::chrono::milliseconds fence_wait{10000};
 };
 
 struct DeviceUse {
@@ -67,6 +71,7 @@ struct DeviceUse {
   std::size_t capacity_bytes = 0;
   std::size_t made_bytes = 0;  // of the driver's memory now: granted, free or fenced
   std::size_t released_idle_bytes = 0;  // given back to the driver as idle, since the start
+  std::size_t withheld_bytes = 0;  // behind another process's work that did not complete in time
 };
 
 class Coordinator {
@@ -177,6 +182,12 @@ class Coordinator {
   // Zeroes the pages of `ids` (just granted to `s`) whose last holder was another user, each
   // behind its last fence; their fence is then the zeroing's. On failure the grant goes back.
   void scrub_for(Session& s, int device, const std::vector<std::uint64_t>& ids);
+  // Of `ids` (just granted to `s`), the pages given back behind another process's work wait for
+  // it, each at most until its give-back's time plus fence_wait: those whose work completed go
+  // on settled, the others are withheld (out of the grant). Returns the pages that go on.
+  std::vector<std::uint64_t> settle_fences(Session& s, int device, std::vector<std::uint64_t> ids);
+  // Withheld pages whose work has completed become free (the server's tick).
+  void release_completed_withheld();
   // With mu_ held, for a short request of `s` on `device`: whether another process holding pages
   // there may still give some back (it is inside a turn and not short itself, it is leaving, or
   // it gave way lately and its exit is awaited); and whether `s` is the one to give way when none
@@ -200,7 +211,9 @@ class Coordinator {
   void wait_until_unmapped(const Session& s) const;
   // Throws InvalidArgument unless `fence` opens as an event of this backend on `device` (a
   // sealed event file, a handle of an event): it goes on to another process, which waits for it.
-  void check_fence(int device, const PageBank::Fence& fence, std::string_view what) const;
+  // Returns the event as opened here.
+  std::shared_ptr<const Event> check_fence(int device, const PageBank::Fence& fence,
+                                           std::string_view what) const;
   // check_fence for an end_iteration's fence, once per distinct fence of the process.
   void check_turn_fence(Session& s, Job& job, const PageBank::Fence& fence);
   // The timeline of every process's pages (salusd --trace): a move per grant and per give-back,

@@ -43,8 +43,12 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
   // May wait for other processes to give pages back: not on the connection's reader.
   s->spawn([this, s, want, seq, asked_us] {
     try {
-      const std::vector<std::uint64_t> ids = grant_or_wait(*s, want.device, want.count);
-      if (ids.empty()) throw Error(Errc::out_of_memory, short_reason(*s, want.device));
+      std::vector<std::uint64_t> ids;
+      do {  // each round that comes back empty withheld a page: it ends
+        ids = grant_or_wait(*s, want.device, want.count);
+        if (ids.empty()) throw Error(Errc::out_of_memory, short_reason(*s, want.device));
+        ids = settle_fences(*s, want.device, ids);
+      } while (ids.empty());
       scrub_for(*s, want.device, ids);
       PageBank::Batch batch;
       {
@@ -63,6 +67,82 @@ void Coordinator::on_take_pages(const std::shared_ptr<Session>& s, const remote:
       fail(*s, seq, e);
     }
   });
+}
+
+std::vector<std::uint64_t> Coordinator::settle_fences(Session& s, int device,
+                                                      std::vector<std::uint64_t> ids) {
+  // A page given back behind another process's work goes on once that work has completed, not
+  // behind it: a fence that never completes (a client's, crafted) would stall its next holder's
+  // stream for ever. Read under the lock, waited for without it.
+  std::vector<std::pair<std::uint64_t, PageBank::FencePtr>> fenced;
+  PageBank& bank = *banks_[static_cast<std::size_t>(device)];
+  {
+    std::lock_guard lock(mu_);
+    for (const std::uint64_t id : ids) {
+      PageBank::FencePtr f = bank.fence_of(id);
+      if (f && f->opened && f->from != s.id) fenced.emplace_back(id, std::move(f));
+    }
+  }
+  if (fenced.empty()) return ids;
+  const auto closing = [&] {
+    std::lock_guard lock(mu_);
+    return s.closing;
+  };
+  std::map<const PageBank::Fence*, bool> completed;  // each distinct fence, waited for once
+  for (const auto& [id, f] : fenced) {
+    if (completed.contains(f.get())) continue;
+    const auto deadline = f->given_at + options_.fence_wait;
+    auto pause = std::chrono::microseconds(20);
+    bool done = false;
+    while (!(done = f->opened->query()) && std::chrono::steady_clock::now() < deadline &&
+           !closing()) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    completed[f.get()] = done;
+    if (!done) {
+      spdlog::warn("session {}: pages given back by session {} behind work that has not completed "
+                   "in {} ms are withheld until it does (or that process exits)",
+                   s.id, f->from, options_.fence_wait.count());
+    }
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& [id, f] : fenced) {
+    if (completed[f.get()]) {
+      bank.set_fence(id, nullptr);  // settled: nothing left for the next holder to wait for
+    } else {
+      bank.withhold(id, s.id);
+      std::erase(ids, id);
+    }
+  }
+  return ids;
+}
+
+void Coordinator::release_completed_withheld() {
+  std::vector<std::pair<std::uint64_t, PageBank::FencePtr>> withheld;
+  std::vector<std::size_t> device_of;
+  {
+    std::lock_guard lock(mu_);
+    for (std::size_t d = 0; d < banks_.size(); ++d) {
+      for (auto& entry : banks_[d]->withheld()) {
+        withheld.push_back(std::move(entry));
+        device_of.push_back(d);
+      }
+    }
+  }
+  if (withheld.empty()) return;
+  std::vector<bool> done(withheld.size());
+  for (std::size_t i = 0; i < withheld.size(); ++i) {
+    const PageBank::FencePtr& f = withheld[i].second;
+    done[i] = !f || !f->opened || f->opened->query();
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < withheld.size(); ++i) {
+      if (done[i]) banks_[device_of[i]]->release_withheld(withheld[i].first);
+    }
+  }
+  pages_back_.notify_all();
 }
 
 void Coordinator::scrub_for(Session& s, int device, const std::vector<std::uint64_t>& ids) {
@@ -253,7 +333,7 @@ void Coordinator::ask_others_to_give_back(SessionId asking, int device, std::siz
 namespace {
 
 // What a give-back's fence is, as the bank keeps it; null when the pages are not fenced.
-PageBank::FencePtr fence_of(SessionId from, remote::GiveFence mode, const remote::FenceEntry& entry,
+std::shared_ptr<PageBank::Fence> fence_of(SessionId from, remote::GiveFence mode, const remote::FenceEntry& entry,
                             std::vector<remote::UniqueFd>& fds) {
   const std::size_t carried = fds.size();
   const bool with_fd = mode == remote::GiveFence::fenced && entry.fd_index >= 0;
@@ -280,9 +360,11 @@ void Coordinator::on_give_pages(Session& s, remote::Received& received) {
   std::vector<std::uint64_t> ids;
   remote::FenceEntry entry;
   const auto head = remote::give_body(record, ids, entry);
-  const PageBank::FencePtr fence = fence_of(s.id, head.fence, entry, received.fds);
+  const std::shared_ptr<PageBank::Fence> fence = fence_of(s.id, head.fence, entry, received.fds);
   if (fence && head.device >= 0 && head.device < static_cast<int>(banks_.size())) {
-    check_fence(head.device, *fence, "give_pages");  // before the lock: it opens the event
+    // Before the lock: it opens the event, which the daemon asks later (settle_fences).
+    fence->opened = check_fence(head.device, *fence, "give_pages");
+    fence->given_at = std::chrono::steady_clock::now();
   }
   {
     std::lock_guard lock(mu_);
@@ -317,8 +399,8 @@ void Coordinator::trace_pages(const std::string& what, int device, double begin_
   trace_->counter(std::move(held));
 }
 
-void Coordinator::check_fence(int device, const PageBank::Fence& fence,
-                              std::string_view what) const {
+std::shared_ptr<const Event> Coordinator::check_fence(int device, const PageBank::Fence& fence,
+                                                      std::string_view what) const {
   // The pages' next holder imports the fence and waits for it. What it cannot import would fail
   // that process, not this one's sender; a file its sender could still shrink would crash it
   // (SIGBUS). So a fence goes on only once it opened here.
@@ -335,14 +417,14 @@ void Coordinator::check_fence(int device, const PageBank::Fence& fence,
         what, device, what == "give_pages" ? " and the pages stay this process's" : "",
         e.what()));
   }
-  backend_->destroy_event(opened);
+  return std::make_shared<const Event>(backend_, opened);
 }
 
 void Coordinator::wait_for_exit(const Session& s) const {
   // A page goes to another process only once no process can reach it. One that hung up may live
   // on with its mappings (and, on CUDA, work queued on them), so its pages wait for its exit,
-  // however long: never for a fixed time. (A forked child inherits no mapping of device memory:
-  // the simulated device maps it MADV_DONTFORK, as CUDA does.) The daemon's own process is a
+  // however long: never for a fixed time. (A forked child that kept its mappings of a simulated
+  // device: wait_until_unmapped.) The daemon's own process is a
   // coordinator in a test, whose clients' mappings are its own: nothing to wait for.
   if (s.peer.pid == ::getpid()) return;
   if (s.pidfd.get() < 0) {
@@ -485,11 +567,12 @@ DeviceUse Coordinator::device_use(int device) const {
   const PageBank& bank = *banks_.at(static_cast<std::size_t>(device));
   return {bank.granted_pages() * page_bytes_, bank.peak_granted_pages() * page_bytes_,
           bank.capacity_pages() * page_bytes_, bank.made_pages() * page_bytes_,
-          bank.released_idle_pages() * page_bytes_};
+          bank.released_idle_pages() * page_bytes_, bank.withheld_pages() * page_bytes_};
 }
 
 std::size_t Coordinator::release_idle_pages() {
   scrubber_.recycle_completed();
+  release_completed_withheld();
   if (options_.idle_release.count() == 0) return 0;
   std::vector<ChunkHandle> idle;
   {
@@ -540,15 +623,16 @@ std::string Coordinator::status_table(std::optional<SessionId> asking) const {
     std::lock_guard lock(mu_);
     // fenced: pages whose last holder's work may still run; behind work: pages given back
     // behind queued work (an interprocess event) since the start.
-    out += fmt::format("{:<7} {:>10} {:>14} {:>14} {:>14} {:>8} {:>12}\n", "device", "pages",
-                       "granted MiB", "peak MiB", "capacity MiB", "fenced", "behind work");
+    out += fmt::format("{:<7} {:>10} {:>14} {:>14} {:>14} {:>8} {:>12} {:>9}\n", "device",
+                       "pages", "granted MiB", "peak MiB", "capacity MiB", "fenced",
+                       "behind work", "withheld");
     for (std::size_t d = 0; d < banks_.size(); ++d) {
       const PageBank& b = *banks_[d];
-      out += fmt::format("{:<7} {:>10} {:>14.1f} {:>14.1f} {:>14.1f} {:>8} {:>12}\n", d,
+      out += fmt::format("{:<7} {:>10} {:>14.1f} {:>14.1f} {:>14.1f} {:>8} {:>12} {:>9}\n", d,
                          b.granted_pages(), b.granted_pages() * page_bytes_ / 1048576.0,
                          b.peak_granted_pages() * page_bytes_ / 1048576.0,
                          b.capacity_pages() * page_bytes_ / 1048576.0, b.fenced_pages(),
-                         b.fenced_returns());
+                         b.fenced_returns(), b.withheld_pages());
     }
     // What the driver's memory is: the daemon's capacity came from what was free at its start
     // less the reserve; pages it made and keeps; pages idle long enough went back; and what the

@@ -88,6 +88,7 @@ struct Args {
   std::string reserve = "auto";
   double idle_release_s = 30;
   double exit_wait_s = 10;
+  double fence_wait_s = 10;
   std::string process_limit = "0";
   std::string spill = "none";
   std::string reclaim = "ask";
@@ -120,6 +121,11 @@ void add_options(CLI::App& app, Args& a) {
                  "the pages of a process that hung up wait for its exit however long (while it "
                  "lives it may still reach them); for these seconds another process short of "
                  "pages waits for them, and after them the log names the process; default 10")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--fence-wait", a.fence_wait_s,
+                 "seconds a page given back behind a process's GPU work waits for that work before "
+                 "it goes to another process; a page whose work is not done by then is withheld "
+                 "until it is (or that process exits); default 10")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
@@ -183,6 +189,8 @@ int serve(Args a, const sigset_t& stop_signals) {
   a.options.reserve_bytes = reserve_bytes(a.reserve, *backend);
   a.options.exit_wait =
       std::chrono::milliseconds(static_cast<std::int64_t>(a.exit_wait_s * 1000.0));
+  a.options.fence_wait =
+      std::chrono::milliseconds(static_cast<std::int64_t>(a.fence_wait_s * 1000.0));
   a.options.idle_release = std::chrono::milliseconds(
       static_cast<std::int64_t>(a.idle_release_s * 1000.0));
   salus::daemon::Coordinator coordinator(std::move(backend), a.options);

@@ -110,8 +110,40 @@ std::size_t PageBank::take_back_all(SessionId owner) {
 
 void PageBank::forget_fences_of(SessionId session) {
   for (auto& [id, slot] : pages_) {
-    if (slot.fence && slot.fence->from == session) slot.fence = nullptr;
+    if (!slot.fence || slot.fence->from != session) continue;
+    if (slot.withheld) {
+      release_withheld(id);
+    } else {
+      slot.fence = nullptr;
+    }
   }
+}
+
+void PageBank::withhold(std::uint64_t id, SessionId owner) {
+  Slot& slot = pages_.at(id);
+  if (slot.owner != owner) return;  // went back meanwhile (its session closed)
+  slot.owner = 0;
+  slot.withheld = true;
+  --granted_;
+  ++withheld_;
+}
+
+std::vector<std::pair<std::uint64_t, PageBank::FencePtr>> PageBank::withheld() const {
+  std::vector<std::pair<std::uint64_t, FencePtr>> out;
+  for (const auto& [id, slot] : pages_) {
+    if (slot.withheld) out.emplace_back(id, slot.fence);
+  }
+  return out;
+}
+
+void PageBank::release_withheld(std::uint64_t id) {
+  Slot& slot = pages_.at(id);
+  if (!slot.withheld) return;
+  slot.withheld = false;
+  slot.fence = nullptr;
+  slot.freed_at = Clock::now();
+  free_.push_back(id);
+  --withheld_;
 }
 
 std::vector<ChunkHandle> PageBank::take_idle(Clock::time_point now, Clock::duration idle) {
@@ -166,8 +198,14 @@ std::string PageBank::inconsistency() const {
   const auto held = static_cast<std::size_t>(std::count_if(
       pages_.begin(), pages_.end(), [](const auto& entry) { return entry.second.owner != 0; }));
   if (held != granted_) return fmt::format("{} pages held, {} counted granted", held, granted_);
-  if (held + free_.size() != pages_.size()) {
-    return fmt::format("{} held + {} free != {} pages", held, free_.size(), pages_.size());
+  const auto withheld = static_cast<std::size_t>(std::count_if(
+      pages_.begin(), pages_.end(), [](const auto& entry) { return entry.second.withheld; }));
+  if (withheld != withheld_) {
+    return fmt::format("{} pages withheld, {} counted", withheld, withheld_);
+  }
+  if (held + free_.size() + withheld != pages_.size()) {
+    return fmt::format("{} held + {} free + {} withheld != {} pages", held, free_.size(), withheld,
+                       pages_.size());
   }
   return "";
 }

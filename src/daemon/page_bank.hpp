@@ -40,6 +40,10 @@ class PageBank {
     remote::FenceEntry entry;
     remote::UniqueFd fd;  // the simulated event's memory; empty on CUDA
     SessionId from = 0;
+    // A give-back's: the event as the daemon opened it (Coordinator::check_fence), which it asks
+    // whether the work has completed, and when it came. Null on the turn path.
+    std::shared_ptr<const Event> opened;
+    std::chrono::steady_clock::time_point given_at{};
   };
   using FencePtr = std::shared_ptr<const Fence>;
 
@@ -57,6 +61,14 @@ class PageBank {
   void set_fence(std::uint64_t id, FencePtr fence);
   [[nodiscard]] ChunkHandle chunk_of(std::uint64_t id) const { return pages_.at(id).chunk; }
   [[nodiscard]] FencePtr fence_of(std::uint64_t id) const { return pages_.at(id).fence; }
+  // A page of `owner`'s (just granted) whose fence did not complete within the bound: it is out
+  // of the grant and withheld, neither free nor held, until release_withheld.
+  void withhold(std::uint64_t id, SessionId owner);
+  // The withheld pages and their fences.
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, FencePtr>> withheld() const;
+  // A withheld page's fence has completed (or its giver exited): it is free, settled.
+  void release_withheld(std::uint64_t id);
+  [[nodiscard]] std::size_t withheld_pages() const { return withheld_; }
   // Every page `owner` holds goes back, its fence kept; returns how many.
   std::size_t take_back_all(SessionId owner);
   // `session` has exited: the work its fences stand for is gone with it.
@@ -103,6 +115,7 @@ class PageBank {
     FencePtr fence;       // null: nothing pending
     Clock::time_point freed_at{};  // when it was last taken back (free pages only)
     std::optional<std::uint32_t> user;  // the uid of its last holder's process (none: never held)
+    bool withheld = false;
   };
   DeviceBackend& backend_;
   const int device_;
@@ -117,6 +130,7 @@ class PageBank {
   std::size_t peak_granted_ = 0;
   std::uint64_t fenced_returns_ = 0;
   std::uint64_t released_idle_ = 0;
+  std::size_t withheld_ = 0;
 };
 
 }  // namespace salus::daemon

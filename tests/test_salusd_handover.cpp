@@ -1,14 +1,20 @@
-// A page that goes to another user is zeroed first (issue 34, item 7: with --group, users share a
-// daemon, and pages kept their last holder's bytes). The zeroing runs on the GPU after the last
-// holder's work on the page (its fence), so even bytes that work writes after the page was given
-// back never reach the next user; a page that stays with its user is not zeroed (a hand-over
-// between one user's processes costs nothing more). On the coordinator over a simulated GPU,
-// whose pages the test maps as a process would.
+// What a page carries from one process to the next (issue 34, item 7), on the coordinator over a
+// simulated GPU whose pages the test maps as a process would:
+//  - its bytes: a page that goes to another user is zeroed first (with --group, users share a
+//    daemon, and pages kept their last holder's bytes). The zeroing runs on the GPU after the
+//    last holder's work on the page (its fence), so even bytes that work writes after the page
+//    was given back never reach the next user; a page that stays with its user is not zeroed (a
+//    hand-over between one user's processes costs nothing more);
+//  - its fence: a page given back behind work goes to another process once that work has
+//    completed, waited for at most --fence-wait after the give-back; past that it is withheld,
+//    so work that never completes (a crafted fence) stalls nobody.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <future>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -66,6 +72,11 @@ class Process {
     return on.import_event(0, shared);
   }
   std::size_t distinct_fences() const { return fences_.size(); }
+  std::vector<std::uint64_t> page_ids() const {
+    std::vector<std::uint64_t> ids;
+    for (const remote::PageEntry& e : entries_) ids.push_back(e.id);
+    return ids;
+  }
   // Gives back the last grant's pages: behind `fence` (an exported event's descriptor and handle)
   // or, with none, as settled.
   void give_back(const SharedEvent* fence) {
@@ -191,6 +202,61 @@ TEST(SalusdScrub, APageThatGoesToAnotherUserIsZeroedAfterItsLastHoldersWork) {
   alice.unmap();
   bob.unmap();
   bobs_other.unmap();
+  ::close(shared.fd);
+  backend->destroy_event(her_work);
+  backend->destroy_stream(stream);
+}
+
+TEST(SalusdFenceWait, PagesBehindWorkThatDoesNotCompleteInTimeAreWithheldNotHandedOn) {
+  const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  daemon::CoordinatorOptions options;
+  options.fence_wait = 200ms;  // a bound on the daemon's wait, not a timing the test asserts
+  daemon::Coordinator coordinator(backend, options);
+  const std::size_t page = backend->granularity(Location::gpu(0));
+  constexpr std::uint32_t kUser = 1001;
+
+  // Alice gives two pages back behind work that does not complete until the test lets it.
+  Process alice(coordinator, kUser);
+  (void)alice.take(2, page);
+  const std::vector<std::uint64_t> hers = alice.page_ids();
+  const StreamHandle stream = backend->create_stream(0, 0);
+  std::promise<void> let_go;
+  std::shared_future<void> released = let_go.get_future().share();
+  backend->launch_host_func(stream, [released] { released.wait(); });
+  const EventHandle her_work = backend->create_shareable_event(0);
+  backend->record_event(her_work, stream);
+  const SharedEvent shared = backend->export_event(her_work);
+  alice.give_back(&shared);
+
+  // Bob's ask does not get them: they are withheld once the bound has passed, and he gets two
+  // other pages, with no fence to wait for.
+  Process bob(coordinator, kUser);
+  (void)bob.take(2, page);
+  for (const std::uint64_t id : bob.page_ids()) {
+    EXPECT_EQ(std::count(hers.begin(), hers.end(), id), 0) << "a page behind work that had not "
+                                                              "completed in time was handed on";
+  }
+  EXPECT_EQ(bob.distinct_fences(), 0u);
+  EXPECT_EQ(coordinator.device_use(0).withheld_bytes, 2 * page);
+  EXPECT_EQ(coordinator.inconsistency(), "");
+
+  // Once the work completes, the daemon's tick frees them, and they go on settled.
+  let_go.set_value();
+  backend->synchronize_stream(stream);
+  (void)coordinator.release_idle_pages();
+  EXPECT_EQ(coordinator.device_use(0).withheld_bytes, 0u);
+  Process carol(coordinator, kUser);
+  (void)carol.take(2, page);
+  std::vector<std::uint64_t> hers_sorted = hers, carols = carol.page_ids();
+  std::sort(hers_sorted.begin(), hers_sorted.end());
+  std::sort(carols.begin(), carols.end());
+  EXPECT_EQ(carols, hers_sorted);
+  EXPECT_EQ(carol.distinct_fences(), 0u) << "completed work leaves nothing to wait for";
+  EXPECT_EQ(coordinator.inconsistency(), "");
+
+  alice.unmap();
+  bob.unmap();
+  carol.unmap();
   ::close(shared.fd);
   backend->destroy_event(her_work);
   backend->destroy_stream(stream);
