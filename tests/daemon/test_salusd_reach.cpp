@@ -25,6 +25,20 @@ namespace {
 
 using namespace salus::remote;
 
+// In a forked client: greets the daemon on `c` and takes every page of device 0. Returns the
+// grant and the page size; leaves the process (_exit 2 or 3) when the daemon says otherwise.
+std::pair<Received, std::size_t> take_every_page(Channel& c) {
+  c.send(encode(MessageType::hello, 1, Hello{}));
+  const auto welcome = c.receive();
+  if (!welcome || welcome->record.type() != MessageType::welcome) ::_exit(2);
+  const auto w = body_as<Welcome>(welcome->record);
+  const auto pages = static_cast<std::uint32_t>(w.device_bytes[0] / w.page_bytes);
+  c.send(encode(MessageType::take_pages, 2, PageCount{0, pages}));
+  auto got = c.receive();
+  if (!got || got->record.type() != MessageType::pages) ::_exit(3);
+  return {std::move(*got), w.page_bytes};
+}
+
 // A forked process that takes every page of device 0, hangs up, says so on `hung_up`, and lives
 // on with the pages' descriptors (what it would map them through) until `go` is written.
 pid_t hung_up_holder(const std::string& socket, int hung_up, int go) {
@@ -35,15 +49,7 @@ pid_t hung_up_holder(const std::string& socket, int hung_up, int go) {
     std::vector<UniqueFd> held;
     {
       Channel c(connect_to(socket));
-      c.send(encode(MessageType::hello, 1, Hello{}));
-      const auto welcome = c.receive();
-      if (!welcome || welcome->record.type() != MessageType::welcome) ::_exit(2);
-      const auto w = body_as<Welcome>(welcome->record);
-      const auto pages = static_cast<std::uint32_t>(w.device_bytes[0] / w.page_bytes);
-      c.send(encode(MessageType::take_pages, 2, PageCount{0, pages}));
-      auto got = c.receive();
-      if (!got || got->record.type() != MessageType::pages) ::_exit(3);
-      held = std::move(got->fds);
+      held = std::move(take_every_page(c).first.fds);
     }  // hung up
     const char one = 1;
     if (::write(hung_up, &one, 1) != 1) code = 4;
@@ -108,23 +114,16 @@ pid_t parent_of_a_mapping_child(const std::string& socket, int ready, int go) {
   std::vector<std::pair<char*, std::size_t>> mapped;
   {
     Channel c(connect_to(socket));
-    c.send(encode(MessageType::hello, 1, Hello{}));
-    const auto welcome = c.receive();
-    if (!welcome || welcome->record.type() != MessageType::welcome) ::_exit(2);
-    const auto w = body_as<Welcome>(welcome->record);
-    const auto pages = static_cast<std::uint32_t>(w.device_bytes[0] / w.page_bytes);
-    c.send(encode(MessageType::take_pages, 2, PageCount{0, pages}));
-    auto got = c.receive();
-    if (!got || got->record.type() != MessageType::pages) ::_exit(3);
+    auto [got, page_bytes] = take_every_page(c);
     std::vector<PageEntry> entries;
     std::vector<FenceEntry> fences;
-    (void)pages_body(got->record, entries, fences);
+    (void)pages_body(got.record, entries, fences);
     for (const PageEntry& e : entries) {
-      void* p = ::mmap(nullptr, w.page_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                       got->fds.at(e.fd_index).get(), static_cast<off_t>(e.offset));
+      void* p = ::mmap(nullptr, page_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       got.fds.at(e.fd_index).get(), static_cast<off_t>(e.offset));
       if (p == MAP_FAILED) ::_exit(4);
-      std::memset(p, 0x5a, w.page_bytes);
-      mapped.emplace_back(static_cast<char*>(p), w.page_bytes);
+      std::memset(p, 0x5a, page_bytes);
+      mapped.emplace_back(static_cast<char*>(p), page_bytes);
     }
     const pid_t child = ::fork();
     if (child == 0) {
