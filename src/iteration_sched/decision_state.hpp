@@ -207,9 +207,14 @@ struct DecisionCore::State {
     }
   }
   void dequeue(const JobRecord& rec) {
-    lanes.at(*rec.lane).waiting.erase(rec.wait_key());
-    waiting_admitted.erase(rec.wait_key());
-    solo_waiting.erase(rec.wait_key());
+    const WaitKey key = rec.wait_key();
+    erase_one(lanes.at(*rec.lane).waiting, key);
+    erase_one(waiting_admitted, key);
+    erase_one(solo_waiting, key);
+  }
+  // Keys are unique (they end with the job's id): one descent, not erase(key)'s equal_range.
+  static void erase_one(std::set<WaitKey>& set, const WaitKey& key) {
+    if (const auto it = set.find(key); it != set.end()) set.erase(it);
   }
 
   // Every caller takes `rec` out of `pending` (admission is the only way out besides remove()).

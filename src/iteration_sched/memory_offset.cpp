@@ -168,7 +168,7 @@ const Combined& combined_running(std::span<const RunningIteration> running,
   input_key(running, held, s.key);
   if (!s.built || s.key != s.built_key) {
     build_combined(running, held, s);
-    s.built_key = s.key;
+    std::swap(s.built_key, s.key);  // the next call rebuilds `key` anyway
     s.built = true;
   }
   return s.combined;
