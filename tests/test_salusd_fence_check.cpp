@@ -169,7 +169,9 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
     r.record.header = remote::decode_header(bytes);
     r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
     if (fd >= 0) r.fds.emplace_back(::dup(fd));
-    const std::vector<std::byte> reply = coordinator.turn_call(link, r).record;
+    const std::optional<daemon::Coordinator::Reply> answer = coordinator.turn_call(link, r).reply;
+    if (!answer) ADD_FAILURE() << "the call waits (its turn is not there)";
+    const std::vector<std::byte> reply = answer ? answer->record : std::vector<std::byte>{};
     remote::Record out;
     out.header = remote::decode_header(reply);
     out.body.assign(reply.begin() + sizeof(remote::Header), reply.end());

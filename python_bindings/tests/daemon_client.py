@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--joined", help="a file made once the job is added")
     parser.add_argument("--wait-for", help="a file whose making starts the iterations")
+    parser.add_argument("--begun", help="a file made once the first iteration has its turn")
     parser.add_argument("--first-holds-for",
                         help="a job whose turn the first iteration waits to be asked for "
                              "(the daemon's status says it waits), so that turns must alternate")
@@ -69,6 +70,8 @@ def main() -> None:
         for i in range(args.iterations):
             with job.iteration():
                 begun = time.monotonic()
+                if i == 0 and args.begun:
+                    open(args.begun, "w").close()
                 if i == 0 and args.first_holds_for:
                     wait_until_waiting(args.socket, args.first_holds_for)
                 loss = nn.functional.cross_entropy(model(data), labels)

@@ -64,11 +64,12 @@ def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str,
     ready = tmp / "ready"
     for name in names:
         cmd = [sys.executable, str(CLIENT), "--name", name, "--out", str(tmp / f"{name}.json"),
-               *extra, *(own or {}).get(name, [])]
+               *extra]
         if socket:
             cmd += ["--socket", socket]
         if len(names) > 1:
             cmd += ["--joined", str(tmp / f"{name}.joined"), "--wait-for", str(ready)]
+        cmd += (own or {}).get(name, [])  # last: a client's own arguments override the others
         procs.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
     if len(names) > 1:
         deadline = time.monotonic() + 120
@@ -85,10 +86,13 @@ def run_clients(tmp: Path, socket: str | None, names: list[str], *extra: str,
 
 
 def test_two_torch_processes_take_turns_and_train_as_alone(daemon: Daemon, tmp_path: Path) -> None:
-    # a's first iteration lasts until b waits for its turn, so that fair must alternate them
-    # (which process starts first, and when, is the machine's business).
+    # b starts once a holds its first turn, and a's first iteration lasts until b waits for its
+    # turn, so that fair must alternate them (else b, on a busy machine, could run all its
+    # iterations before a asks for its first: nothing would then be shared).
+    begun = str(tmp_path / "a.begun")
     shared = run_clients(tmp_path, daemon.socket, ["a", "b"], "--iterations", "6",
-                         own={"a": ["--first-holds-for", "b"]})
+                         own={"a": ["--first-holds-for", "b", "--begun", begun],
+                              "b": ["--wait-for", begun]})
     alone = run_clients(tmp_path, None, ["alone"], "--iterations", "6")[0]
     for r in shared:
         assert r["error"] is None, r

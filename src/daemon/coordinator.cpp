@@ -234,6 +234,10 @@ void Coordinator::on_add_job(Session& s, const remote::Record& record) {
     }
   }
   auto job = std::make_shared<Job>(runtime_.add_job(std::move(spec)));
+  // Its turn connection's waits have no thread in them: the turn loop hears of their changes.
+  RuntimeAccess::on_wake(*job, [this, key = job.get()] {
+    if (turn_listener_) turn_listener_(key);
+  });
   const remote::JobAdded added{job->id().value};
   {
     std::lock_guard lock(mu_);

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,8 +104,9 @@ class Coordinator {
   void stop();
 
   // A job's turn connection, joined to its process's session by AttachTurns (the connection's
-  // first record). Its calls are answered by the connection's own thread (turn_call), so that a
-  // switch costs no hand-over to a worker thread.
+  // first record). Its calls are answered by salusd's turn loop (daemon/turn_loop.hpp), which
+  // never waits on a thread for a turn: a begin whose turn is not there yet comes back as a
+  // WaitingTurn, asked again (retry_turn) when the job's wait changes (set_turn_listener).
   struct TurnLink {
     std::shared_ptr<Session> session;
     std::shared_ptr<Job> job;
@@ -120,11 +122,34 @@ class Coordinator {
     std::vector<std::byte> record;
     std::vector<remote::UniqueFd> fds;
   };
-  // Answers one record of a turn connection: begin_iteration (which may wait for the turn),
-  // end_iteration (which may carry a descriptor: a simulated fence's) or withdraw of its job.
-  // Returns the reply (a Failure for a refusal); throws ProtocolError for a record a turn
-  // connection may not carry.
-  Reply turn_call(const TurnLink& link, remote::Received& received);
+  // A begin whose turn was not there yet: its call, and when it stops waiting (its timeout).
+  struct WaitingTurn {
+    std::uint64_t seq = 0;
+    remote::JobCall call;
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+  };
+  // What a turn call comes to: its reply, or the begin that waits for its turn.
+  struct TurnResult {
+    std::optional<Reply> reply;
+    std::optional<WaitingTurn> waiting;
+  };
+  // Answers one record of a turn connection: begin_iteration, end_iteration (which may carry a
+  // descriptor: a simulated fence's) or withdraw of its job. An end calls `between` once the
+  // lane's next job is in and before the ended iteration's bookkeeping (RuntimeAccess::
+  // end_iteration): where the loop sends the next job its turn. Throws ProtocolError for a
+  // record a turn connection may not carry; every refusal is a Failure reply.
+  TurnResult turn_call(const TurnLink& link, remote::Received& received,
+                       const std::function<void()>& between = {});
+  // A waiting begin asked again: the reply once the turn is granted, the job is refused (a
+  // cancel), or the deadline has passed (not admitted; the job keeps its place); nullopt while it
+  // still waits.
+  std::optional<Reply> retry_turn(const TurnLink& link, const WaitingTurn& waiting);
+  // Called with a job whenever its wait for a turn may have changed (RuntimeAccess::on_wake), on
+  // the thread that decided and possibly under its scheduler's lock: it only takes note. Set
+  // once, before any session opens.
+  void set_turn_listener(std::function<void(const Job*)> listener) {
+    turn_listener_ = std::move(listener);
+  }
 
   // Releases to the driver the free pages idle for CoordinatorOptions::idle_release (the server
   // calls it about once a second). Returns how many went.
@@ -155,6 +180,10 @@ class Coordinator {
   // Returns the turn and, for the fence it names, the descriptor to send with it.
   std::pair<remote::Turn, remote::UniqueFd> take_turn(Session& s, Job& job,
                                                       const remote::JobCall& call);
+  // The turn for `call` once its begin returned `lane` (nullopt: not admitted in time).
+  std::pair<remote::Turn, remote::UniqueFd> granted(Session& s, Job& job,
+                                                    const remote::JobCall& call,
+                                                    std::optional<StreamHandle> lane);
   // What an end_iteration says its job's process measured, as the policies should plan with it:
   // nothing under --spill host, where a waiting process's memory leaves the device (its jobs
   // then run alone, one at a time, whatever the policy). Throws ProtocolError when malformed.
@@ -168,8 +197,10 @@ class Coordinator {
     std::optional<GpuTime> gpu;
   };
   [[nodiscard]] EndReport end_report(const remote::Record& end) const;
+  // `between`: see turn_call.
   void give_turn(Session& s, Job& job, remote::MessageType type, const EndReport& report,
-                 std::shared_ptr<const PageBank::Fence> fence, bool settled);
+                 std::shared_ptr<const PageBank::Fence> fence, bool settled,
+                 const std::function<void()>& between = {});
   // The fence an end_iteration carries (its descriptor taken from `received`), or null.
   static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,
                                                           remote::Received& received);
@@ -222,6 +253,9 @@ class Coordinator {
 
   const std::shared_ptr<DeviceBackend> backend_;
   const CoordinatorOptions options_;
+  // Set before any session and read unlocked; declared before the runtime, whose jobs call it
+  // until they are gone.
+  std::function<void(const Job*)> turn_listener_;
   Runtime runtime_;
   const std::size_t page_bytes_;
   const std::shared_ptr<TraceRecorder> trace_;

@@ -1,11 +1,12 @@
 // Turns: a job's begin_iteration, end_iteration and withdraw, from the session's connection (a
-// begin waits on a worker thread) or from the job's own turn connection (answered by the thread
-// that reads it, which has nothing else to read meanwhile).
+// begin waits on a worker thread) or from the job's own turn connection, which salusd's turn loop
+// serves (daemon/turn_loop.hpp): a begin there never waits on a thread; the loop asks again when
+// the job's wait changes (RuntimeAccess::on_wake).
 //
-// One switch between processes: the giver's end reaches its job's turn thread, which ends the
-// daemon job's iteration; that wakes the next job's turn thread, waiting in the daemon runtime's
-// begin_iteration, which answers the client thread waiting on its socket. (Answering the next job
-// from the giver's thread instead, at once, saved no time measured: its own thread still wakes.)
+// One switch between processes: the giver's end reaches the loop (which watches for it when it
+// is due), which ends the daemon job's iteration; the next job's turn is noted by its on_wake and
+// sent by the loop at once, before the ended iteration's bookkeeping, to the next process, which
+// watches for it when it is due. No thread is woken through the kernel on that path.
 #include "daemon/coordinator.hpp"
 #include "daemon/session.hpp"
 
@@ -22,14 +23,18 @@ using remote::MessageType;
 
 std::pair<remote::Turn, remote::UniqueFd> Coordinator::take_turn(Session& s, Job& job,
                                                                    const remote::JobCall& call) {
-  remote::Turn turn{call.job, 1, 0, {}};
   std::optional<StreamHandle> lane;
   if (call.timeout_ns < 0) {
     lane = job.begin_iteration();
   } else {
     lane = job.try_begin_iteration(std::chrono::nanoseconds(call.timeout_ns));
-    turn.admitted = lane ? 1 : 0;
   }
+  return granted(s, job, call, lane);
+}
+
+std::pair<remote::Turn, remote::UniqueFd> Coordinator::granted(
+    Session& s, Job& job, const remote::JobCall& call, std::optional<StreamHandle> lane) {
+  remote::Turn turn{call.job, lane ? 1u : 0u, 0, {}};
   remote::UniqueFd fd;
   if (!lane) return {turn, std::move(fd)};
   {
@@ -102,7 +107,8 @@ Coordinator::EndReport Coordinator::end_report(const remote::Record& end) const 
 }
 
 void Coordinator::give_turn(Session& s, Job& job, MessageType type, const EndReport& report,
-                            std::shared_ptr<const PageBank::Fence> fence, bool settled) {
+                            std::shared_ptr<const PageBank::Fence> fence, bool settled,
+                            const std::function<void()>& between) {
   {
     std::lock_guard lock(mu_);
     s.in_turn.erase(&job);
@@ -123,9 +129,10 @@ void Coordinator::give_turn(Session& s, Job& job, MessageType type, const EndRep
                     gpu->iterations, gpu->seconds);
       RuntimeAccess::report_gpu_time(job, *gpu);
     }
-    job.end_iteration();
+    RuntimeAccess::end_iteration(job, between);
   } else {
     job.withdraw();
+    if (between) between();
   }
 }
 
@@ -167,7 +174,20 @@ Coordinator::TurnLink Coordinator::attach_turns(const remote::PeerCredentials& p
   return TurnLink{s, job->second, a.job};
 }
 
-Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received& received) {
+namespace {
+
+Coordinator::Reply failure_reply(std::uint64_t seq, const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  return {remote::encode(MessageType::failure, seq,
+                         remote::failure_of(error != nullptr ? error->code() : Errc::device_error,
+                                            e.what())),
+          {}};
+}
+
+}  // namespace
+
+Coordinator::TurnResult Coordinator::turn_call(const TurnLink& link, remote::Received& received,
+                                               const std::function<void()>& between) {
   const remote::Record& record = received.record;
   const MessageType type = record.type();
   if (type != MessageType::begin_iteration && type != MessageType::end_iteration &&
@@ -186,28 +206,48 @@ Coordinator::Reply Coordinator::turn_call(const TurnLink& link, remote::Received
     throw remote::ProtocolError(fmt::format("a turn connection's {} carried {} descriptors",
                                             to_string(type), received.fds.size()));
   }
+  const std::uint64_t seq = record.header.seq;
+  if (type == MessageType::begin_iteration) {
+    WaitingTurn waiting{seq, call, std::nullopt};
+    if (call.timeout_ns >= 0) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto left = std::chrono::nanoseconds(call.timeout_ns);
+      // A deadline past the clock's range waits as long as an untimed begin.
+      if (left < std::chrono::steady_clock::time_point::max() - now) {
+        waiting.deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+      }
+    }
+    std::optional<Reply> reply = retry_turn(link, waiting);
+    if (reply) return {std::move(reply), std::nullopt};
+    return {std::nullopt, waiting};
+  }
   std::shared_ptr<const PageBank::Fence> fence = end ? end_fence(*link.session, received) : nullptr;
   const bool settled =
       end && remote::body_as<remote::EndIteration>(record).fenced == remote::kSettled;
   // A malformed report is the connection's end (a ProtocolError), as a malformed record is.
   const EndReport report = end ? end_report(record) : EndReport{};
-  const std::uint64_t seq = record.header.seq;
   try {
-    if (type == MessageType::begin_iteration) {
-      auto [turn, fd] = take_turn(*link.session, *link.job, call);
-      Reply out{remote::encode(MessageType::turn, seq, turn), {}};
-      if (fd.get() >= 0) out.fds.push_back(std::move(fd));
-      return out;
-    }
     if (fence) check_turn_fence(*link.session, *link.job, *fence);  // the turn stays its own
-    give_turn(*link.session, *link.job, type, report, std::move(fence), settled);
-    return {remote::encode_body(MessageType::done, seq, {}), {}};
+    give_turn(*link.session, *link.job, type, report, std::move(fence), settled, between);
+    return {Reply{remote::encode_body(MessageType::done, seq, {}), {}}, std::nullopt};
   } catch (const std::exception& e) {
-    const auto* error = dynamic_cast<const Error*>(&e);
-    return {remote::encode(MessageType::failure, seq,
-                           remote::failure_of(error != nullptr ? error->code() : Errc::device_error,
-                                              e.what())),
-            {}};
+    return {failure_reply(seq, e), std::nullopt};
+  }
+}
+
+std::optional<Coordinator::Reply> Coordinator::retry_turn(const TurnLink& link,
+                                                          const WaitingTurn& waiting) {
+  try {
+    // Asks without waiting: a job whose turn is not there yet stays in its place in the queue.
+    const std::optional<StreamHandle> lane = link.job->try_begin_iteration({});
+    const bool expired = waiting.deadline && std::chrono::steady_clock::now() >= *waiting.deadline;
+    if (!lane && !expired) return std::nullopt;
+    auto [turn, fd] = granted(*link.session, *link.job, waiting.call, lane);
+    Reply out{remote::encode(MessageType::turn, waiting.seq, turn), {}};
+    if (fd.get() >= 0) out.fds.push_back(std::move(fd));
+    return out;
+  } catch (const std::exception& e) {
+    return failure_reply(waiting.seq, e);
   }
 }
 

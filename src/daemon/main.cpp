@@ -89,6 +89,7 @@ struct Args {
   double idle_release_s = 30;
   double exit_wait_s = 10;
   double fence_wait_s = 10;
+  double turn_spin_us = 50;
   std::string process_limit = "0";
   std::string spill = "none";
   std::string reclaim = "ask";
@@ -127,6 +128,10 @@ void add_options(CLI::App& app, Args& a) {
                  "it goes to another process; a page whose work is not done by then is withheld "
                  "until it is (or that process exits); default 10")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--turn-spin", a.turn_spin_us,
+                 "microseconds before and after a turn's end is due that the daemon watches for "
+                 "it instead of sleeping (0: never; off where it may use one CPU only); default 50")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--policy", a.options.policy,
                  "iteration policy: fifo, srtf, fair, pack, priority, memory_aware");
   app.add_option("--process-limit", a.process_limit, "GPU bytes one process may hold (0: no limit)");
@@ -162,7 +167,8 @@ int print_status(const std::string& socket_path) {
 }
 
 salus::daemon::ServerOptions server_options(const Args& a) {
-  salus::daemon::ServerOptions o{a.socket_path, std::nullopt};
+  salus::daemon::ServerOptions o{a.socket_path, std::nullopt,
+                                 std::chrono::microseconds(static_cast<long>(a.turn_spin_us))};
   if (!a.group.empty()) {
     const struct group* g = ::getgrnam(a.group.c_str());
     if (g == nullptr) throw salus::InvalidArgument(fmt::format("--group: no group '{}'", a.group));

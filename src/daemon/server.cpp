@@ -61,7 +61,8 @@ remote::UniqueFd take_lock(const std::string& socket_path) {
 }  // namespace
 
 Server::Server(Coordinator& coordinator, ServerOptions options)
-    : coordinator_(coordinator), options_(std::move(options)) {
+    : coordinator_(coordinator), options_(std::move(options)),
+      turns_(coordinator_, options_.turn_spin) {
   lock_file_ = take_lock(options_.socket_path);
   listener_ = remote::listen_at(options_.socket_path, options_.group ? 0660 : 0600, options_.group);
   wake_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
@@ -92,6 +93,7 @@ void Server::stop() {
   const std::uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
   for (const auto& c : channels) c->shutdown();
+  turns_.stop();
 }
 
 void Server::run() {
@@ -221,18 +223,14 @@ void Server::serve_turns(const std::shared_ptr<remote::Channel>& channel,
     return;
   }
   try {
-    channel->send(remote::encode_body(remote::MessageType::done, attach.header.seq, {}));
-    while (auto received = channel->receive()) {
-      const Coordinator::Reply reply = coordinator_.turn_call(link, *received);
-      std::vector<int> fds;
-      for (const remote::UniqueFd& fd : reply.fds) fds.push_back(fd.get());
-      channel->send(reply.record, fds);
-    }
+    remote::TurnRings rings = remote::TurnRings::make();
+    const int fds[1] = {rings.fd()};
+    channel->send(remote::encode_body(remote::MessageType::done, attach.header.seq, {}), fds);
+    turns_.serve(channel, std::move(link), std::move(rings));
   } catch (const std::exception& e) {
-    // The process hung up (or broke the protocol): its session's connection says what it means.
-    spdlog::debug("turn connection of job {} ended: {}", link.job_id, e.what());
+    spdlog::warn("turn connection of job {} could not begin: {}", link.job_id, e.what());
+    channel->shutdown();
   }
-  channel->shutdown();
 }
 
 }  // namespace salus::daemon

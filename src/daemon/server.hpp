@@ -1,11 +1,13 @@
-// salusd's sockets: one listening socket, one reader thread per connection: a process's session
-// connection (a session of the coordinator) or one of its jobs' turn connections. A peer that is
-// not the daemon's user (or group, with --group) is refused with a reason before either.
+// salusd's sockets: one listening socket, one reader thread per session connection (a process's
+// session of the coordinator). A job's turn connection is attached on its first record and then
+// served by the turn loop (turn_loop.hpp). A peer that is not the daemon's user (or group, with
+// --group) is refused with a reason before either.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "daemon/coordinator.hpp"
+#include "daemon/turn_loop.hpp"
 #include "remote/channel.hpp"
 
 namespace salus::daemon {
@@ -21,6 +24,8 @@ namespace salus::daemon {
 struct ServerOptions {
   std::string socket_path;
   std::optional<gid_t> group;  // also serve this group's members (the socket is then 0660)
+  // How long before and after a turn's end is due the turn loop watches for it (TurnLoop).
+  std::chrono::microseconds turn_spin{50};
 };
 
 class Server {
@@ -39,14 +44,15 @@ class Server {
 
  private:
   void serve(std::shared_ptr<remote::Channel> channel);
-  // A job's turn connection (its first record was `attach`): its calls are answered here, on
-  // the connection's thread, until either side hangs up.
+  // A job's turn connection (its first record was `attach`): answered with its shared memory,
+  // then handed to the turn loop.
   void serve_turns(const std::shared_ptr<remote::Channel>& channel,
                    const remote::PeerCredentials& peer, const remote::Record& attach);
   [[nodiscard]] std::optional<std::string> refusal(const remote::PeerCredentials& peer) const;
 
   Coordinator& coordinator_;
   const ServerOptions options_;
+  TurnLoop turns_;
   remote::UniqueFd lock_file_;
   remote::UniqueFd listener_;
   remote::UniqueFd wake_;  // an eventfd: stop() writes it, run() polls it

@@ -1,9 +1,11 @@
 #include "iteration_sched/device_scheduler.hpp"
+#include "waits/cpus.hpp"
 
 #include <fmt/format.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <exception>
 #include <thread>
 
 #include "iteration_sched/attribution.hpp"
@@ -19,13 +21,6 @@ constexpr std::size_t kCurveSamples = 64;
 constexpr double kHostWeight = 0.5;  // weight of the newest iteration in JobRecordState::host_seconds
 
 // CPUs this process may run on (its affinity), at least 1.
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(CPU_COUNT(&set), 1);
-}
-
 // With harvesting, jobs are admitted against what the device can reach (its own memory, what
 // peers lend, the host); where their pages live is the memory manager's business.
 std::size_t budget_of(const MemoryManager& memory, int device) {
@@ -58,7 +53,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       host_compute_(std::move(host_compute)),
       allocation_wait_limit_(allocation_wait_limit),
       turn_spin_(std::max(turn_spin, std::chrono::microseconds::zero())),
-      many_cpus_(usable_cpus() > 1),
+      many_cpus_(waits::usable_cpus() > 1),
       timers_(backend_, device),
       core_(*policy_, budget_of(*memory_, device)) {}
 
@@ -207,10 +202,33 @@ void DeviceScheduler::prefetch_next(std::optional<int> lane) {
 }
 
 void DeviceScheduler::wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs) {
-  for (const auto& job : jobs) {
-    job->signal.fetch_add(1, std::memory_order_release);
-    job->wakeup.notify_one();  // a spinning waiter is not in the wait: no system call then
+  for (const auto& job : jobs) wake_one(*job);
+}
+
+void DeviceScheduler::wake_one(JobRecordState& job, bool all) {
+  job.signal.fetch_add(1, std::memory_order_release);
+  // A spinning waiter is not in the wait, nor is a wait with no thread: no system call then.
+  if (all) {
+    job.wakeup.notify_all();
+  } else {
+    job.wakeup.notify_one();
   }
+  if (job.on_wake) job.on_wake();
+}
+
+std::optional<SteadyClock::time_point> DeviceScheduler::recheck() {
+  std::vector<std::shared_ptr<JobRecordState>> to_wake;
+  std::optional<SteadyClock::time_point> next;
+  {
+    std::lock_guard lock(mu_);
+    if (recheck_at_ && SteadyClock::now() >= *recheck_at_) {
+      recheck_at_.reset();
+      to_wake = run_decisions();
+    }
+    next = recheck_at_;
+  }
+  wake(to_wake);
+  return next;
 }
 
 int DeviceScheduler::take_free_slot() {
@@ -242,7 +260,7 @@ StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_
   return lanes_[index]->handle();
 }
 
-void DeviceScheduler::end(JobRecordState& job) {
+void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& between) {
   settle_timings();
   std::unique_lock lock(mu_);
   check_running(job, "end_iteration");
@@ -281,17 +299,21 @@ void DeviceScheduler::end(JobRecordState& job) {
                            seconds_since_start(job.iteration_started) * 1e6,
                            seconds_since_start(now) * 1e6,
                            job.iterations};
+  // Whether a woken job has a thread in its wait (a wait with no thread is told by on_wake).
+  const bool thread_woken = std::any_of(to_wake.begin(), to_wake.end(),
+                                        [](const auto& j) { return j->waiter; });
   lock.unlock();
   wake(to_wake);
   // The woken job is the latency-critical path; on a busy or single core let it run before this
   // thread's bookkeeping below.
-  if (!to_wake.empty()) std::this_thread::yield();
-  after_iteration(job, host_seconds, samples, now, std::move(span));
+  if (thread_woken) std::this_thread::yield();
+  after_iteration(job, host_seconds, samples, now, std::move(span), between);
 }
 
 void DeviceScheduler::after_iteration(JobRecordState& job, double host_seconds,
                                       const std::vector<std::pair<double, std::size_t>>& samples,
-                                      SteadyClock::time_point now, TraceRecorder::Span span) {
+                                      SteadyClock::time_point now, TraceRecorder::Span span,
+                                      const std::function<void()>& between) {
   // Surviving ephemeral blocks (optimizer state made in the first step) become persistent.
   JobMemoryStats mem;
   try {
@@ -301,12 +323,25 @@ void DeviceScheduler::after_iteration(JobRecordState& job, double host_seconds,
     rethrow_if_finished(job);  // cancelled since it became idle above: its memory is gone
     throw;
   }
+  {
+    std::lock_guard lock(mu_);
+    finish_profile(job, host_seconds, samples,
+                   mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
+    if (job.state == JobState::idle) core_.update(view_of(job));
+  }
+  // The profile is whole: what goes with the turn elsewhere (a connected job's release) goes now,
+  // ahead of the statistics and the trace below. Its failure is thrown once they are done.
+  std::exception_ptr failed;
+  if (between) {
+    try {
+      between();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
   const DeviceMemoryStats device = memory_->device_stats(device_);
   const std::size_t unowned = bytes_on_device(kUnattributedJob);
   std::unique_lock lock(mu_);
-  finish_profile(job, host_seconds, samples,
-                 mem.by_class[static_cast<std::size_t>(Lifetime::persistent)].in_use);
-  if (job.state == JobState::idle) core_.update(view_of(job));
   // Profiles count block bytes; the device holds whole pages. What that cost at the device's
   // peak is left free by admission and beside the extras' predicted curves.
   core_.set_headroom(device.peak_reserved > device.peak_allocated
@@ -319,6 +354,7 @@ void DeviceScheduler::after_iteration(JobRecordState& job, double host_seconds,
 
   trace_->span(std::move(span));
   trace_memory(job, mem, device, now);
+  if (failed) std::rethrow_exception(failed);
 }
 
 void DeviceScheduler::trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
@@ -512,8 +548,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     if (was_running) note_iteration_gone();
     jobs_.erase(job.id);
     std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
-    job.signal.fetch_add(1, std::memory_order_release);
-    job.wakeup.notify_all();
+    wake_one(job, true);
     core_.set_unowned(unowned + leaving);
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
   }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +62,11 @@ struct JobRecordState {
   // Moves at every wake-up of this job (DeviceScheduler::wake, finish): a waiter that spins for
   // its turn (RuntimeOptions::turn_spin) watches it instead of sleeping on `wakeup`.
   std::atomic<std::uint32_t> signal{0};
+  // A wait with no thread in it (salusd's turn loop: RuntimeAccess::on_wake): called at every
+  // wake-up of this job, on the thread that decided and possibly with the scheduler's lock held,
+  // so it only takes note (the loop then asks with a begin that does not wait). Set once, before
+  // the job's first begin; never changed after.
+  std::function<void()> on_wake;
 
   JobState state = JobState::idle;
   // Cancelled, and its handle then left: its id is retired (UnknownJob from now on, as for any
@@ -123,7 +129,16 @@ class DeviceScheduler {
   // the core granted meanwhile is handed back unused. Nothing happens when the job is idle, left
   // or cancelled; InvalidArgument while a thread waits in begin or the job is inside an iteration.
   void withdraw(JobRecordState& job);
-  void end(JobRecordState& job);
+  // `between`: called once the next job is in (woken, or noted by its on_wake) and this
+  // iteration's profile is whole, before the rest of its bookkeeping (statistics, the trace),
+  // with no lock held: where a turn goes on elsewhere, off that bookkeeping's path (a connected
+  // job's release to salusd; the turn salusd's loop sends the next process). What it throws is
+  // thrown once the bookkeeping is done.
+  void end(JobRecordState& job, const std::function<void()>& between = {});
+  // Runs a decision the core asked to be made again later (a memory-aware plan's recheck) if
+  // its time has come, for waits with no thread in them, which watch no clock. Returns when the
+  // next one is due; nullopt when none is asked for.
+  std::optional<SteadyClock::time_point> recheck();
   // Leaves (or cancels) the job: it stops, its waiter wakes, everything it holds is freed (or,
   // with JobSpec::blocks_outlive_job, handed to nobody until its holders free it).
   void finish(JobRecordState& job, bool cancelled);
@@ -145,6 +160,10 @@ class DeviceScheduler {
   void forget_stream(StreamHandle stream);
   // A job present on this device, by id; nullptr once it left or for other ids.
   [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id);
+  // When the waiting `job`'s turn is expected: it is next in its lane, behind an iteration whose
+  // host time is known (as the lane's iterations have lately lasted). Nullopt otherwise, and
+  // under memory-aware plans, whose extras are not the lane's order.
+  [[nodiscard]] std::optional<SteadyClock::time_point> expected_turn(const JobRecordState& job) const;
   // Throws JobCancelled when `id` is a job of this device that was cancelled.
   void throw_if_cancelled(JobId id) const;
 
@@ -212,9 +231,11 @@ class DeviceScheduler {
   // asked to be made again later.
   bool wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                       std::optional<SteadyClock::time_point> deadline);
-  // With mu_ held: when the waiting `job`'s turn is expected, if it is next in its lane behind
-  // an iteration whose host time is known and spinning is on (RuntimeOptions::turn_spin).
+  // With mu_ held: expected_turn_locked, when spinning is on (RuntimeOptions::turn_spin).
   [[nodiscard]] std::optional<SteadyClock::time_point> turn_due(const JobRecordState& job) const;
+  // With mu_ held: see expected_turn.
+  [[nodiscard]] std::optional<SteadyClock::time_point> expected_turn_locked(
+      const JobRecordState& job) const;
   // With mu_ held (by `lock`, released meanwhile): watches the job's signal until it moves or
   // `until` passes, then takes mu_ back spinning too (the thread that granted the turn may
   // still hold it: sleeping on it would cost the wake-up the spin saves).
@@ -224,6 +245,8 @@ class DeviceScheduler {
   // they do not wake only to block on mu_).
   std::vector<std::shared_ptr<JobRecordState>> run_decisions();
   static void wake(const std::vector<std::shared_ptr<JobRecordState>>& jobs);
+  // One job's wake-up: its signal moves, its condition variable and its on_wake are told.
+  static void wake_one(JobRecordState& job, bool all = false);
   // With mu_ held: starts bringing home the pages of the job that takes `lane`'s next turn.
   void prefetch_next(std::optional<int> lane);
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
@@ -272,7 +295,8 @@ class DeviceScheduler {
   // take allows, the trace. Called without the lock.
   void after_iteration(JobRecordState& job, double host_seconds,
                        const std::vector<std::pair<double, std::size_t>>& samples,
-                       SteadyClock::time_point now, TraceRecorder::Span span);
+                       SteadyClock::time_point now, TraceRecorder::Span span,
+                       const std::function<void()>& between);
   // The memory counters of the trace, as an iteration of `job` ends at `now`.
   void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
                     const DeviceMemoryStats& device, SteadyClock::time_point now);

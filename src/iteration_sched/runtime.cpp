@@ -197,6 +197,32 @@ void RuntimeAccess::report_gpu_time(Job& job, GpuTime gpu) {
   job.scheduler().report_gpu_time(*job.state_, gpu);
 }
 
+void RuntimeAccess::on_wake(Job& job, std::function<void()> on_wake) {
+  (void)job.scheduler();  // a handle moved from is refused
+  job.state_->on_wake = std::move(on_wake);
+}
+
+void RuntimeAccess::end_iteration(Job& job, const std::function<void()>& between) {
+  DeviceScheduler& s = job.scheduler();
+  if (s.gate() != nullptr) {
+    throw InvalidArgument("RuntimeAccess::end_iteration: a connected runtime's job ends with "
+                          "Job::end_iteration (its turn goes back to salusd)");
+  }
+  s.end(*job.state_, between);
+}
+
+std::optional<SteadyClock::time_point> RuntimeAccess::expected_turn(Job& job) {
+  return job.scheduler().expected_turn(*job.state_);
+}
+
+std::optional<SteadyClock::time_point> RuntimeAccess::recheck(Runtime& runtime) {
+  std::optional<SteadyClock::time_point> next;
+  for (const auto& s : runtime.impl_->schedulers) {
+    if (const auto at = s->recheck(); at && (!next || *at < *next)) next = at;
+  }
+  return next;
+}
+
 Runtime::~Runtime() {
   // In a forked child the runtime is the parent's: destroying it would join stream threads that
   // do not exist here, take locks their holders never release, and free the parent's memory.
@@ -461,13 +487,15 @@ void Job::withdraw() {
 }
 void Job::end_iteration() {
   DeviceScheduler& s = scheduler();
-  s.end(*state_);
   TurnGate* gate = s.gate();
-  if (gate == nullptr) return;
-  // The profile end() just updated goes with the turn, for the keeper's plans.
-  const std::optional<MeasuredMemory> measured = s.measured_memory(*state_);
-  const std::optional<GpuTime> gpu = s.take_gpu_time(*state_);
-  gate->release(state_->id, measured ? &*measured : nullptr, gpu ? &*gpu : nullptr);
+  if (gate == nullptr) return s.end(*state_);
+  // The turn goes back once the profile is whole (it goes with the turn, for the keeper's plans)
+  // and before the rest of the iteration's bookkeeping: the next process's wait is the switch's.
+  s.end(*state_, [&] {
+    const std::optional<MeasuredMemory> measured = s.measured_memory(*state_);
+    const std::optional<GpuTime> gpu = s.take_gpu_time(*state_);
+    gate->release(state_->id, measured ? &*measured : nullptr, gpu ? &*gpu : nullptr);
+  });
 }
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}

@@ -2,7 +2,10 @@
 // take: a turn gate (a runtime connected to salusd).
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "iteration_sched/trace.hpp"
 #include "iteration_sched/turn_gate.hpp"
@@ -27,6 +30,23 @@ struct RuntimeAccess {
   // `job`'s GPU time as its process measured it (timing events on its stream): charged instead
   // of the host time between its begin and end, from this call on. Before its end_iteration.
   static void report_gpu_time(Job& job, GpuTime gpu);
+
+  // Waits with no thread in them (salusd's turn loop): the loop asks for a job's turn with
+  // try_begin_iteration(0), which leaves the job waiting in its place when the turn is not
+  // there yet, and is told by `on_wake` when the job's wait may have changed (its turn was
+  // granted, it was cancelled or left, or a recheck asks waiters to look), then asks again.
+  // `on_wake` runs on the thread that decided, possibly under the scheduler's lock: it only takes
+  // note. Set once, before the job's first begin.
+  static void on_wake(Job& job, std::function<void()> on_wake);
+  // end_iteration of a runtime without a gate, with `between` called once the next job is in
+  // and before this iteration's bookkeeping (DeviceScheduler::end).
+  static void end_iteration(Job& job, const std::function<void()>& between);
+  // The rechecks the runtime's plans asked for whose time has come (see DeviceScheduler::recheck);
+  // returns when the next one is due, nullopt when none is asked for.
+  static std::optional<std::chrono::steady_clock::time_point> recheck(Runtime& runtime);
+  // When the waiting job's turn is expected (DeviceScheduler::expected_turn), for a waiter in
+  // another process to watch for it then.
+  static std::optional<std::chrono::steady_clock::time_point> expected_turn(Job& job);
 };
 
 }  // namespace salus

@@ -143,10 +143,22 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
 }
 
 std::optional<SteadyClock::time_point> DeviceScheduler::turn_due(const JobRecordState& job) const {
-  if (turn_spin_.count() == 0 || !many_cpus_ || host_compute_->load(std::memory_order_relaxed) ||
-      policy_->lanes() == LanePlan::memory_aware) {
+  if (turn_spin_.count() == 0 || !many_cpus_ || host_compute_->load(std::memory_order_relaxed)) {
     return std::nullopt;
   }
+  return expected_turn_locked(job);
+}
+
+std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn(const JobRecordState& job) const {
+  std::lock_guard lock(mu_);
+  if (job.state != JobState::waiting || job.started) return std::nullopt;
+  return expected_turn_locked(job);
+}
+
+std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn_locked(
+    const JobRecordState& job) const {
+  // Memory-aware plans start extras beside the lanes: who is next is not the lane's to say.
+  if (policy_->lanes() == LanePlan::memory_aware) return std::nullopt;
   const std::optional<int> lane = core_.lane_of(job.id);
   if (!lane || core_.next_in_lane(*lane) != job.id) return std::nullopt;
   const auto index = static_cast<std::size_t>(*lane);

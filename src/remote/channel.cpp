@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <poll.h>
 
+#include <algorithm>
+
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -89,7 +91,16 @@ bool Channel::try_send(std::span<const std::byte> record) const {
   }
 }
 
-std::optional<Received> Channel::receive() const {
+std::optional<Received> Channel::receive() const { return receive_with(0, nullptr); }
+
+std::optional<Received> Channel::receive_now(bool& closed) const {
+  bool would_block = false;
+  std::optional<Received> got = receive_with(MSG_DONTWAIT, &would_block);
+  closed = !got && !would_block;
+  return got;
+}
+
+std::optional<Received> Channel::receive_with(int flags, bool* would_block) const {
   // Each reading thread's own buffer: a turn's round trip allocates (and clears) no 32 KiB.
   thread_local std::vector<std::byte> buffer;
   buffer.resize(kMaxRecordBytes);
@@ -102,8 +113,12 @@ std::optional<Received> Channel::receive() const {
   msg.msg_controllen = control.size();
   ssize_t n = -1;
   do {
-    n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC | flags);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && would_block != nullptr && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    *would_block = true;
+    return std::nullopt;
+  }
   if (n < 0) {
     if (errno == ECONNRESET || errno == EBADF || errno == ENOTCONN) return std::nullopt;
     sim::throw_errno("recvmsg", errno, "salusd connection");
@@ -123,9 +138,11 @@ std::optional<Received> Channel::receive() const {
   return out;
 }
 
-bool Channel::readable() const {
+bool Channel::readable(std::chrono::nanoseconds timeout) const {
   pollfd p{fd_.get(), POLLIN, 0};
-  return ::poll(&p, 1, 0) > 0;
+  const auto ns = std::max<std::int64_t>(timeout.count(), 0);
+  const timespec t{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  return ::ppoll(&p, 1, &t, nullptr) > 0;
 }
 
 void Channel::shutdown() const noexcept {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -47,15 +48,22 @@ class Channel {
   // long, cut, bad header) throws ProtocolError; its descriptors are closed. A whole record
   // whose descriptors did not all fit in this process comes with fds_cut.
   std::optional<Received> receive() const;
+  // receive() without waiting: nullopt when no record waits, and then `closed` says whether the
+  // peer closed the connection.
+  std::optional<Received> receive_now(bool& closed) const;
   // True when a record (or the peer's close) is waiting to be received: receive() would not
-  // block. Does not wait.
-  [[nodiscard]] bool readable() const;
+  // block. Waits at most `timeout` for one.
+  [[nodiscard]] bool readable(std::chrono::nanoseconds timeout = {}) const;
   // Ends both directions: a receive() blocked on another thread returns nullopt.
   void shutdown() const noexcept;
   [[nodiscard]] PeerCredentials peer() const;
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
 
  private:
+  // recvmsg with `flags`; nullopt when the peer is gone, or (MSG_DONTWAIT) when nothing waits:
+  // `would_block` then says which.
+  std::optional<Received> receive_with(int flags, bool* would_block) const;
+
   UniqueFd fd_;
 };
 

@@ -41,6 +41,7 @@ BodyShape shape_of(MessageType type) {
       return {sizeof(GiveHead), 1};  // ids and a fence: give_body checks the rest
     case MessageType::status:
     case MessageType::done:
+    case MessageType::wake:
       return {0};
     case MessageType::status_text:
       return {0, 1};
@@ -74,6 +75,7 @@ std::string_view to_string(MessageType type) noexcept {
     case MessageType::done: return "done";
     case MessageType::failure: return "failure";
     case MessageType::attach_turns: return "attach_turns";
+    case MessageType::wake: return "wake";
   }
   return "unknown";
 }

@@ -35,7 +35,9 @@ inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order:
 // 4: end_iteration carries the job's memory as its process measured it (EndIteration).
 // 5: turns carry interprocess fences; Welcome carries the GPUs' UUIDs.
 // 6: end_iteration carries the job's GPU time as its process measured it.
-inline constexpr std::uint16_t kProtocolVersion = 6;
+// 7: a turn connection's records go through shared memory (remote/turn_rings.hpp); its socket
+//    carries descriptors and wake-ups.
+inline constexpr std::uint16_t kProtocolVersion = 7;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -64,11 +66,14 @@ enum class MessageType : std::uint16_t {
   failure,          // Failure: the request was refused
   // The first and only record of a job's turn connection that is not a turn call: AttachTurns ->
   // Done. The connection then carries that job's begin_iteration, end_iteration and withdraw,
-  // each answered by the thread that reads the connection, which may wait for the turn itself.
+  // each answered by salusd's turn loop. Its answer (Done) carries one descriptor: the shared
+  // memory the connection's records go through from then on (remote/turn_rings.hpp).
   attach_turns,
+  // Empty, on a turn connection's socket only: the receiver slept there, and a record waits for
+  // it in shared memory.
+  wake,
 };
-inline constexpr std::uint16_t kLastMessageType =
-    static_cast<std::uint16_t>(MessageType::attach_turns);
+inline constexpr std::uint16_t kLastMessageType = static_cast<std::uint16_t>(MessageType::wake);
 
 [[nodiscard]] std::string_view to_string(MessageType type) noexcept;
 

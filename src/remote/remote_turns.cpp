@@ -5,66 +5,50 @@
 #include <algorithm>
 
 #include "log/log.hpp"
-#include "waits/cpu_relax.hpp"
+#include "waits/cpus.hpp"
 
 namespace salus::remote {
 
-namespace {
-
-constexpr double kWaitWeight = 0.25;  // weight of the newest turn in recent_wait_
-
-}  // namespace
-
 TurnConnection::TurnConnection(const DaemonLink& link, std::uint64_t daemon_job,
                                std::chrono::microseconds spin)
-    : path_(link.socket_path()), channel_(connect_to(path_)), spin_(spin) {
+    : path_(link.socket_path()), spin_(waits::usable_cpus() > 1 ? spin : std::chrono::microseconds{}) {
+  auto socket = std::make_shared<Channel>(connect_to(path_));
   const AttachTurns attach{link.welcome().session, link.welcome().token, daemon_job};
-  const std::uint64_t seq = next_seq_++;
-  (void)exchange(encode(MessageType::attach_turns, seq, attach), "attach_turns", seq);
+  std::optional<Received> reply;
+  try {
+    socket->send(encode(MessageType::attach_turns, 1, attach));
+    reply = socket->receive();
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    throw salusd_gone(path_, e.what());
+  }
+  if (!reply) throw salusd_gone(path_, "it hung up at attach_turns");
+  if (reply->record.type() == MessageType::failure) {
+    throw_failure(body_as<Failure>(reply->record), "attach_turns");
+  }
+  if (reply->record.type() != MessageType::done || reply->fds.size() != 1) {
+    throw ProtocolError(fmt::format("attach_turns was answered with {} and {} descriptors, not "
+                                    "done and its shared memory",
+                                    to_string(reply->record.type()), reply->fds.size()));
+  }
+  channel_.emplace(std::move(socket), TurnRings::adopt(std::move(reply->fds.front())));
 }
 
 Received TurnConnection::call(MessageType type, const JobCall& body) {
   std::lock_guard lock(mu_);
   settle_posted();
   const std::uint64_t seq = next_seq_++;
-  if (type != MessageType::begin_iteration) return exchange(encode(type, seq, body), to_string(type), seq);
-  try {
-    channel_.send(encode(type, seq, body));
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
-    throw salusd_gone(path_, e.what());
-  }
   const auto asked = std::chrono::steady_clock::now();
-  wait_for_answer(asked);
-  Received answer = receive_answer(to_string(type), seq);
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
-  recent_wait_ = (1 - kWaitWeight) * recent_wait_ + kWaitWeight * waited;
-  return answer;
-}
-
-void TurnConnection::wait_for_answer(std::chrono::steady_clock::time_point asked) {
-  const double spin = std::chrono::duration<double>(spin_).count();
-  if (spin <= 0.0 || recent_wait_ > spin) return;
-  const auto until = asked + 2 * spin_;
-  for (unsigned i = 1; !channel_.readable(); ++i) {
-    waits::cpu_relax();
-    if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return;
-  }
+  send(encode(type, seq, body));
+  return receive_answer(to_string(type), seq, asked);
 }
 
 void TurnConnection::post(const EndIteration& body, std::span<const int> fds) {
   std::lock_guard lock(mu_);
   settle_posted();
   const std::uint64_t seq = next_seq_++;
-  try {
-    channel_.send(encode(MessageType::end_iteration, seq, body), fds);
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
-    throw salusd_gone(path_, e.what());
-  }
+  send(encode(MessageType::end_iteration, seq, body), fds);
   posted_ = seq;
 }
 
@@ -75,33 +59,33 @@ void TurnConnection::settle() {
 
 void TurnConnection::settle_posted() {
   if (const std::optional<std::uint64_t> seq = std::exchange(posted_, std::nullopt)) {
-    (void)receive_answer(to_string(MessageType::end_iteration), *seq);
+    (void)receive_answer(to_string(MessageType::end_iteration), *seq,
+                         std::chrono::steady_clock::now());
   }
 }
 
-Received TurnConnection::exchange(std::span<const std::byte> record, std::string_view what,
-                                  std::uint64_t seq) {
+void TurnConnection::send(std::span<const std::byte> record, std::span<const int> fds) {
   try {
-    channel_.send(record);
+    channel_->send(record, fds);
   } catch (const ProtocolError&) {
     throw;
   } catch (const Error& e) {
     throw salusd_gone(path_, e.what());
   }
-  return receive_answer(what, seq);
 }
 
-Received TurnConnection::receive_answer(std::string_view what, std::uint64_t seq) {
+Received TurnConnection::receive_answer(std::string_view what, std::uint64_t seq,
+                                        std::chrono::steady_clock::time_point asked) {
   std::optional<Received> reply;
   try {
-    reply = channel_.receive();
+    reply = channel_->receive(asked, 2 * spin_);
   } catch (const ProtocolError&) {
     throw;
   } catch (const Error& e) {
     throw salusd_gone(path_, e.what());
   }
   if (!reply) throw salusd_gone(path_, "its connection closed");
-  // One call at a time on this socket: another answer than this call's is a daemon's bug.
+  // One call at a time on this connection: another answer than this call's is a daemon's bug.
   if (reply->record.header.seq != seq) {
     throw ProtocolError(fmt::format("{}: the answer is to call {}, not to this call ({})", what,
                                     reply->record.header.seq, seq));

@@ -1,11 +1,11 @@
 // A connected runtime's turn gate: each job is also a job of salusd, whose policy decides when
 // its iterations run relative to the jobs of other processes.
 //
-// Each job's turns go on a connection of their own (attach_turns), on which the job's thread
-// sends its call and reads the answer itself: a switch wakes the waiting thread straight from the
-// socket, with no reader thread between (the session's link has one, for its many callers). The
-// session's link keeps the rest: adding the job, cancelling it (which reaches a thread waiting on
-// the turn connection through the daemon), finishing it.
+// Each job's turns go on a connection of their own (attach_turns), whose records travel through
+// shared memory (turn_rings.hpp): the job's thread writes its call and watches for the answer
+// itself, with no reader thread between (the session's link has one, for its many callers), and
+// salusd's turn loop answers. The session's link keeps the rest: adding the job, cancelling it
+// (which reaches a thread waiting on the turn connection through the daemon), finishing it.
 #pragma once
 
 #include <chrono>
@@ -17,6 +17,7 @@
 #include "iteration_sched/turn_gate.hpp"
 #include "remote/daemon_link.hpp"
 #include "remote/fence_pool.hpp"
+#include "remote/turn_channel.hpp"
 
 namespace salus::remote {
 
@@ -28,7 +29,8 @@ namespace salus::remote {
 class TurnConnection {
  public:
   // Connects and attaches to `link`'s session as `daemon_job`; throws what the daemon refused.
-  // `spin`: RuntimeOptions::turn_spin (see wait_for_answer).
+  // `spin`: RuntimeOptions::turn_spin (see receive_answer; off where the process may use one
+  // CPU only).
   TurnConnection(const DaemonLink& link, std::uint64_t daemon_job,
                  std::chrono::microseconds spin = {});
   // Sends `type` for the job and waits for the answer: a Failure is thrown as its typed error,
@@ -43,22 +45,22 @@ class TurnConnection {
   void settle();
 
  private:
-  Received exchange(std::span<const std::byte> record, std::string_view what, std::uint64_t seq);
+  // With mu_ held: sends a record (a failure to is the daemon's absence).
+  void send(std::span<const std::byte> record, std::span<const int> fds = {});
   // With mu_ held: reads the answer to a posted end, if one is outstanding.
   void settle_posted();
-  Received receive_answer(std::string_view what, std::uint64_t seq);
-  // Before a turn's answer is received: where this job's turns have lately come within `spin_`
-  // of asking, the thread watches the socket that long (polling, not sleeping) so that the
-  // answer finds it awake; a turn that is slower to come is waited for asleep, as before.
-  void wait_for_answer(std::chrono::steady_clock::time_point asked);
+  // With mu_ held: the answer to call `seq`, asked at `asked` (see TurnChannel::receive: it is
+  // watched for around the time salusd says it is due, twice spin_ either side, so that it finds
+  // the thread awake: a sleeping thread woken through the kernel costs 20-50 us on a VM).
+  Received receive_answer(std::string_view what, std::uint64_t seq,
+                          std::chrono::steady_clock::time_point asked);
 
   const std::string path_;
   std::mutex mu_;  // one call at a time
-  Channel channel_;
+  std::optional<TurnChannel> channel_;  // set once attached
   std::uint64_t next_seq_ = 1;
   std::optional<std::uint64_t> posted_;  // the seq of a posted end whose answer is unread
   const std::chrono::microseconds spin_;
-  double recent_wait_ = 1.0;  // seconds a turn took to come lately (moving average)
 };
 
 // The GPU is ordered at a turn as well (daemon/turn_fences.hpp): an iteration's end goes with an

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "remote/channel.hpp"
+#include "remote/turn_channel.hpp"
 #include "remote/daemon_link.hpp"
+#include "remote/turn_channel.hpp"
 #include "remote/protocol.hpp"
 #include "salus/runtime.hpp"
 
@@ -165,19 +167,26 @@ TEST_F(Salusd, ATurnConnectionJoinsOnlyItsOwnProcessesJobs) {
     ::_exit(attach({w.session, w.token, job}, c).find("not pid") != std::string::npos ? 0 : 1);
   }
   EXPECT_EQ(wait_for(child, 10s), 0) << "another process attached with the right token";
-  Channel c(connect_to(socket_));
-  ASSERT_EQ(attach({w.session, w.token, job}, c), "done");
+  // Attached, the connection's records go through the shared memory its answer carries.
+  auto socket = std::make_shared<Channel>(connect_to(socket_));
+  socket->send(encode(MessageType::attach_turns, 1, AttachTurns{w.session, w.token, job}));
+  std::optional<Received> attached = socket->receive();
+  ASSERT_TRUE(attached);
+  ASSERT_EQ(attached->record.type(), MessageType::done);
+  ASSERT_EQ(attached->fds.size(), 1u) << "the answer carries the connection's shared memory";
+  TurnChannel c(socket, TurnRings::adopt(std::move(attached->fds.front())));
+  const auto now = std::chrono::steady_clock::now;
   c.send(encode(MessageType::begin_iteration, 2, JobCall{job, -1, 0, 0}));
-  auto r = c.receive();
+  auto r = c.receive(now(), {});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->record.type(), MessageType::turn);
   EXPECT_EQ(body_as<Turn>(r->record).admitted, 1u);
   c.send(encode(MessageType::end_iteration, 3, EndIteration{JobCall{job, -1, 0, 0}, {}}));
-  r = c.receive();
+  r = c.receive(now(), {});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->record.type(), MessageType::done);
   c.send(encode(MessageType::begin_iteration, 4, JobCall{job + 1, -1, 0, 0}));
-  EXPECT_FALSE(c.receive()) << "a call for another job was answered";
+  EXPECT_FALSE(c.receive(now(), {})) << "a call for another job was answered";
 }
 
 // A cancel from another thread reaches a job whose thread waits on its turn connection (the cancel

@@ -251,8 +251,15 @@ void turn_connection(FuzzInput& in, Coordinator& coord, Seen& seen,
               : encode(type, static_cast<std::uint64_t>(i) + 2, call);
       r.record.header = decode_header(bytes);
       r.record.body.assign(bytes.begin() + sizeof(Header), bytes.end());
-      const std::vector<std::byte> reply = coord.turn_call(link, r).record;
-      const Header h = decode_header(reply);
+      // A begin whose turn is not there yet waits with no thread (the turn loop asks again
+      // when its wait changes): nothing to read then.
+      Coordinator::TurnResult result = coord.turn_call(link, r);
+      if (!result.reply && !result.waiting) salus::fuzz::fail("a turn call came to nothing");
+      if (!result.reply) {
+        result.reply = coord.retry_turn(link, *result.waiting);
+        if (!result.reply) continue;
+      }
+      const Header h = decode_header(result.reply->record);
       if (h.seq != static_cast<std::uint64_t>(i) + 2) salus::fuzz::fail("a turn reply's seq is not its call's");
     } catch (const ProtocolError&) {
       return;  // the server hangs up this connection only
