@@ -31,6 +31,14 @@ done
 
 ./scripts/setup.sh </dev/null
 
+# The system-call counts per step read kernel tracepoints (benchmarks/python/step_cost.py), which
+# need tracefs: mounted here when it is not and this is root; else those columns read n/a.
+if [[ ! -d /sys/kernel/tracing/events/raw_syscalls ]] && ((EUID == 0)); then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null &&
+    echo "[bench] mounted tracefs at /sys/kernel/tracing (for the system-call counts)" ||
+    echo "[bench] tracefs could not be mounted: the system-call columns will read n/a"
+fi
+
 TARGETS=(salus_microbench salus_torch_microbench salus_steady_counts)
 build() {  # build SRC DIR
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DSALUS_BUILD_TESTS=OFF \
