@@ -92,7 +92,15 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
   // memory at any moment, so it never moves (new pages may still come from other tiers).
   if (!host_compute_->load(std::memory_order_relaxed)) {
     lock.unlock();
-    memory::set_job_quiescent(*memory_, job.id);
+    try {
+      memory::set_job_quiescent(*memory_, job.id);
+    } catch (const UnknownJob&) {
+      // Cancelled meanwhile, its memory released: JobCancelled says so (issue 34's UnknownJob
+      // after a cancel from another thread, 1 in about 100 such cancels).
+      lock.lock();
+      check_usable(job, "begin_iteration");
+      throw;
+    }
     lock.lock();
   }
   // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
