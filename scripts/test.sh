@@ -47,6 +47,7 @@ run_ctest() {
   names=$(sed -n '/The following tests FAILED:/,$p' "$out" | grep -E '^[[:space:]]+[0-9]+ - ' |
     sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd';' - || true)
   rm -f "$out"
+  slowest "$dir"
   if [[ -z $summary ]]; then fail "$label: ctest did not finish"; return; fi
   bad=$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$summary")
   total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$summary")
@@ -58,6 +59,15 @@ run_ctest() {
   fi
 }
 CTEST_WRAPPER=()
+
+# slowest DIR: the eight longest tests of the ctest run just ended, for the CI budget.
+slowest() {
+  local log=$1/Testing/Temporary/LastTest.log
+  [[ -f $log ]] || return 0
+  echo "[test] slowest in $1:"
+  awk '/^[0-9]+\/[0-9]+ Testing: /{name=$3} /^Test time = /{printf "  %7.2f s  %s\n", $4, name}' "$log" |
+    sort -rn | head -n 8
+}
 
 # Why each failure failed: its output's last lines, printed just above the summary at the end,
 # since CI shows only the end of the log.
@@ -149,7 +159,7 @@ run_pytest() {
   local out status=0
   out=$(mktemp)
   # -rfE: pytest's short summary names each failure and error (a teardown's too).
-  .venv/bin/python -m pytest -q -rfE -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
+  .venv/bin/python -m pytest -q -rfE --durations=12 -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
     status=$?
   local summary ok bad names
   summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$out" | tail -n1 || true)

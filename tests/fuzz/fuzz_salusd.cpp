@@ -110,7 +110,8 @@ std::uint64_t pick_id(FuzzInput& in, const std::vector<std::uint64_t>& known) {
 // An end_iteration's memory report: none, a plausible one, or one with a bad curve (too many
 // samples, a duration that is no number) that the daemon must refuse as a protocol error.
 EndIteration end_of(FuzzInput& in, const JobCall& call) {
-  EndIteration end{call, {}};
+  EndIteration end{};
+  end.call = call;
   MemoryReport& m = end.memory;
   m.known = static_cast<std::uint32_t>(in.below(2));
   m.persistent_bytes = in.chance(90) ? in.below(8) * kMiB : in.bits(8);
