@@ -5,8 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 
 #include "salus/runtime.hpp"
@@ -313,6 +315,32 @@ TEST(Runtime, TraceHasAnIterationSpanPerIterationAndMemoryCounters) {
   EXPECT_EQ(device_counters, 6);
   EXPECT_EQ(tier_counters, 6);
   EXPECT_THROW(runtime.write_trace("/nonexistent-dir/trace.json"), InvalidArgument);
+}
+
+// Each span says when its job asked for the turn: a job that asked while another held it shows
+// the ask before that other's end and its own begin after it (the order fairness is stated in).
+TEST(Runtime, TraceSaysWhenEachIterationAskedForItsTurn) {
+  Runtime runtime(sim(), {.policy = "fair"});
+  Job a = runtime.add_job(training("alpha"));
+  Job b = runtime.add_job(training("beta"));
+  (void)a.begin_iteration();
+  std::thread waiting([&] {
+    auto it = b.iteration();
+  });
+  while (b.stats().state != JobState::waiting) std::this_thread::yield();
+  a.end_iteration();
+  waiting.join();
+  const auto doc = nlohmann::json::parse(runtime.trace_json());
+  std::map<std::string, nlohmann::json> span;
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") == "X") span[e.at("name").get<std::string>()] = e;
+  }
+  ASSERT_EQ(span.size(), 2u);
+  const double a_end = span["alpha"].at("ts").get<double>() + span["alpha"].at("dur").get<double>();
+  const double b_asked = span["beta"].at("args").at("asked").get<double>();
+  EXPECT_LE(span["alpha"].at("args").at("asked").get<double>(), span["alpha"].at("ts").get<double>());
+  EXPECT_LT(b_asked, a_end);                                  // it asked while alpha held the turn
+  EXPECT_LE(a_end, span["beta"].at("ts").get<double>() + 1.0);  // and began once alpha ended
 }
 
 TEST(RuntimeStress, ManyJobsAndThreadsUnderEveryPolicy) {

@@ -298,7 +298,8 @@ void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& betw
                            std::max(job.lane, 0),
                            seconds_since_start(job.iteration_started) * 1e6,
                            seconds_since_start(now) * 1e6,
-                           job.iterations};
+                           job.iterations,
+                           seconds_since_start(std::min(job.wait_started, job.iteration_started)) * 1e6};
   // Whether a woken job has a thread in its wait (a wait with no thread is told by on_wake).
   const bool thread_woken = std::any_of(to_wake.begin(), to_wake.end(),
                                         [](const auto& j) { return j->waiter; });

@@ -77,7 +77,7 @@ void add_spans(nlohmann::json& events, const auto& spans) {
                       {"tid", s.lane},
                       {"ts", s.begin_us},
                       {"dur", s.end_us - s.begin_us},
-                      {"args", {{"iteration", s.iteration}}}});
+                      {"args", {{"iteration", s.iteration}, {"asked", s.asked_us}}}});
   }
 }
 

@@ -21,6 +21,9 @@ class TraceRecorder {
     double begin_us = 0.0;
     double end_us = 0.0;
     std::uint64_t iteration = 0;
+    // When the job asked for this iteration's turn (at most begin_us): what it waited, and the
+    // order of asks a policy's guarantees are stated in.
+    double asked_us = 0.0;
   };
   // Pages that changed tier under one device's address ranges (one row per device).
   struct Move {
