@@ -101,7 +101,11 @@ run_suite() {
 # --- 1. normal build: every test, the link check, the demo's build -------------------------------
 log "build/: configure, build, test"
 mkdir -p build
-if configure_and_build build; then
+# Line tables only (-g1), as the sanitizer builds: a test's object compiles about a quarter faster
+# than with full debug information (11.2 s -> 8.1 s for tests/test_runtime.cpp), with file:line
+# still in every backtrace.
+if configure_and_build build "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"; then
   if ldd build/src/libsalus.so | grep -q libcuda; then
     ldd build/src/libsalus.so
     fail "libsalus.so links libcuda"
