@@ -128,8 +128,10 @@ def main() -> int:
     parser.add_argument("--one-per-gpu", action="store_true", help="one trial per GPU at once")
     args = parser.parse_args()
 
-    ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
-             **({} if args.address else {"num_cpus": 4}))
+    if args.address:
+        ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
+    else:  # a local cluster, its workers at this process's priority
+        salus.ray.start_local(include_dashboard=False, log_to_driver=False, num_cpus=4)
     real_gpus = int(ray.cluster_resources().get("GPU", 0))
     started = time.monotonic()
     with salus.ray.SalusCluster(simulated_gpus=None if real_gpus else args.gpus,

@@ -48,7 +48,7 @@ def run(trials_per_gpu: int) -> tuple[list[dict[str, Any]], list[Any]]:
 def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    salus_ray.start_local(include_dashboard=False, log_to_driver=True, configure_logging=False)
     try:
         packed, stats = run(2)
         alone, _ = run(1)

@@ -47,8 +47,10 @@ def local_ray() -> Iterator[None]:
 
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # CI machines have no network
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    from salus.ray import start_local
+
+    start_local(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                configure_logging=False)
     try:
         yield
     finally:

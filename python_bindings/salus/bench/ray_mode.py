@@ -189,9 +189,11 @@ def _start_ray(ray: Any, exp: Experiment, s: RaySettings) -> bool:
             raise ModeNotSupported(exp.name, "ray", f"the Ray cluster already running has {have:g}"
                                    f" GPUs; the fractional arm needs {s.gpus} (logical ones do)")
         return False
+    from salus.ray import start_local
+
     # CPUs are logical too: enough that the workers and every fractional task fit at once.
-    ray.init(num_cpus=s.gpus * (s.per_gpu + 1) + 2, num_gpus=s.gpus, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
+    start_local(num_cpus=s.gpus * (s.per_gpu + 1) + 2, num_gpus=s.gpus, include_dashboard=False,
+                log_to_driver=False, configure_logging=False)
     return True
 
 

@@ -8,7 +8,7 @@ through Ray::
 
     import ray, salus.ray
 
-    ray.init()
+    salus.ray.start_local()                       # or ray.init(address=...) for a cluster
     cluster = salus.ray.SalusCluster()            # one worker per GPU; simulated_gpus=N without
     trials = [cluster.submit(train, {"lr": lr}, hints={"persistent": "300MiB",
                                                        "ephemeral_peak": "1GiB"})
@@ -25,8 +25,9 @@ from __future__ import annotations
 from .cluster import SalusCluster, Trial
 from .context import TrialContext, build_model, device, job, report, trial
 from .errors import ClusterClosed, FitsNoGpu
+from .local import start_local
 from .placement import Need, choose
 from .worker import WorkerStats
 
 __all__ = ["SalusCluster", "Trial", "TrialContext", "build_model", "device", "job", "report",
-           "trial", "ClusterClosed", "FitsNoGpu", "Need", "choose", "WorkerStats"]
+           "trial", "start_local", "ClusterClosed", "FitsNoGpu", "Need", "choose", "WorkerStats"]

@@ -23,6 +23,7 @@ from ..cli import device_use, ensure_daemon, stop_daemon
 from ..errors import InvalidArgument, NotSupported
 from ..policies import BUILTIN_POLICIES
 from .errors import ClusterClosed
+from .local import start_local
 from .placement import PLACEMENTS
 from .placer import Placer, Request
 from .process_worker import ProcessGpuWorker
@@ -207,7 +208,7 @@ class SalusCluster:
             raise NotSupported("worker_setup has no worker process to run in when trials are "
                                "processes")
         if not ray.is_initialized():
-            ray.init()
+            start_local()
         gpus, backend, actor_gpus = _gpus(simulated_gpus)
         limit = min(trials_per_gpu or _MAX_TRIALS_PER_WORKER, _MAX_TRIALS_PER_WORKER)
         if gpu_memory is None and backend == "sim":
