@@ -119,7 +119,9 @@ TEST(CudaDriverApi, ErrorNames) {
   FakeDriver fake;
   cuda::DriverApi api = fake.api();
   EXPECT_EQ(cuda::error_name(api, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
-  EXPECT_EQ(cuda::error_name(api, static_cast<CUresult>(12345)), "CUDA_ERROR_12345");
+  // A code this header does not name (a newer driver's), within CUresult's range of values
+  // (0..1023, from CUDA_ERROR_UNKNOWN = 999): beyond it the cast itself is undefined.
+  EXPECT_EQ(cuda::error_name(api, static_cast<CUresult>(777)), "CUDA_ERROR_777");
   api.cuGetErrorName = nullptr;
   EXPECT_EQ(cuda::error_name(api, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_1");
   const DeviceError e = cuda::driver_error(fake.api(), "cuMemMap", CUDA_ERROR_INVALID_VALUE);

@@ -354,7 +354,9 @@ class FaultInjection : public ::testing::TestWithParam<FaultCase> {
   }
 
   void check_bytes() {
-    for (const auto& [ptr, block] : blocks_) {
+    for (const auto& entry : blocks_) {
+      const DevicePtr ptr = entry.first;
+      const Block& block = entry.second;
       if (block.stamp == 0) continue;
       for_each_word(ptr, block.bytes, [&](DevicePtr at) {
         const auto chunk = fake_.chunk_at(at);

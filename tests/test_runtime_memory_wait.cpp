@@ -128,6 +128,7 @@ TEST(RuntimeMemoryWait, TwoIterationsWaitingOnEachOtherFailOneNotBoth) {
 TEST(RuntimeMemoryWait, WhenEveryIterationIsShortTheOneHoldingTheMostGivesWay) {
   Runtime runtime(sim(64 * MiB), {.policy = "pack"});
   struct Side {
+    Side(Job j, std::size_t h) : job(std::move(j)), holds(h) {}
     Job job;
     std::size_t holds;
     std::atomic<bool> failed{false};
