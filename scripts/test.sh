@@ -158,16 +158,13 @@ fi
 
 # --- 3. Python: the salus package and PyTorch through it (pytest) ----------------------------------
 # setup.sh installed the package into .venv from this tree. pytest's summary line is counted.
-# pytest_run FILE: pytest's whole output into FILE; exits with pytest's status.
-pytest_run() {
+log "python: pytest (the salus package, PyTorch on the simulated backend)"
+run_pytest() {
+  local out status=0
+  out=$(mktemp)
   # -rfE: pytest's short summary names each failure and error (a teardown's too).
-  .venv/bin/python -m pytest -q -rfE --durations=12 -p no:cacheprovider python_bindings/tests \
-    >"$1" 2>&1
-}
-# pytest_report FILE STATUS: prints pytest's output and counts its summary line.
-pytest_report() {
-  local out=$1 status=$2
-  cat "$out"
+  .venv/bin/python -m pytest -q -rfE --durations=12 -p no:cacheprovider python_bindings/tests 2>&1 | tee "$out" ||
+    status=$?
   local summary ok bad names
   summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$out" | tail -n1 || true)
   names=$(grep -E '^(FAILED|ERROR) ' "$out" | cut -c1-240 | paste -sd';' - || true)
@@ -176,6 +173,7 @@ pytest_report() {
     awk '/^_{3,} .* _{3,}$/ {on = 1} /^=+ short test summary/ {on = 0} on {print}' "$out" |
       tail -n 60 | detail "pytest failures"
   fi
+  rm -f "$out"
   ok=$(grep -oE '[0-9]+ passed' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
   bad=0
   for n in $(grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" | grep -oE '^[0-9]+' || true); do
@@ -187,56 +185,10 @@ pytest_report() {
     fail "pytest (status $status; $summary): ${names:-no test named}" "$((bad > 0 ? bad : 1))"
   fi
 }
-# pytest mostly waits on its jobs' turns and on child processes (about one core in all), so where
-# a sanitizer tree is to be built it runs beside that build, which takes the rest: the same load
-# as the two busy loops the suite is required to pass beside, and about as many minutes saved as
-# pytest takes alone. Its output is printed when it ends (pytest_finish).
-PYTEST_OUT=$TMP/pytest.log
-PYTEST_PID=
-log "python: pytest (the salus package, PyTorch on the simulated backend)"
-if [[ ! -x .venv/bin/python ]]; then
-  fail "pytest: .venv is missing (setup.sh makes it)"
-elif [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
-  log "pytest runs beside build-asan/'s build; its output follows that build"
-  pytest_run "$PYTEST_OUT" &
-  PYTEST_PID=$!
+if [[ -x .venv/bin/python ]]; then
+  run_pytest
 else
-  status=0
-  pytest_run "$PYTEST_OUT" || status=$?
-  pytest_report "$PYTEST_OUT" "$status"
-fi
-# pytest_finish: waits for a pytest run in the background and reports it.
-pytest_finish() {
-  [[ -n $PYTEST_PID ]] || return 0
-  local status=0
-  wait "$PYTEST_PID" || status=$?
-  PYTEST_PID=
-  log "pytest ended"
-  pytest_report "$PYTEST_OUT" "$status"
-}
-
-# --- 4. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
-# -O1 and line tables only (the usual sanitizer build): about half the compile time of -O2 -g
-# under ASan+UBSan (27.7 s -> 13.7 s for tests/test_runtime.cpp), with file:line in every report.
-SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF -DSALUS_BUILD_TORCH=OFF
-                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
-                "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
-# The sanitizer trees are clang's where it is installed (setup.sh installs it, for the fuzzers): it
-# compiles a test under ASan+UBSan in half GCC's time (9.5 s against 19.7 s for
-# tests/test_runtime.cpp), and its UBSan checks more (a load of a value outside an enum's range).
-# build/ stays GCC's, so that both compilers build every file.
-SANITIZER_CXX=g++
-if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
-  SANITIZER_CXX=clang++
-  SANITIZER_ARGS+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
-fi
-if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
-  log "build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer ($SANITIZER_CXX)"
-  mkdir -p build-asan
-  asan_built=0
-  configure_and_build build-asan "${SANITIZER_ARGS[@]}" "-DSALUS_SANITIZE=address;undefined" &&
-    asan_built=1
-  pytest_finish
+  fail "pytest: .venv is missing (setup.sh makes it)"
 fi
 if [[ -x build/examples/libtorch_two_jobs ]]; then
   if build/examples/libtorch_two_jobs >/dev/null; then
@@ -245,18 +197,8 @@ if [[ -x build/examples/libtorch_two_jobs ]]; then
     fail "libtorch program (two jobs through salus_torch)"
   fi
 fi
-if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
-  if ((asan_built)); then
-    export SALUS_LIBSALUS_PATH=$ROOT/build-asan/src/libsalus.so
-    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
-      UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-      run_suite "tests (ASan+UBSan)" build-asan
-  else
-    fail "build-asan/ did not build"
-  fi
-fi
 
-# --- 5. fuzzing: each libFuzzer target for a bounded time from its seed corpus --------------------
+# --- 3b. fuzzing: each libFuzzer target for a bounded time from its seed corpus --------------------
 # scripts/fuzz.sh prints "[fuzz] RESULT <target> pass|fail" per target; each counts once.
 if [[ ${SALUS_SKIP_FUZZ:-0} != 1 ]]; then
   log "fuzzing: scripts/fuzz.sh (${SALUS_FUZZ_SECONDS:-15}s per C++ target)"
@@ -272,8 +214,34 @@ else
   log "fuzzing skipped (SALUS_SKIP_FUZZ=1)"
 fi
 
-# --- 6. ThreadSanitizer, on the tests whose point is concurrency -----------------------------------
+# --- 4. AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------------------
+# -O1 and line tables only (the usual sanitizer build): about half the compile time of -O2 -g
+# under ASan+UBSan (27.7 s -> 13.7 s for tests/test_runtime.cpp), with file:line in every report.
+SANITIZER_ARGS=(-DSALUS_BUILD_BENCHMARKS=OFF -DSALUS_BUILD_EXAMPLES=OFF -DSALUS_BUILD_TORCH=OFF
+                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+                "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+# The sanitizer trees are clang's where it is installed (setup.sh installs it, for the fuzzers): it
+# compiles a test under ASan+UBSan in half GCC's time (9.5 s against 19.7 s for
+# tests/test_runtime.cpp; build-asan/ in 6m25 against about 10m50), and its UBSan checks more (a
+# load of a value outside an enum's range). build/ stays GCC's, so both compilers build every file.
+SANITIZER_CXX=g++
+if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
+  SANITIZER_CXX=clang++
+  SANITIZER_ARGS+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+fi
 if [[ ${SALUS_SKIP_SANITIZERS:-0} != 1 ]]; then
+  log "build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer ($SANITIZER_CXX)"
+  mkdir -p build-asan
+  if configure_and_build build-asan "${SANITIZER_ARGS[@]}" "-DSALUS_SANITIZE=address;undefined"; then
+    export SALUS_LIBSALUS_PATH=$ROOT/build-asan/src/libsalus.so
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+      UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+      run_suite "tests (ASan+UBSan)" build-asan
+  else
+    fail "build-asan/ did not build"
+  fi
+
+  # --- 5. ThreadSanitizer, on the tests whose point is concurrency ---------------------------------
   # Kernels with 32 bits of mmap randomization break TSan's memory layout ("unexpected memory
   # mapping"); turning off randomization for the test processes (setarch -R) avoids it.
   log "build-tsan/: ThreadSanitizer (concurrency tests)"
