@@ -129,6 +129,11 @@ TEST(CudaDriverApi, ErrorNames) {
   EXPECT_EQ(e.status(), "CUDA_ERROR_INVALID_VALUE");
   EXPECT_EQ(e.status_code(), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(e.code(), Errc::device_error);
+  EXPECT_FALSE(e.is_out_of_memory());
+  // Out of memory is told by the driver's code, whatever name the error carries.
+  EXPECT_TRUE(cuda::driver_error(api, "cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY).is_out_of_memory());
+  EXPECT_TRUE(DeviceError("cuMemCreate", "renamed", CUDA_ERROR_OUT_OF_MEMORY).is_out_of_memory());
+  EXPECT_FALSE(DeviceError("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", 1).is_out_of_memory());
 }
 
 TEST(CudaLoader, NoGpuHereMeansNotSupportedAndSimulatorFallback) {

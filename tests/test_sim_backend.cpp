@@ -167,6 +167,7 @@ TEST(SimMemory, ChunksExhaustCapacityAndCoalesce) {
   } catch (const DeviceError& e) {
     EXPECT_EQ(e.call(), "cuMemCreate");
     EXPECT_EQ(e.status(), "CUDA_ERROR_OUT_OF_MEMORY");
+    EXPECT_TRUE(e.is_out_of_memory());
   }
   // The failure left the pool intact: the remaining 16 MiB is still there, and only there.
   const ChunkHandle rest = b->create_chunk(Location::gpu(0), 16 * MiB);

@@ -61,6 +61,16 @@ class SALUS_API DeviceError : public Error {
   [[nodiscard]] const std::string& status() const noexcept { return status_; }
   [[nodiscard]] int status_code() const noexcept { return status_code_; }
 
+  // CUDA_ERROR_OUT_OF_MEMORY's value in the driver API. Every backend reports a device with no
+  // memory left for a call by it (the simulator and salusd's pages too), so that a caller tells
+  // an out-of-memory by its code, not by its name.
+  static constexpr int kOutOfMemoryCode = 2;
+  // What a backend raises when `call` finds no device memory left; `detail` says why.
+  [[nodiscard]] static DeviceError out_of_memory(std::string call, const std::string& detail = {});
+  [[nodiscard]] bool is_out_of_memory() const noexcept {
+    return status_code_ == kOutOfMemoryCode;
+  }
+
  private:
   std::string call_;
   std::string status_;

@@ -71,6 +71,9 @@ DriverApi load_driver_api() {
   return resolve_driver_api(reinterpret_cast<GetProcAddressFn>(get_proc), std::move(library));
 }
 
+static_assert(DeviceError::kOutOfMemoryCode == CUDA_ERROR_OUT_OF_MEMORY,
+              "DeviceError's out-of-memory code is the driver's");
+
 std::string error_name(const DriverApi& api, CUresult code) {
   const char* name = nullptr;
   if (api.cuGetErrorName != nullptr && api.cuGetErrorName(code, &name) == CUDA_SUCCESS &&

@@ -38,6 +38,10 @@ DeviceError::DeviceError(std::string call, std::string status, int status_code,
       status_(std::move(status)),
       status_code_(status_code) {}
 
+DeviceError DeviceError::out_of_memory(std::string call, const std::string& detail) {
+  return {std::move(call), "CUDA_ERROR_OUT_OF_MEMORY", kOutOfMemoryCode, detail};
+}
+
 namespace {
 std::string describe(const OutOfMemoryInfo& i) {
   return fmt::format(

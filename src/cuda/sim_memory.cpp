@@ -51,9 +51,9 @@ ChunkHandle SimBackend::do_create_chunk(Location where, std::size_t bytes) {
   auto fit = std::find_if(pool.free_extents.begin(), pool.free_extents.end(),
                           [bytes](const auto& extent) { return extent.second >= bytes; });
   if (fit == pool.free_extents.end()) {
-    throw DeviceError("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", kCudaErrorOutOfMemory,
-                      fmt::format("{}: {} bytes requested, {} of {} bytes in use", to_string(where),
-                                  bytes, pool.used, pool.capacity));
+    throw DeviceError::out_of_memory(
+        "cuMemCreate", fmt::format("{}: {} bytes requested, {} of {} bytes in use",
+                                   to_string(where), bytes, pool.used, pool.capacity));
   }
   const auto [offset, length] = *fit;
   pool.free_extents.erase(fit);

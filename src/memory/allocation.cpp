@@ -133,7 +133,7 @@ StreamHeap& MemoryManager::Impl::heap_for(DeviceHeap& device, const JobRecord& j
 void MemoryManager::Impl::throw_if_driver_out_of_memory(const DeviceError& e, DeviceHeap& device,
                                                         const JobRecord& job,
                                                         const AllocationRequest& request) {
-  if (e.status() != "CUDA_ERROR_OUT_OF_MEMORY") return;
+  if (!e.is_out_of_memory()) return;
   device.counters().out_of_memory.fetch_add(1, std::memory_order_relaxed);
   throw OutOfMemory(oom_info(
       job, device, request, fmt::format("the driver refused {}: {}", e.call(), e.status()), false));

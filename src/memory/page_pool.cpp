@@ -74,7 +74,7 @@ std::size_t PagePool::take_locked(std::size_t count, std::size_t keep_free_pages
     } catch (const DeviceError& e) {
       // The device may hold less than its nominal size (other processes, fragmentation in the
       // driver): treat its refusal as the real limit and let the caller reclaim or fail cleanly.
-      if (e.status() == "CUDA_ERROR_OUT_OF_MEMORY") {
+      if (e.is_out_of_memory()) {
         // With the refusal's own detail where it has one (salusd says why it had no page).
         const std::string what = e.what();
         const std::size_t head =

@@ -21,8 +21,6 @@ constexpr std::uint32_t kFetchBatch = 16;
 // Released pages gathered before they go back unasked.
 constexpr std::size_t kReturnBatch = 64;
 
-constexpr int kCudaErrorOutOfMemory = 2;
-
 // What the wrapped backend's do_address_granularity says (not public): its smallest page.
 std::size_t smallest_granularity(DeviceBackend& backend) {
   std::size_t smallest = backend.granularity(Location::gpu(0));
@@ -187,9 +185,9 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
   }
   pages.held += got.size();
   if (!got.empty()) return;
-  throw DeviceError("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", kCudaErrorOutOfMemory,
-                    fmt::format("salusd has no page for device {}: {}", device,
-                                refusal.empty() ? "every page is in use" : refusal));
+  throw DeviceError::out_of_memory(
+      "cuMemCreate", fmt::format("salusd has no page for device {}: {}", device,
+                                 refusal.empty() ? "every page is in use" : refusal));
 }
 
 std::vector<std::shared_ptr<const Event>> RemoteBackend::import_fences(
