@@ -8,7 +8,8 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "memory/device_heap.hpp"
+#include "memory/device_counters.hpp"
+#include "memory/job_table.hpp"
 #include "memory/stream_heap.hpp"
 
 namespace salus::memory {
@@ -36,12 +37,12 @@ void add_page_fences(std::span<const PageMove> moves,
 
 void PageMigrator::remap(const Block& block, Location where,
                          std::span<const StreamHandle> streams) {
-  DeviceHeap& device = heap_.device;
-  const std::size_t page = device.granularity();
-  if (device.backend().granularity(where) != page) {
+  const MigratorDevice& device = heap_.device;
+  const std::size_t page = device.page_bytes;
+  if (device.backend->granularity(where) != page) {
     throw NotSupported(fmt::format("remap to {}: its page size {} differs from device {}'s {}",
-                                   to_string(where), device.backend().granularity(where),
-                                   device.device(), page));
+                                   to_string(where), device.backend->granularity(where),
+                                   device.device, page));
   }
   Arena& arena = arena_of(heap_.arenas, block);
   auto [first, last] = arena.pages_touched(block);
@@ -54,17 +55,17 @@ void PageMigrator::remap(const Block& block, Location where,
   add_page_fences(moves, after);
   add_fence(block.fence, after);
   std::vector<Page> fresh;
-  if (device.tiers().borrow_from(device.device(), where, moves.size(), fresh) < moves.size()) {
-    device.tiers().give_back(device.device(), fresh);
+  if (device.tiers.borrow_from(device.device, where, moves.size(), fresh) < moves.size()) {
+    device.tiers.give_back(device.device, fresh);
     throw OutOfMemory(
         {.job = block.job,
          .job_name = {},
-         .device = device.device(),
+         .device = device.device,
          .requested_bytes = moves.size() * page,
          .job_in_use_bytes = 0,
          .job_limit_bytes = 0,
          .device_in_use_bytes = 0,
-         .device_limit_bytes = device.limit(),
+         .device_limit_bytes = device.limit_bytes,
          .reason = fmt::format("remap found too few free pages at {}", to_string(where))});
   }
   for (PageMove& move : moves) {
@@ -85,7 +86,7 @@ std::vector<std::shared_ptr<const Event>> PageMigrator::marks_now(
       add_fence(heap_.retire_fence, marks);
       continue;
     }
-    auto mark = std::make_shared<Event>(heap_.device.shared_backend(), heap_.device.device());
+    auto mark = std::make_shared<Event>(heap_.device.backend, heap_.device.device);
     mark->record(stream);
     marks.push_back(std::move(mark));
   }
@@ -95,19 +96,19 @@ std::vector<std::shared_ptr<const Event>> PageMigrator::marks_now(
 void PageMigrator::run_moves(MoveReason reason, std::vector<PageMove>& moves,
                              std::span<const std::shared_ptr<const Event>> after) {
   if (moves.empty()) return;
-  const std::size_t page = heap_.device.granularity();
-  const int device = heap_.device.device();
+  const std::size_t page = heap_.device.page_bytes;
+  const int device = heap_.device.device;
   MoveRecord record{reason, device, moves.front().slot->where, moves.front().to.where, 0, 0,
                     0.0,    {}};
   std::vector<Page> old;
   std::exception_ptr failure;
   try {
-    record.seconds = heap_.device.mover().run(moves, after, heap_.device.access_grants(), old);
+    record.seconds = heap_.device.mover.run(moves, after, heap_.device.grants, old);
   } catch (...) {
     failure = std::current_exception();
   }
   std::vector<Page> unused;
-  DeviceCounters& counters = heap_.device.counters();
+  DeviceCounters& counters = heap_.device.counters;
   for (PageMove& move : moves) {
     if (!move.done) {
       unused.push_back(std::move(move.to));
@@ -133,9 +134,9 @@ void PageMigrator::run_moves(MoveReason reason, std::vector<PageMove>& moves,
   counters.bytes_moved.fetch_add(record.bytes, std::memory_order_relaxed);
   counters.move_nanoseconds.fetch_add(static_cast<std::uint64_t>(record.seconds * 1e9),
                                       std::memory_order_relaxed);
-  heap_.device.tiers().give_back(device, old);
-  heap_.device.tiers().give_back(device, unused);
-  if (record.pages > 0) heap_.device.tiers().report(record);
+  heap_.device.tiers.give_back(device, old);
+  heap_.device.tiers.give_back(device, unused);
+  if (record.pages > 0) heap_.device.tiers.report(record);
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -238,7 +239,7 @@ std::vector<std::shared_ptr<const Event>> PageMigrator::move_marks(
   // may still do on blocks freed on these pages (the pages' fences); and (3) where free space
   // shares a page, all work so far on this stream: a block freed there may be in use by work
   // queued after the owners' marks, by a job that is running now.
-  const int device = heap_.device.device();
+  const int device = heap_.device.device;
   std::vector<std::shared_ptr<const Event>> marks;
   std::vector<StreamHandle> unmarked;
   auto cover = [&](JobId job, StreamHandle stream) {
@@ -251,7 +252,7 @@ std::vector<std::shared_ptr<const Event>> PageMigrator::move_marks(
   std::vector<StreamHandle> streams;
   for (JobId job : held) {
     streams.assign(1, heap_.stream);
-    heap_.device.jobs().streams_of(job, device, streams);
+    heap_.device.jobs.streams_of(job, device, streams);
     heap_.ledger.for_each_block(job, [&](const Block& b) {
       streams.insert(streams.end(), b.other_streams.begin(), b.other_streams.end());
       add_fence(b.fence, marks);
@@ -276,7 +277,7 @@ void PageMigrator::add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]) {
     for (std::size_t i = first; i < last; ++i) {
       const DevicePtr lo = std::max(b.addr, arena.page_addr(i));
       const DevicePtr hi = std::min(b.end(), arena.page_addr(i) + arena.page_bytes());
-      bytes[static_cast<std::size_t>(tier_of(arena.page(i).where, heap_.device.device()))] +=
+      bytes[static_cast<std::size_t>(tier_of(arena.page(i).where, heap_.device.device))] +=
           hi - lo;
     }
   });

@@ -21,7 +21,21 @@
 
 namespace salus::memory {
 
-class DeviceHeap;
+class JobTable;
+struct DeviceCounters;
+
+// What a migrator uses of its device, for one call: each part is the DeviceHeap's.
+struct MigratorDevice {
+  const std::shared_ptr<DeviceBackend>& backend;
+  DeviceCounters& counters;
+  Tiers& tiers;
+  JobTable& jobs;  // the streams each job uses
+  PageMover& mover;
+  const AccessGrants& grants;
+  int device;
+  std::size_t page_bytes;
+  std::size_t limit_bytes;
+};
 
 // Which pages a move takes: those living where `from` says, under live blocks (of `job` only,
 // when set) whose every owner `gate` lets move.
@@ -33,7 +47,7 @@ struct MoveSpec {
 
 // A stream heap's state as its migrator sees it; valid while the heap's mutex is held.
 struct HeapView {
-  DeviceHeap& device;
+  MigratorDevice device;
   StreamHandle stream;           // the heap's stream (StreamHeap::kRetiredStream once retired)
   const FencePtr& retire_fence;  // the retired stream's work up to retire()
   const ArenaSet& arenas;

@@ -4,11 +4,13 @@
 // story: no lock of its own; guarded by the owning StreamHeap's mutex, which the caller holds.
 #include "memory/page_table.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "log/log.hpp"
-#include "memory/device_heap.hpp"
+#include "memory/tiers.hpp"
 
 namespace salus::memory {
 
@@ -32,7 +34,7 @@ std::size_t PageTable::prepare_pages(Arena& arena, std::size_t first, std::size_
       // where an allocation waits on the host (see DeviceMemoryStats::allocation_waits).
       if (!slot.fence->done()) {
         if (!std::exchange(waited, true)) {
-          device_.counters().allocation_waits.fetch_add(1, std::memory_order_relaxed);
+          device_.counters.allocation_waits.fetch_add(1, std::memory_order_relaxed);
         }
         slot.fence->wait();
       }
@@ -46,14 +48,14 @@ std::size_t PageTable::prepare_pages(Arena& arena, std::size_t first, std::size_
 
 void PageTable::adopt_page_fences(Arena& arena, std::size_t first, std::size_t last,
                                   StreamHandle stream) {
-  DeviceBackend& backend = device_.backend();
+  DeviceBackend& backend = device_.backend;
   const Fence* ordered = nullptr;
   for (std::size_t i = first; i < last; ++i) {
     PageSlot& slot = arena.page(i);
     if (!slot.fence) continue;
     // Work of other streams on a block freed here: this stream waits for it on the GPU, and the
     // page's fence is this stream's from now on (its epochs cover it).
-    if (slot.fence.get() != ordered) slot.fence->order(backend, stream, device_.device());
+    if (slot.fence.get() != ordered) slot.fence->order(backend, stream, device_.device);
     ordered = slot.fence.get();
     slot.fence.reset();
   }
@@ -61,7 +63,7 @@ void PageTable::adopt_page_fences(Arena& arena, std::size_t first, std::size_t l
 
 void PageTable::map_pages(Arena& arena, std::size_t first, std::size_t last,
                           std::vector<Page>& pages, StreamHandle stream) {
-  DeviceBackend& backend = device_.backend();
+  DeviceBackend& backend = device_.backend;
   const std::size_t page = arena.page_bytes();
   std::vector<std::pair<std::size_t, Page>> mapped_now;
   const Fence* ordered = nullptr;
@@ -72,6 +74,10 @@ void PageTable::map_pages(Arena& arena, std::size_t first, std::size_t last,
         ++i;
         continue;
       }
+      if (pages.empty()) {  // a caller's bug (it counts the pages first): nothing is lost
+        throw InvalidArgument(fmt::format("map_pages: too few pages for [{:#x}, {:#x})",
+                                          arena.page_addr(first), arena.page_addr(last)));
+      }
       // Map a run of unmapped pages from one location, then grant access to the whole run at
       // once (who may access a page depends on where it lives).
       const std::size_t run_start = i;
@@ -80,7 +86,7 @@ void PageTable::map_pages(Arena& arena, std::size_t first, std::size_t last,
            ++i) {
         // A page from another user: our later work waits for its old work, on the GPU.
         if (const Page& next = pages.back(); next.fence && next.fence.get() != ordered) {
-          next.fence->order(backend, stream, device_.device());
+          next.fence->order(backend, stream, device_.device);
           ordered = next.fence.get();
         }
         backend.map(arena.page_addr(i), page, pages.back().chunk, 0);
@@ -89,16 +95,16 @@ void PageTable::map_pages(Arena& arena, std::size_t first, std::size_t last,
         const Page& taken = mapped_now.back().second;
         arena.page(i) = PageSlot{taken.chunk, taken.where, true, false, nullptr};
         arena.note_mapped(i);
-        device_.counters().page_maps.fetch_add(1, std::memory_order_relaxed);
-        device_.counters().mapped.fetch_add(page, std::memory_order_relaxed);
-        if (const Tier tier = tier_of(taken.where, device_.device()); tier != Tier::local) {
-          device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_add(
+        device_.counters.page_maps.fetch_add(1, std::memory_order_relaxed);
+        device_.counters.mapped.fetch_add(page, std::memory_order_relaxed);
+        if (const Tier tier = tier_of(taken.where, device_.device); tier != Tier::local) {
+          device_.counters.borrowed[static_cast<std::size_t>(tier)].fetch_add(
               page, std::memory_order_relaxed);
           ++remote_pages_;
         }
       }
       backend.set_access(arena.page_addr(run_start), (i - run_start) * page,
-                         device_.grants(run_where));
+                         device_.grants.of(run_where));
     }
   } catch (...) {
     roll_back(arena, mapped_now, pages);
@@ -112,8 +118,8 @@ void PageTable::roll_back(Arena& arena, std::vector<std::pair<std::size_t, Page>
   for (auto& [index, taken] : mapped_now) {
     try {
       forget_page(arena, index);
-      device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-      device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
+      device_.backend.unmap(arena.page_addr(index), arena.page_bytes());
+      device_.counters.page_unmaps.fetch_add(1, std::memory_order_relaxed);
     } catch (const Error& e) {
       log::error("rolling back a page map failed: {}", e.what());
     }
@@ -123,21 +129,21 @@ void PageTable::roll_back(Arena& arena, std::vector<std::pair<std::size_t, Page>
 
 void PageTable::forget_page(Arena& arena, std::size_t index) {
   PageSlot& slot = arena.page(index);
-  if (const Tier tier = tier_of(slot.where, device_.device()); tier != Tier::local) {
-    device_.counters().borrowed[static_cast<std::size_t>(tier)].fetch_sub(
+  if (const Tier tier = tier_of(slot.where, device_.device); tier != Tier::local) {
+    device_.counters.borrowed[static_cast<std::size_t>(tier)].fetch_sub(
         arena.page_bytes(), std::memory_order_relaxed);
     --remote_pages_;
   }
-  device_.counters().mapped.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
+  device_.counters.mapped.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
   slot = PageSlot{};
 }
 
 Page PageTable::unmap_page(Arena& arena, std::size_t index) {
   PageSlot& slot = arena.page(index);
-  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
+  device_.backend.unmap(arena.page_addr(index), arena.page_bytes());
   Page page{slot.chunk, nullptr, slot.where};
   forget_page(arena, index);
-  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
+  device_.counters.page_unmaps.fetch_add(1, std::memory_order_relaxed);
   return page;
 }
 
@@ -153,8 +159,8 @@ Page PageTable::hand_off(Arena& arena, std::size_t index, const FencePtr& own) {
   forget_page(arena, index);
   slot = kept;
   retiring_.emplace_back(&arena, index);
-  device_.counters().deferred_unmaps.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().retiring.fetch_add(arena.page_bytes(), std::memory_order_relaxed);
+  device_.counters.deferred_unmaps.fetch_add(1, std::memory_order_relaxed);
+  device_.counters.retiring.fetch_add(arena.page_bytes(), std::memory_order_relaxed);
   return page;
 }
 
@@ -178,9 +184,9 @@ void PageTable::settle_retiring(bool wait) {
 }
 
 void PageTable::unmap_retired(Arena& arena, std::size_t index) {
-  device_.backend().unmap(arena.page_addr(index), arena.page_bytes());
-  device_.counters().page_unmaps.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().retiring.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
+  device_.backend.unmap(arena.page_addr(index), arena.page_bytes());
+  device_.counters.page_unmaps.fetch_add(1, std::memory_order_relaxed);
+  device_.counters.retiring.fetch_sub(arena.page_bytes(), std::memory_order_relaxed);
   arena.page(index) = PageSlot{};
 }
 

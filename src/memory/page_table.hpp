@@ -9,16 +9,24 @@
 #include <vector>
 
 #include "memory/arena.hpp"
+#include "memory/device_counters.hpp"
+#include "memory/page_mover.hpp"
 #include "memory/page_source.hpp"
 #include "salus/device.hpp"
 
 namespace salus::memory {
 
-class DeviceHeap;
+// What a page table uses of its device: each part is the DeviceHeap's and outlives the table.
+struct PageTableDevice {
+  DeviceBackend& backend;
+  DeviceCounters& counters;
+  const AccessGrants& grants;  // who must reach a page mapped here, by where it lives
+  int device;
+};
 
 class PageTable {
  public:
-  explicit PageTable(DeviceHeap& device) : device_(device) {}
+  explicit PageTable(const PageTableDevice& device) : device_(device) {}
   PageTable(const PageTable&) = delete;
   PageTable& operator=(const PageTable&) = delete;
 
@@ -36,7 +44,8 @@ class PageTable {
   // still do on its pages kept mapped (their fences), and drops those fences.
   void adopt_page_fences(Arena& arena, std::size_t first, std::size_t last, StreamHandle stream);
   // Maps `pages` (taken from the back) under the unmapped pages of [first, last); `stream` (the
-  // heap's) orders its work after theirs. On failure the pages go back to `pages`.
+  // heap's) orders its work after theirs. On failure the pages go back to `pages`; with fewer
+  // pages than unmapped pages there, it maps none and throws InvalidArgument.
   void map_pages(Arena& arena, std::size_t first, std::size_t last, std::vector<Page>& pages,
                  StreamHandle stream);
   // Hands page `index` over to a new user: unmapped at once when no work may still touch it,
@@ -58,7 +67,7 @@ class PageTable {
   void roll_back(Arena& arena, std::vector<std::pair<std::size_t, Page>>& mapped_now,
                  std::vector<Page>& pages);
 
-  DeviceHeap& device_;
+  PageTableDevice device_;
   std::size_t remote_pages_ = 0;  // mapped pages that live on another tier
   // Pages handed off but still mapped here (PageSlot::retiring), oldest first.
   std::vector<std::pair<Arena*, std::size_t>> retiring_;

@@ -19,7 +19,7 @@ StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t smal
     : device_(device),
       stream_(stream.value),
       first_bytes_{small_bytes, large_bytes},
-      table_(device),
+      table_({device.backend(), device.counters(), device.access_grants(), device.device()}),
       ledger_(device.jobs(), *this) {
   try {
     grow(kSmall, small_bytes);  // the first range of a class throws when refused
