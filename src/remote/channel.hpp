@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sim_backend.hpp"  // UniqueFd
+#include "cuda/os_handles.hpp"
 #include "remote/protocol.hpp"
 
 namespace salus::remote {
