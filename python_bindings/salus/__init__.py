@@ -66,3 +66,7 @@ __all__ = [
     "LOG_LEVELS", "log_level", "set_log_level", "MAX_SIM_DEVICES", "iteration",
     "SettingIgnored",
 ]
+
+# The PyTorch glue, as salus.torch (importing it imports no torch). It installs its iteration
+# hooks into the core when imported; the core never imports it.
+from . import torch  # noqa: E402,F401  (after the core it depends on)

@@ -9,7 +9,6 @@ from types import TracebackType
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _salus
-from . import torch as salus_torch  # the PyTorch glue's hooks (importing it does not import torch)
 from ._checks import (
     INT_MAX,
     INT_MIN,
@@ -24,6 +23,35 @@ from ._checks import (
 )
 from .errors import InvalidArgument
 from .policies import registered_policies
+
+
+class FrameworkHooks:
+    """What a framework's glue does around a job's iterations (salus.torch binds PyTorch's stream
+    to the job's, and names the Salus error behind its allocator's last failure). The core calls
+    the installed hooks and never imports a glue: a glue depends on the core, not the reverse.
+    These defaults do nothing, as the glue does until it is enabled."""
+
+    def user_iteration(self, job: "Job") -> None:
+        """The script marks an iteration of ``job`` itself (before its turn is asked for)."""
+
+    def enter_iteration(self, it: "Iteration") -> None:
+        """The iteration's turn has begun and the thread is bound to its job."""
+
+    def exit_iteration(self, it: "Iteration") -> None:
+        """The iteration's body has ended (before its turn does)."""
+
+    def pending_error(self) -> "Optional[BaseException]":
+        """The Salus error behind the framework's last allocation failure on this thread."""
+        return None
+
+
+_hooks = FrameworkHooks()
+
+
+def install_framework_hooks(hooks: FrameworkHooks) -> None:
+    """Makes ``hooks`` the ones every iteration calls (one glue at a time: the last installed)."""
+    global _hooks
+    _hooks = hooks
 
 _UNLIMITED = SIZE_MAX
 # Simulated GPUs one runtime holds at most (salus::kMaxSimDevices, SALUS_MAX_SIM_DEVICES in C).
@@ -409,13 +437,13 @@ class Iteration:
         self.stream = 0
 
     def __enter__(self) -> "Iteration":
-        salus_torch._user_iteration(self._job)
+        _hooks.user_iteration(self._job)
         self.stream = self._job.begin_iteration()
         try:
             _bind(self._job)
             try:
-                salus_torch._pending_error()  # a failure the caller caught earlier is not ours
-                salus_torch._enter_iteration(self)
+                _hooks.pending_error()  # a failure the caller caught earlier is not ours
+                _hooks.enter_iteration(self)
             except BaseException:
                 _unbind()
                 raise
@@ -432,10 +460,10 @@ class Iteration:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         try:
-            salus_torch._exit_iteration(self)
+            _hooks.exit_iteration(self)
         finally:
             _unbind()
-        pending = salus_torch._pending_error() if exc is not None else None
+        pending = _hooks.pending_error() if exc is not None else None
         try:
             self._job.end_iteration()
         except Exception:
@@ -544,7 +572,7 @@ class Job:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         _unbind()
-        pending = salus_torch._pending_error() if exc is not None else None
+        pending = _hooks.pending_error() if exc is not None else None
         if pending is not None:
             try:
                 raise pending from exc

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from ._runtime import FrameworkHooks, install_framework_hooks
 from .errors import Error, InvalidArgument, NotSupported, SettingIgnored
 
 if TYPE_CHECKING:
@@ -348,46 +349,48 @@ def _shared_job(what: str) -> "Job":
     return _shared.job
 
 
-def _user_iteration(job: "Job") -> None:
-    """The script marks an iteration of the shared job itself: from now on its marks are the
-    only ones (the optimizer-step marks stop, an iteration marked here ends first)."""
-    state = _shared
-    if state is None or state.job is not job or state.marking or not state.auto:
-        return
-    state.auto = False
-    state.end_marked()
+# --- the hooks salus._runtime calls around each iteration -----------------------------------------
 
+class _TorchHooks(FrameworkHooks):
+    def user_iteration(self, job: "Job") -> None:
+        """The script marks an iteration of the shared job itself: from now on its marks are the
+        only ones (the optimizer-step marks stop, an iteration marked here ends first)."""
+        state = _shared
+        if state is None or state.job is not job or state.marking or not state.auto:
+            return
+        state.auto = False
+        state.end_marked()
 
-# --- hooks for salus._runtime ---------------------------------------------------------------------
+    def enter_iteration(self, it: "Iteration") -> None:
+        if _mode != "cuda":
+            return
+        import torch
 
-def _enter_iteration(it: "Iteration") -> None:
-    if _mode != "cuda":
-        return
-    import torch
+        device = it._job.device
+        previous = torch.cuda.current_stream(device)
+        stream = torch.cuda.ExternalStream(it.stream, device=device)
+        # The job's stream is non-blocking: work the thread queued before the iteration (inputs
+        # copied in, a state_dict loaded) must be done before the iteration's work reads it.
+        stream.wait_stream(previous)
+        ctx = torch.cuda.stream(stream)
+        ctx.__enter__()
+        it._torch_stream_ctx = ctx
+        it._torch_streams = (previous, stream)
 
-    device = it._job.device
-    previous = torch.cuda.current_stream(device)
-    stream = torch.cuda.ExternalStream(it.stream, device=device)
-    # The job's stream is non-blocking: work the thread queued before the iteration (inputs
-    # copied in, a state_dict loaded) must be done before the iteration's work reads it.
-    stream.wait_stream(previous)
-    ctx = torch.cuda.stream(stream)
-    ctx.__enter__()
-    it._torch_stream_ctx = ctx
-    it._torch_streams = (previous, stream)
+    def exit_iteration(self, it: "Iteration") -> None:
+        ctx = getattr(it, "_torch_stream_ctx", None)
+        if ctx is None:
+            return
+        previous, stream = it._torch_streams
+        it._torch_stream_ctx = None
+        it._torch_streams = None
+        ctx.__exit__(None, None, None)
+        # Back on the previous stream, what follows (state_dict(), .cpu(), the next batch) waits
+        # for the iteration's work instead of reading values still being written.
+        previous.wait_stream(stream)
 
-
-def _exit_iteration(it: "Iteration") -> None:
-    ctx = getattr(it, "_torch_stream_ctx", None)
-    if ctx is None:
-        return
-    previous, stream = it._torch_streams
-    it._torch_stream_ctx = None
-    it._torch_streams = None
-    ctx.__exit__(None, None, None)
-    # Back on the previous stream, what follows (state_dict(), .cpu(), the next batch) waits for
-    # the iteration's work instead of reading values still being written.
-    previous.wait_stream(stream)
+    def pending_error(self) -> Optional[Error]:
+        return _pending_error()
 
 
 def _pending_error() -> Optional[Error]:
@@ -400,5 +403,7 @@ def _pending_error() -> Optional[Error]:
         return e
     return None
 
+
+install_framework_hooks(_TorchHooks())
 
 __all__ = ["enable", "disable", "enabled", "counters", "record_stream", "share"]

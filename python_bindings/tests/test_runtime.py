@@ -421,3 +421,61 @@ def test_job_sim_kernel_outside_an_iteration_is_an_error(runtime: salus.Runtime)
         job.sim_kernel(0.01)
     with pytest.raises(TypeError):
         runtime.sim_kernel(0, "1s")  # type: ignore[arg-type]
+
+
+def test_the_core_calls_the_installed_framework_hooks_in_order(runtime: salus.Runtime) -> None:
+    from salus import _runtime
+
+    calls: list[str] = []
+
+    class Recording(_runtime.FrameworkHooks):
+        def user_iteration(self, job: salus.Job) -> None:
+            calls.append(f"user {job.name}")
+
+        def enter_iteration(self, it: salus.Iteration) -> None:
+            assert it.stream != 0  # inside the turn
+            calls.append("enter")
+
+        def exit_iteration(self, it: salus.Iteration) -> None:
+            calls.append("exit")
+
+        def pending_error(self) -> BaseException | None:
+            calls.append("pending")
+            return None
+
+    before = _runtime._hooks
+    _runtime.install_framework_hooks(Recording())
+    try:
+        job = runtime.add_job("hooked")
+        with job.iteration():
+            calls.append("body")
+        with pytest.raises(ValueError):
+            with job.iteration():
+                raise ValueError("the body's own")
+    finally:
+        _runtime.install_framework_hooks(before)
+    # A body that raised asks for the framework's pending error; one that ended cleanly does not.
+    assert calls == ["user hooked", "pending", "enter", "body", "exit",
+                     "user hooked", "pending", "enter", "exit", "pending"]
+
+
+def test_the_core_imports_no_framework_glue_bench_or_ray_at_module_level() -> None:
+    import ast
+
+    package = Path(salus.__file__).parent
+    glue = {"torch", "bench", "ray"}
+    for module in sorted(package.glob("*.py")):
+        if module.name in ("__init__.py", "torch.py"):
+            continue  # the package's front door, and the glue itself
+        for node in ast.parse(module.read_text()).body:  # module level only
+            names: set[str] = set()
+            if isinstance(node, ast.ImportFrom) and node.level > 0:  # from .x import / from . import x
+                names = ({node.module.split(".")[0]} if node.module
+                         else {a.name for a in node.names})
+            elif isinstance(node, ast.ImportFrom) and node.module == "salus":
+                names = {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("salus."):
+                names = {node.module.split(".")[1]}
+            elif isinstance(node, ast.Import):
+                names = {a.name.split(".")[1] for a in node.names if a.name.startswith("salus.")}
+            assert not names & glue, f"{module.name} imports {names & glue} at module level"

@@ -41,14 +41,15 @@ def test_the_job_stream_and_the_previous_one_wait_for_each_other(monkeypatch) ->
     monkeypatch.setattr(torch.cuda, "stream", StreamContext)
     monkeypatch.setattr(salus_torch, "_mode", "cuda")
     it = types.SimpleNamespace(stream=0x1234, _job=types.SimpleNamespace(device=0))
+    hooks = salus_torch._TorchHooks()  # what salus.torch installs into the core
 
-    salus_torch._enter_iteration(it)
+    hooks.enter_iteration(it)
     assert switches == [("enter", "job")]
     assert job_stream.waited_for == ["previous"], "the iteration may read inputs still in flight"
     assert previous.waited_for == []
 
-    salus_torch._exit_iteration(it)
+    hooks.exit_iteration(it)
     assert switches == [("enter", "job"), ("exit", "job")]
     assert previous.waited_for == ["job"], "work after the iteration may read unfinished results"
-    salus_torch._exit_iteration(it)  # a second exit does nothing
+    hooks.exit_iteration(it)  # a second exit does nothing
     assert previous.waited_for == ["job"]
