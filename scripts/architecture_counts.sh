@@ -76,3 +76,14 @@ PY
 # Layering: libraries the build makes of src/ (one globbed object library before issue 21).
 layers=$(grep -oE '^set\(SALUS_LAYERS [a-z ]+' src/CMakeLists.txt | cut -d' ' -f2- || true)
 echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
+# --- issue 35's counts ---------------------------------------------------------------------------
+ds_files=$(ls src/iteration_sched/device_scheduler*.hpp src/iteration_sched/device_scheduler*.cpp)
+echo "DeviceScheduler lines: $(cat $ds_files | wc -l) over $(wc -w <<<"$ds_files") files"
+echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"
+echo "files naming a job statistic (max_wait_seconds): $(grep -rl 'max_wait_seconds' include src python_bindings/src python_bindings/salus | wc -l)"
+echo "DeviceHeap& in PageTable/PageMigrator: $(cat src/memory/page_table.* src/memory/page_migrator.* 2>/dev/null | grep -c 'DeviceHeap&')"
+echo "string comparisons that detect out of memory: $(grep -rnE '(==|!=) *"CUDA_ERROR_OUT_OF_MEMORY"' src | wc -l)"
+# The Python core: every module of the package outside the glue (torch.py), bench/ and ray/.
+core=$(ls python_bindings/salus/*.py | grep -vE '/(torch|__init__)\.py$')
+echo "Python core modules importing the glue, bench or ray at module level: $(grep -lE '^(from \. import torch|from \.torch |import salus\.torch|from \.(bench|ray)|from salus\.(bench|ray|torch))' $core | wc -l)"
+echo "benchmarks/RESULTS.md lines: $(wc -l <benchmarks/RESULTS.md)"
