@@ -22,36 +22,9 @@ from ._checks import (
     parse_size,
 )
 from .errors import InvalidArgument
+from . import _framework_hooks
 from .policies import registered_policies
 
-
-class FrameworkHooks:
-    """What a framework's glue does around a job's iterations (salus.torch binds PyTorch's stream
-    to the job's, and names the Salus error behind its allocator's last failure). The core calls
-    the installed hooks and never imports a glue: a glue depends on the core, not the reverse.
-    These defaults do nothing, as the glue does until it is enabled."""
-
-    def user_iteration(self, job: "Job") -> None:
-        """The script marks an iteration of ``job`` itself (before its turn is asked for)."""
-
-    def enter_iteration(self, it: "Iteration") -> None:
-        """The iteration's turn has begun and the thread is bound to its job."""
-
-    def exit_iteration(self, it: "Iteration") -> None:
-        """The iteration's body has ended (before its turn does)."""
-
-    def pending_error(self) -> "Optional[BaseException]":
-        """The Salus error behind the framework's last allocation failure on this thread."""
-        return None
-
-
-_hooks = FrameworkHooks()
-
-
-def install_framework_hooks(hooks: FrameworkHooks) -> None:
-    """Makes ``hooks`` the ones every iteration calls (one glue at a time: the last installed)."""
-    global _hooks
-    _hooks = hooks
 
 _UNLIMITED = SIZE_MAX
 # Simulated GPUs one runtime holds at most (salus::kMaxSimDevices, SALUS_MAX_SIM_DEVICES in C).
@@ -437,13 +410,14 @@ class Iteration:
         self.stream = 0
 
     def __enter__(self) -> "Iteration":
-        _hooks.user_iteration(self._job)
+        _framework_hooks.current.user_iteration(self._job)
         self.stream = self._job.begin_iteration()
         try:
             _bind(self._job)
             try:
-                _hooks.pending_error()  # a failure the caller caught earlier is not ours
-                _hooks.enter_iteration(self)
+                # A failure the caller caught earlier is not ours.
+                _framework_hooks.current.pending_error()
+                _framework_hooks.current.enter_iteration(self)
             except BaseException:
                 _unbind()
                 raise
@@ -460,10 +434,10 @@ class Iteration:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         try:
-            _hooks.exit_iteration(self)
+            _framework_hooks.current.exit_iteration(self)
         finally:
             _unbind()
-        pending = _hooks.pending_error() if exc is not None else None
+        pending = _framework_hooks.current.pending_error() if exc is not None else None
         try:
             self._job.end_iteration()
         except Exception:
@@ -572,7 +546,7 @@ class Job:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         _unbind()
-        pending = _hooks.pending_error() if exc is not None else None
+        pending = _framework_hooks.current.pending_error() if exc is not None else None
         if pending is not None:
             try:
                 raise pending from exc

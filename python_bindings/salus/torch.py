@@ -37,7 +37,8 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from ._runtime import FrameworkHooks, install_framework_hooks
+from . import _framework_hooks
+from ._framework_hooks import FrameworkHooks
 from .errors import Error, InvalidArgument, NotSupported, SettingIgnored
 
 if TYPE_CHECKING:
@@ -404,6 +405,6 @@ def _pending_error() -> Optional[Error]:
     return None
 
 
-install_framework_hooks(_TorchHooks())
+_framework_hooks.install(_TorchHooks())
 
 __all__ = ["enable", "disable", "enabled", "counters", "record_stream", "share"]

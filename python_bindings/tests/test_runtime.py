@@ -424,11 +424,11 @@ def test_job_sim_kernel_outside_an_iteration_is_an_error(runtime: salus.Runtime)
 
 
 def test_the_core_calls_the_installed_framework_hooks_in_order(runtime: salus.Runtime) -> None:
-    from salus import _runtime
+    from salus import _framework_hooks
 
     calls: list[str] = []
 
-    class Recording(_runtime.FrameworkHooks):
+    class Recording(_framework_hooks.FrameworkHooks):
         def user_iteration(self, job: salus.Job) -> None:
             calls.append(f"user {job.name}")
 
@@ -443,8 +443,8 @@ def test_the_core_calls_the_installed_framework_hooks_in_order(runtime: salus.Ru
             calls.append("pending")
             return None
 
-    before = _runtime._hooks
-    _runtime.install_framework_hooks(Recording())
+    before = _framework_hooks.current
+    _framework_hooks.install(Recording())
     try:
         job = runtime.add_job("hooked")
         with job.iteration():
@@ -453,7 +453,7 @@ def test_the_core_calls_the_installed_framework_hooks_in_order(runtime: salus.Ru
             with job.iteration():
                 raise ValueError("the body's own")
     finally:
-        _runtime.install_framework_hooks(before)
+        _framework_hooks.install(before)
     # A body that raised asks for the framework's pending error; one that ended cleanly does not.
     assert calls == ["user hooked", "pending", "enter", "body", "exit",
                      "user hooked", "pending", "enter", "exit", "pending"]
