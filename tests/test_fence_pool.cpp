@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <memory>
 
 #include "cuda/cuda_backend.hpp"
 #include "remote/fence_pool.hpp"
+#include "salus/sim.hpp"
 #include "support/fake_driver.hpp"
+#include "support/stream_gate.hpp"
 
 namespace salus {
 namespace {
@@ -118,6 +122,28 @@ TEST_F(FencePoolTwoProcesses, AnOldHandleNamesALiveEventThatCoversItsLaterRecord
   backend_->destroy_event(opened);
   const auto violations = fake_.violations();
   EXPECT_TRUE(violations.empty()) << violations.front();
+}
+
+// A turn's fence is waited for on the host, up to the turn's bound: the wait ends when the work
+// completes or the bound passes, whichever is first, so a fence that never completes holds its
+// waiter for the bound only (a stream made to wait for it could not be let go).
+TEST(WaitForFence, EndsWhenTheWorkCompletesOrAtTheBoundWhicheverIsFirst) {
+  const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  const StreamHandle stream = backend->create_stream(0, 0);
+  std::atomic<bool> done{false};
+  std::promise<void> gate = test_support::block_stream(*backend, stream, done);
+  const Event work(backend, 0);
+  backend->record_event(work.handle(), stream);
+
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  EXPECT_FALSE(remote::wait_for_fence(work, until)) << "the work has not run";
+  EXPECT_GE(std::chrono::steady_clock::now(), until) << "it gave up before the bound";
+  EXPECT_FALSE(done.load());
+
+  gate.set_value();
+  EXPECT_TRUE(remote::wait_for_fence(work, std::chrono::steady_clock::now() + std::chrono::hours(1)));
+  EXPECT_TRUE(done.load()) << "it returned before the work had run";
+  backend->destroy_stream(stream);
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <cstring>
+#include <optional>
+#include <thread>
+#include <future>
 
 #include "daemon/coordinator.hpp"
 #include "remote/protocol.hpp"
@@ -36,6 +39,7 @@ struct Client {
   std::vector<remote::PageEntry> granted;
   remote::Welcome welcome;
   std::uint64_t job = 0;
+  std::optional<daemon::Coordinator::TurnLink> link;  // the job's turn connection
 
   void call(MessageType type, std::span<const std::byte> body, std::vector<int> fds = {}) {
     remote::Received r;
@@ -77,6 +81,58 @@ struct Client {
     remote::set_name(hello.name, "fence-test");
     call(MessageType::hello, std::as_bytes(std::span(&hello, 1)));
   }
+  // Adds a job named `name` and attaches its turn connection (as `peer`, the session's).
+  void add_job(const remote::PeerCredentials& peer, const char* name) {
+    remote::AddJob add;
+    remote::set_name(add.name, name);
+    call(MessageType::add_job, std::as_bytes(std::span(&add, 1)));
+    ASSERT_NE(job, 0u);
+    const remote::AttachTurns attach{welcome.session, welcome.token, job};
+    remote::Record record;
+    const std::vector<std::byte> bytes = remote::encode(MessageType::attach_turns, 1, attach);
+    record.header = remote::decode_header(bytes);
+    record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+    link = coordinator.attach_turns(peer, record, [] {});
+  }
+  // A call on the job's turn connection, answered at once (a turn that would wait fails the
+  // test), with `fd` (if >= 0) as its descriptor.
+  remote::Record turn_call(MessageType type, std::span<const std::byte> body, int fd = -1) {
+    remote::Received r;
+    const std::vector<std::byte> bytes = remote::encode_body(type, seq++, body);
+    r.record.header = remote::decode_header(bytes);
+    r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+    if (fd >= 0) r.fds.emplace_back(::dup(fd));
+    const std::optional<daemon::Coordinator::Reply> answer = coordinator.turn_call(*link, r).reply;
+    if (!answer) ADD_FAILURE() << "the call waits (its turn is not there)";
+    const std::vector<std::byte> reply = answer ? answer->record : std::vector<std::byte>{};
+    remote::Record out;
+    out.header = remote::decode_header(reply);
+    out.body.assign(reply.begin() + sizeof(remote::Header), reply.end());
+    return out;
+  }
+  // begin_iteration on the turn connection: the turn granted.
+  remote::Turn begin() {
+    const remote::JobCall call{job, -1, 0, 0};
+    const remote::Record answer =
+        turn_call(MessageType::begin_iteration, std::as_bytes(std::span(&call, 1)));
+    EXPECT_EQ(answer.type(), MessageType::turn);
+    return answer.type() == MessageType::turn ? remote::body_as<remote::Turn>(answer)
+                                              : remote::Turn{};
+  }
+  // end_iteration: behind `fence` (an exported event), or saying nothing of its work.
+  MessageType end(const SharedEvent* fence) {
+    remote::EndIteration e;
+    e.call = remote::JobCall{job, -1, 0, 0};
+    if (fence != nullptr) {
+      e.fenced = remote::kFenced;
+      e.fence.handle = fence->handle;
+      e.fence.fd_index = 0;
+    }
+    return turn_call(MessageType::end_iteration, std::as_bytes(std::span(&e, 1)),
+                     fence != nullptr ? fence->fd : -1)
+        .type();
+  }
+
   void give_back(const remote::FenceEntry& fence, int fd) {
     remote::GiveHead head;
     head.count = 1;
@@ -153,33 +209,8 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
   Client c(coordinator);
   const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
   c.open(me);
-  remote::AddJob add;
-  remote::set_name(add.name, "job");
-  c.call(MessageType::add_job, std::as_bytes(std::span(&add, 1)));
-  ASSERT_NE(c.job, 0u);
-  const remote::AttachTurns attach{c.welcome.session, c.welcome.token, c.job};
-  remote::Record attach_record;
-  const std::vector<std::byte> attach_bytes = remote::encode(MessageType::attach_turns, 1, attach);
-  attach_record.header = remote::decode_header(attach_bytes);
-  attach_record.body.assign(attach_bytes.begin() + sizeof(remote::Header), attach_bytes.end());
-  const daemon::Coordinator::TurnLink link = coordinator.attach_turns(me, attach_record, [] {});
-  const auto turn_call = [&](MessageType type, std::span<const std::byte> body, int fd) {
-    remote::Received r;
-    const std::vector<std::byte> bytes = remote::encode_body(type, 2, body);
-    r.record.header = remote::decode_header(bytes);
-    r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
-    if (fd >= 0) r.fds.emplace_back(::dup(fd));
-    const std::optional<daemon::Coordinator::Reply> answer = coordinator.turn_call(link, r).reply;
-    if (!answer) ADD_FAILURE() << "the call waits (its turn is not there)";
-    const std::vector<std::byte> reply = answer ? answer->record : std::vector<std::byte>{};
-    remote::Record out;
-    out.header = remote::decode_header(reply);
-    out.body.assign(reply.begin() + sizeof(remote::Header), reply.end());
-    return out;
-  };
-  const remote::JobCall begin{c.job, -1, 0, 0};
-  ASSERT_EQ(turn_call(MessageType::begin_iteration, std::as_bytes(std::span(&begin, 1)), -1).type(),
-            MessageType::turn);
+  c.add_job(me, "job");
+  (void)c.begin();
 
   const EventHandle event = backend->create_shareable_event(0);
   const SharedEvent real = backend->export_event(event);
@@ -192,7 +223,7 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
   end.fence.fd_index = 0;
 
   const remote::Record refused =
-      turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), forged);
+      c.turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), forged);
   ASSERT_EQ(refused.type(), MessageType::failure);
   const std::string why = remote::body_as<remote::Failure>(refused).message.data();
   EXPECT_NE(why.find("end_iteration: its fence is no event of device 0"), std::string::npos)
@@ -201,7 +232,7 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
       << "the turn stays the job's";
 
   const remote::Record ended =
-      turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), real.fd);
+      c.turn_call(MessageType::end_iteration, std::as_bytes(std::span(&end, 1)), real.fd);
   EXPECT_EQ(ended.type(), MessageType::done);
   EXPECT_EQ(coordinator.runtime().job_stats().front().state, JobState::idle);
 
@@ -209,6 +240,62 @@ TEST(SalusdFenceCheck, AnEndBehindAFenceThatIsNoSealedEventIsRefusedAndTheTurnKe
   ::close(forged);
   ::close(real.fd);
   backend->destroy_event(event);
+}
+
+// A turn's fence is bounded as a page's is (issue 34, item 7): the lane's next holder gets the
+// last end's fence with what is left of --fence-wait since that end, and once that has passed, or
+// the work has completed, its turns come with no fence at all. Before, every later turn of the
+// lane carried a fence that never completed, and each next process's stream waited on it for
+// ever (its work never ran). The bound is the daemon's, not a timing the test asserts.
+TEST(SalusdFenceCheck, ATurnFenceIsHandedOnWithinTheBoundOnlyAndNotOnceItsWorkIsDone) {
+  const std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  daemon::CoordinatorOptions o = options();
+  o.fence_wait = std::chrono::milliseconds(300);
+  daemon::Coordinator coordinator(backend, o);
+  const remote::PeerCredentials me{::getpid(), ::getuid(), ::getgid()};
+  Client a(coordinator), b(coordinator);
+  a.open(me);
+  a.add_job(me, "a");
+  b.open(me);
+  b.add_job(me, "b");
+
+  // a's iteration ends behind work that does not complete until the test lets it.
+  const StreamHandle stream = backend->create_stream(0, 0);
+  std::promise<void> let_go;
+  std::shared_future<void> released = let_go.get_future().share();
+  backend->launch_host_func(stream, [released] { released.wait(); });
+  const EventHandle work = backend->create_shareable_event(0);
+  backend->record_event(work, stream);
+  const SharedEvent shared = backend->export_event(work);
+  (void)a.begin();
+  ASSERT_EQ(a.end(&shared), MessageType::done);
+
+  // b's turn comes at once, with the fence and a wait no longer than the bound.
+  const remote::Turn fresh = b.begin();
+  ASSERT_EQ(fresh.fenced, 1u) << "b's turn is in a's lane, behind a's work";
+  EXPECT_GT(fresh.fence_wait_ms, 0u);
+  EXPECT_LE(fresh.fence_wait_ms, 300u);
+  ASSERT_EQ(b.end(nullptr), MessageType::done);  // b says nothing: the lane's fence is still a's
+
+  // Past the bound, the lane's turns go without it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  const remote::Turn late = b.begin();
+  EXPECT_EQ(late.fenced, 0u) << "a fence past --fence-wait was handed on";
+  EXPECT_EQ(late.fence_wait_ms, 0u);
+  ASSERT_EQ(b.end(nullptr), MessageType::done);
+
+  // And once the work has completed, there is nothing to wait for.
+  let_go.set_value();
+  backend->synchronize_stream(stream);
+  EXPECT_EQ(b.begin().fenced, 0u) << "completed work was handed on as a fence";
+  ASSERT_EQ(b.end(nullptr), MessageType::done);
+  EXPECT_EQ(coordinator.inconsistency(), "");
+
+  coordinator.close_session(a.id);
+  coordinator.close_session(b.id);
+  ::close(shared.fd);
+  backend->destroy_event(work);
+  backend->destroy_stream(stream);
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ struct CoordinatorOptions {
   std::chrono::milliseconds exit_wait{10000};
   // How long after a page came back behind a process's work (a fence) the daemon waits for that
   // work before it hands the page to another process; a page whose work has not completed by
-  // then is withheld until it does, or its process exits.
+  // then is withheld until it does, or its process exits. An iteration's end bounds the same
+  // way the wait of the lane's next turns for its work (remote::Turn::fence_wait_ms).
   std::chrono::milliseconds fence_wait{10000};
 };
 
@@ -202,8 +203,7 @@ class Coordinator {
                  std::shared_ptr<const PageBank::Fence> fence, bool settled,
                  const std::function<void()>& between = {});
   // The fence an end_iteration carries (its descriptor taken from `received`), or null.
-  static std::shared_ptr<const PageBank::Fence> end_fence(const Session& s,
-                                                          remote::Received& received);
+  static std::shared_ptr<PageBank::Fence> end_fence(const Session& s, remote::Received& received);
   void on_job_call(Session& s, const remote::Record& record);
   void on_take_pages(const std::shared_ptr<Session>& s, const remote::Record& record);
   // A give-back may carry one descriptor: a simulated fence's.
@@ -245,8 +245,14 @@ class Coordinator {
   // Returns the event as opened here.
   std::shared_ptr<const Event> check_fence(int device, const PageBank::Fence& fence,
                                            std::string_view what) const;
-  // check_fence for an end_iteration's fence, once per distinct fence of the process.
-  void check_turn_fence(Session& s, Job& job, const PageBank::Fence& fence);
+  // check_fence for an end_iteration's fence, once per distinct fence of the process; sets its
+  // opened event and its time.
+  void check_turn_fence(Session& s, Job& job, PageBank::Fence& fence);
+  // How long `job`, granted a turn behind `fence`, may wait for it: null when its work has
+  // completed (nothing to wait for) or fence_wait has passed since it came (its lane's next
+  // holders go on beside it: a fence that never completes stalls nobody for longer).
+  [[nodiscard]] std::optional<std::chrono::milliseconds> fence_wait_left(
+      const Job& job, const PageBank::Fence& fence) const;
   // The timeline of every process's pages (salusd --trace): a move per grant and per give-back,
   // and each device's pages per process as a counter. With mu_ held.
   void trace_pages(const std::string& what, int device, double begin_us, std::size_t pages);

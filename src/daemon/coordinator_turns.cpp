@@ -12,6 +12,9 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+
+#include <algorithm>
+#include <limits>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -44,9 +47,13 @@ std::pair<remote::Turn, remote::UniqueFd> Coordinator::granted(
   // The lane's last iteration, if another process ran it: this one's work goes after it.
   const std::shared_ptr<const PageBank::Fence> fence = turn_fences_.began(&job, lane->value, s.id);
   if (!fence) return {turn, std::move(fd)};
+  const std::optional<std::chrono::milliseconds> wait = fence_wait_left(job, *fence);
+  if (!wait) return {turn, std::move(fd)};
   turn.fenced = 1;
   turn.fence = fence->entry;
   turn.fence.fd_index = -1;
+  turn.fence_wait_ms = static_cast<std::uint32_t>(
+      std::min<std::int64_t>(wait->count(), std::numeric_limits<std::uint32_t>::max()));
   if (fence->fd.get() >= 0) {
     fd = remote::UniqueFd(::fcntl(fence->fd.get(), F_DUPFD_CLOEXEC, 0));
     if (fd.get() < 0) {
@@ -61,8 +68,31 @@ std::pair<remote::Turn, remote::UniqueFd> Coordinator::granted(
   return {turn, std::move(fd)};
 }
 
-std::shared_ptr<const PageBank::Fence> Coordinator::end_fence(const Session& s,
-                                                              remote::Received& received) {
+std::optional<std::chrono::milliseconds> Coordinator::fence_wait_left(
+    const Job& job, const PageBank::Fence& fence) const {
+  bool completed = false;
+  if (fence.opened) {
+    try {
+      completed = fence.opened->query();
+    } catch (const Error& e) {
+      // Its process has gone, and its work with it (forget drops its fences soon after).
+      spdlog::debug("job '{}': a turn fence could not be asked, taken as passed: {}", job.name(),
+                    e.what());
+      completed = true;
+    }
+  }
+  if (completed) return std::nullopt;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+      fence.given_at + options_.fence_wait - std::chrono::steady_clock::now());
+  if (left.count() > 0) return left;
+  spdlog::warn("job '{}': the last iteration of its lane (session {}) has not completed in {} ms: "
+               "the turn goes without waiting for it",
+               job.name(), fence.from, options_.fence_wait.count());
+  return std::nullopt;
+}
+
+std::shared_ptr<PageBank::Fence> Coordinator::end_fence(const Session& s,
+                                                        remote::Received& received) {
   const auto end = remote::body_as<remote::EndIteration>(received.record);
   const bool with_fd = end.fenced == remote::kFenced && end.fence.fd_index >= 0;
   if (received.fds.size() != (with_fd ? 1u : 0u) || (with_fd && end.fence.fd_index != 0)) {
@@ -78,7 +108,8 @@ std::shared_ptr<const PageBank::Fence> Coordinator::end_fence(const Session& s,
   return fence;
 }
 
-void Coordinator::check_turn_fence(Session& s, Job& job, const PageBank::Fence& fence) {
+void Coordinator::check_turn_fence(Session& s, Job& job, PageBank::Fence& fence) {
+  fence.given_at = std::chrono::steady_clock::now();
   // Identity: the file (its seals cannot change once sealed) or the handle's bytes.
   std::string key(reinterpret_cast<const char*>(fence.entry.handle.data()),
                   fence.entry.handle.size());
@@ -88,12 +119,15 @@ void Coordinator::check_turn_fence(Session& s, Job& job, const PageBank::Fence& 
   }
   {
     std::lock_guard lock(mu_);
-    if (s.checked_fences.contains(key)) return;
+    if (const auto it = s.checked_fences.find(key); it != s.checked_fences.end()) {
+      fence.opened = it->second;  // the same event, recorded again: it says how that record is
+      return;
+    }
   }
-  check_fence(job.stats().device, fence, "end_iteration");
+  fence.opened = check_fence(job.stats().device, fence, "end_iteration");
   std::lock_guard lock(mu_);
   if (s.checked_fences.size() >= 256) s.checked_fences.clear();  // a pool is a few events
-  s.checked_fences.insert(std::move(key));
+  s.checked_fences.emplace(std::move(key), fence.opened);
 }
 
 std::optional<MeasuredMemory> Coordinator::planned_memory(const remote::Record& end) const {
@@ -221,7 +255,7 @@ Coordinator::TurnResult Coordinator::turn_call(const TurnLink& link, remote::Rec
     if (reply) return {std::move(reply), std::nullopt};
     return {std::nullopt, waiting};
   }
-  std::shared_ptr<const PageBank::Fence> fence = end ? end_fence(*link.session, received) : nullptr;
+  std::shared_ptr<PageBank::Fence> fence = end ? end_fence(*link.session, received) : nullptr;
   const bool settled =
       end && remote::body_as<remote::EndIteration>(record).fenced == remote::kSettled;
   // A malformed report is the connection's end (a ProtocolError), as a malformed record is.

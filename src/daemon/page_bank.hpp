@@ -40,8 +40,8 @@ class PageBank {
     remote::FenceEntry entry;
     remote::UniqueFd fd;  // the simulated event's memory; empty on CUDA
     SessionId from = 0;
-    // A give-back's: the event as the daemon opened it (Coordinator::check_fence), which it asks
-    // whether the work has completed, and when it came. Null on the turn path.
+    // The event as the daemon opened it (Coordinator::check_fence), which it asks whether the
+    // work has completed, and when it came (a give-back, or an iteration's end).
     std::shared_ptr<const Event> opened;
     std::chrono::steady_clock::time_point given_at{};
   };

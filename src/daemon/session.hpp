@@ -110,9 +110,10 @@ struct Coordinator::Session {
   std::set<const Job*> in_turn;
   int asking = 0;
   std::optional<std::chrono::steady_clock::time_point> gave_way;
-  // The turn fences of this process that opened here (Coordinator::check_turn_fence), by file
-  // identity or handle bytes: its fence pool sends the same few again and again.
-  std::set<std::string> checked_fences;
+  // The turn fences of this process as they opened here (Coordinator::check_turn_fence), by file
+  // identity or handle bytes: its fence pool sends the same few again and again. The daemon asks
+  // them whether their work has completed before it hands one on.
+  std::map<std::string, std::shared_ptr<const Event>> checked_fences;
   // Each turn connection's hang-up, run when the session closes.
   std::vector<std::function<void()>> hang_ups;
 

@@ -2,7 +2,28 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <thread>
+
+#include "salus/error.hpp"
+
 namespace salus::remote {
+
+bool wait_for_fence(const Event& fence, std::chrono::steady_clock::time_point until) {
+  // Short pauses first: the usual fence is a tail of work about to end.
+  auto pause = std::chrono::microseconds(10);
+  for (;;) {
+    try {
+      if (fence.query()) return true;
+    } catch (const Error&) {
+      return true;  // its process has exited, and its work with it
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, until - now));
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
 
 FencePool::~FencePool() {
   for (const auto& fence : fences_) {

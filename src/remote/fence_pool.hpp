@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -28,6 +29,10 @@
 #include "salus/device.hpp"
 
 namespace salus::remote {
+
+// Polls `fence` (another process's event) until it has completed or `until` has passed; true
+// when it completed. A fence whose process has gone (it can no longer be asked) has passed.
+bool wait_for_fence(const Event& fence, std::chrono::steady_clock::time_point until);
 
 class FencePool {
  public:

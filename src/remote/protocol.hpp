@@ -37,7 +37,7 @@ inline constexpr std::uint32_t kMagic = 0x5341'4C53;  // "SLAS" in memory order:
 // 6: end_iteration carries the job's GPU time as its process measured it.
 // 7: a turn connection's records go through shared memory (remote/turn_rings.hpp); its socket
 //    carries descriptors and wake-ups.
-inline constexpr std::uint16_t kProtocolVersion = 7;
+inline constexpr std::uint16_t kProtocolVersion = 8;
 inline constexpr std::size_t kMaxRecordBytes = 32 * 1024;
 // Pages per batch: SCM_RIGHTS carries at most 253 descriptors a record (SCM_MAX_FD), and a batch of
 // simulated pages carries one per page and one per fence (at most one a page).
@@ -192,12 +192,17 @@ struct AttachTurns {
 };
 
 // A turn granted (or not). `fenced` 1: `fence` is the end of the last iteration another process
-// ran in the lane, which the job's stream must wait for before its own work.
+// ran in the lane, which has not completed yet: the job's work waits for it before it starts, for
+// at most `fence_wait_ms` from the turn's arrival (what is left of the daemon's --fence-wait since
+// that end). Past that the work goes on beside the other's: a fence that never completes (a
+// crafted one, or a hung process's) stalls its lane's next holder for a bounded time only.
 struct Turn {
   std::uint64_t job = 0;
   std::uint32_t admitted = 0;  // 0: the timeout passed first
   std::uint32_t fenced = 0;
   FenceEntry fence;
+  std::uint32_t fence_wait_ms = 0;
+  std::uint32_t reserved = 0;
 };
 
 struct PageCount {

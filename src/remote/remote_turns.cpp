@@ -120,7 +120,7 @@ void RemoteTurns::add(JobId job, const JobSpec& spec) {
     throw;
   }
   std::lock_guard lock(mu_);
-  jobs_[job] = Entry{added.job, spec.device, std::move(turns), false, nullptr, std::nullopt};
+  jobs_[job] = Entry{added.job, spec.device, std::move(turns), false, nullptr, {}, std::nullopt};
 }
 
 RemoteTurns::Entry RemoteTurns::entry(JobId job) const {
@@ -144,10 +144,12 @@ bool RemoteTurns::acquire(JobId job,
   const Turn turn = body_as<Turn>(answer.record);
   if (turn.admitted == 0) return false;
   std::shared_ptr<const Event> after = open_fence(e.device, turn, answer);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(turn.fence_wait_ms);
   std::lock_guard lock(mu_);
   if (auto it = jobs_.find(job); it != jobs_.end()) {
     it->second.holding = true;
     it->second.after = std::move(after);
+    it->second.after_until = until;
   }
   return true;
 }
@@ -175,16 +177,19 @@ std::shared_ptr<const Event> RemoteTurns::open_fence(int device, const Turn& tur
 
 void RemoteTurns::order_after(JobId job, StreamHandle stream) {
   std::shared_ptr<const Event> after;
-  int device = 0;
+  std::chrono::steady_clock::time_point until;
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job);
     if (it == jobs_.end()) throw UnknownJob(job);
     after = std::exchange(it->second.after, nullptr);
+    until = it->second.after_until;
     it->second.stream = stream;
-    device = it->second.device;
   }
-  if (after && backend_) backend_->stream_wait_event(stream, after->handle(), device);
+  if (!after || wait_for_fence(*after, until)) return;
+  log::warn("job {}: the work of its lane's last iteration, in another process, has not completed "
+            "within salusd's --fence-wait: this turn's work goes on beside it",
+            job.value);
 }
 
 FencePool::Fence* RemoteTurns::fence_after(int device, StreamHandle stream) {

@@ -65,7 +65,9 @@ class TurnConnection {
 
 // The GPU is ordered at a turn as well (daemon/turn_fences.hpp): an iteration's end goes with an
 // interprocess event recorded on the job's stream (from `backend`'s fence pool), and a turn that
-// comes with another process's makes the job's stream wait for it (order_after).
+// comes with another process's waits for it before its work (order_after). That wait is the
+// host's, bounded by the turn's fence_wait_ms, and not the stream's: a stream made to wait for
+// another process's event could not be let go if that event never completed.
 class RemoteTurns final : public TurnGate {
  public:
   // `backend`: this process's, whose fence pool and streams the turns' fences use (null: no GPU
@@ -88,6 +90,7 @@ class RemoteTurns final : public TurnGate {
     std::shared_ptr<TurnConnection> turns;
     bool holding = false;  // the daemon granted a turn that has not gone back
     std::shared_ptr<const Event> after;  // the turn's previous holder's end, until order_after
+    std::chrono::steady_clock::time_point after_until{};  // how long order_after waits for it
     std::optional<StreamHandle> stream;  // where the turn's work goes (order_after), until release
   };
   // The fence of a Turn, opened (null when none, or when its process has exited).

@@ -120,6 +120,34 @@ TEST_F(Salusd, TheNextProcesssWorkStartsAfterThePreviousOnesTail) {
   EXPECT_GE(handovers, 1);
 }
 
+// A turn's fence that never completes (issue 34, item 7) stalls the lane's next process for
+// --fence-wait at most. a's only iteration ends with ten minutes of work still queued (a hung or
+// hostile process's tail); b, granted the next turn in a's lane, waits for that work at most
+// the bound and then runs all its iterations while a's work is still queued. Before, b's stream
+// waited for a's event itself, and none of b's work ran while a's tail did.
+TEST_F(Salusd, ATurnFenceThatNeverCompletesHoldsTheNextProcessForTheBoundOnly) {
+  start_daemon({"--policy", "fair", "--memory", "64MiB", "--fence-wait", "0.3"});
+  const std::vector<std::string> common = {"--iteration-ms", "5", "--persistent-mib", "2",
+                                           "--ephemeral-mib", "4", "--gpu-log", "1"};
+  std::vector<std::string> hung = common;
+  hung.insert(hung.end(), {"--iterations", "1", "--late-fill-ms", "600000"});
+  const pid_t a = client("a", hung);
+  ASSERT_TRUE(wait_log("a", "end 0")) << read_file(log("a")) << read_file(dir_ + "/a.err");
+  std::vector<std::string> next = common;
+  next.insert(next.end(), {"--iterations", "3"});
+  const pid_t b = client("b", next);
+  EXPECT_EQ(wait_for(b), 0) << read_file(log("b")) << read_file(dir_ + "/b.err");
+  EXPECT_TRUE(wait_log("b", "gpu-end 2", 1s)) << read_file(log("b"));
+  bool a_work_ran = false;
+  for (const salusd_test::Event& e : events(log("a"))) a_work_ran |= e.what == "gpu-end 0";
+  EXPECT_FALSE(a_work_ran) << "a's work was meant to be still queued";
+  EXPECT_NE(read_file(dir_ + "/b.err").find("has not completed within salusd's --fence-wait"),
+            std::string::npos)
+      << "b's first turn was not behind a's work: " << read_file(dir_ + "/b.err");
+  ::kill(a, SIGKILL);
+  (void)wait_for(a);
+}
+
 // The job's row of salusd's job table: the seconds its turns were charged ("held s"); -1 when the
 // table has no row for it.
 double held_seconds(const std::string& table, const std::string& job) {

@@ -172,14 +172,15 @@ TEST_F(Salusd, WithReclaimNeverCachedPagesStayWithTheirProcess) {
 }
 
 // A process's turn ends with a block freed while work on it is still queued (a fill behind a
-// 30 ms pause): its pages go to the other process behind an interprocess event, at once, and the
-// other's work on them waits for it. Every byte both wrote is checked; without the wait, the late
-// fill would land on the other's fresh data. The device holds exactly both processes' persistent
-// memory and one iteration's peak, so every iteration runs in pages the other just gave back.
+// 30 ms pause), and the other process's iteration runs in those pages: the device holds exactly
+// both processes' persistent memory and one iteration's peak. Every byte both wrote is checked;
+// without a wait for the giver's tail, the late fill would land on the other's fresh data. The
+// wait is the turn's (its fence, waited for on the host before the next process's work), so the
+// pages reach the other once that work has completed; pages handed on while it is still queued,
+// through their own fences, are tested on the coordinator (test_salusd_handover.cpp).
 TEST_F(Salusd, PagesGivenBackBehindQueuedWorkWaitForIt) {
   start_daemon({"--policy", "fair", "--memory", "20MiB"});
-  // The next process asks for pages at once (no check that would wait for its stream, which
-  // waits for the giver's tail at the turn): the giver's late fill is still queued then.
+  // The next process asks for pages at once (no check that would wait for its own stream).
   const std::vector<std::string> args = {"--iterations", "6", "--iteration-ms", "40",
                                          "--persistent-mib", "4", "--ephemeral-mib", "8",
                                          "--late-fill-ms", "30", "--check-at-begin", "0"};
@@ -191,8 +192,6 @@ TEST_F(Salusd, PagesGivenBackBehindQueuedWorkWaitForIt) {
   EXPECT_EQ(rb, 0) << read_file(log("b")) << read_file(dir_ + "/b.err");
   expect_exclusive({"a", "b"});
   expect_alternating("a", "b");
-  const std::string table = status();
-  EXPECT_GT(device_column(table, 6), 0) << "no page went back behind work:\n" << table;
 }
 
 // Two processes whose persistent memory is 60% of the device each: they take turns only because
