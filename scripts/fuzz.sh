@@ -36,12 +36,21 @@ command -v ccache >/dev/null 2>&1 &&
 
 # Only the library and the targets: no tests, benchmarks, examples or torch are built (the tests'
 # folder is configured, since the targets live there, but only the targets are built).
-log "configure and build $BUILD (clang, -fsanitize=fuzzer-no-link,address,undefined)"
+# SALUS_FUZZ_BUILD: a tree configured already with the fuzzers on (scripts/test.sh's build-asan/,
+# clang with -fsanitize=fuzzer-no-link,address,undefined), whose targets are used instead.
+if [[ -n ${SALUS_FUZZ_BUILD:-} ]]; then
+  BUILD=$SALUS_FUZZ_BUILD
+  OUT=${SALUS_FUZZ_OUT:-$BUILD/fuzz-runs}
+  log "using the targets of $BUILD"
+fi
 mkdir -p "$BUILD"
 # -O1 and line tables only: the usual fuzzing build, and about half the compile time of -O2 -g
 # (the step's time budget in CI is mostly this build).
 FLAGS="-O1 -gline-tables-only -fsanitize=fuzzer-no-link"
-if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Fuzz \
+if [[ -n ${SALUS_FUZZ_BUILD:-} ]]; then
+  : # configured by its maker
+elif log "configure and build $BUILD (clang, -fsanitize=fuzzer-no-link,address,undefined)" &&
+   ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Fuzz \
      -DCMAKE_C_COMPILER="$CLANG" -DCMAKE_CXX_COMPILER="$CLANGXX" "${LAUNCHER[@]}" \
      "-DSALUS_SANITIZE=address;undefined" \
      -DCMAKE_CXX_FLAGS="$FLAGS" -DCMAKE_C_FLAGS="$FLAGS" \
