@@ -81,6 +81,9 @@ ds_files=$(ls src/iteration_sched/device_scheduler*.hpp src/iteration_sched/devi
 echo "DeviceScheduler lines: $(cat $ds_files | wc -l) over $(wc -w <<<"$ds_files") files"
 echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"
 echo "files naming a job statistic (max_wait_seconds): $(grep -rl 'max_wait_seconds' include src python_bindings/src python_bindings/salus | wc -l)"
+# A copy of a JobStats field written out by hand (`x.max_wait_seconds = y.max_wait_seconds`, or a
+# binding's `py::arg("max_wait_seconds") = ...`): the lists of salus/stats_fields.h make the rest.
+echo "JobStats copies written by hand (of max_wait_seconds): $(grep -rhE '\.max_wait_seconds = [A-Za-z_]+\.max_wait_seconds|"max_wait_seconds"\) = ' include src python_bindings/src | wc -l)"
 echo "DeviceHeap& in PageTable/PageMigrator: $(cat src/memory/page_table.* src/memory/page_migrator.* 2>/dev/null | grep -c 'DeviceHeap&')"
 echo "string comparisons that detect out of memory: $(grep -rnE '(==|!=) *"CUDA_ERROR_OUT_OF_MEMORY"' src | wc -l)"
 # The Python core: every module of the package outside the glue (torch.py), bench/ and ray/.

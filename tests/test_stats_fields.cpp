@@ -12,6 +12,7 @@
 
 #include "salus/c_api.h"
 #include "salus/memory.hpp"
+#include "salus/runtime.hpp"
 #include "salus/stats_fields.h"
 
 namespace salus::testing {
@@ -42,6 +43,22 @@ struct ListedJobMemoryStats {  // the members written by hand first, as in JobMe
 };
 struct ListedCJobMemoryStats {
   SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_MEMBER)
+};
+struct ListedJobStats {  // the members written by hand around the lists, as in JobStats
+  JobId id;
+  std::string name;
+  JobKind kind;
+  int device;
+  int lane;
+  JobState state;
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_MEMBER)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_MEMBER)
+  MemoryCurve memory_curve;
+  JobMemoryStats memory;
+};
+struct ListedCJobTurnStats {
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_MEMBER)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_MEMBER)
 #undef SALUS_STATS_MEMBER
 };
 
@@ -109,6 +126,21 @@ TEST(StatsFields, TheJobStructsHoldTheListedFieldsAndNothingElse) {
             offsetof(ListedJobMemoryStats, in_use_by_tier));
 }
 
+TEST(StatsFields, JobStatsHoldTheListedTurnAndProfileFieldsAndNothingElse) {
+  static_assert(sizeof(JobStats) == sizeof(ListedJobStats));
+  static_assert(sizeof(salus_job_turn_stats) == sizeof(ListedCJobTurnStats));
+#define SALUS_STATS_OFFSET(type, name, what)                                                 \
+  EXPECT_EQ(offsetof(JobStats, name), offsetof(ListedJobStats, name)) << #name;             \
+  EXPECT_EQ(offsetof(salus_job_turn_stats, name), offsetof(ListedCJobTurnStats, name))      \
+      << #name;                                                                              \
+  static_assert(std::is_same_v<decltype(JobStats::name), type>, #name);                     \
+  static_assert(std::is_same_v<decltype(salus_job_turn_stats::name), type>, #name);
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_OFFSET)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_OFFSET)
+#undef SALUS_STATS_OFFSET
+  EXPECT_EQ(offsetof(JobStats, memory_curve), offsetof(ListedJobStats, memory_curve));
+}
+
 TEST(StatsFields, TheCJobStatsOnlyGrewAtTheEnd) {
   // 1.1's fields keep their offsets and types; its size is where 1.2's block begins.
 #define SALUS_OLD_FIELD(name)                                                       \
@@ -128,15 +160,18 @@ TEST(StatsFields, TheCJobStatsOnlyGrewAtTheEnd) {
 #undef SALUS_OLD_FIELD
   EXPECT_EQ(offsetof(salus_job_stats, memory), sizeof(CJobStats11));
   // clang-format on
-  // After `memory`, only what the header names: the class bytes and the tiers.
+  // After `memory`, only what the header names: the class bytes, the tiers and (1.5) the turns.
   struct Appended {
     ListedCJobMemoryStats memory;
     ListedClassBytes persistent, ephemeral;
     size_t in_use_by_tier[SALUS_TIER_COUNT];
+    ListedCJobTurnStats turns;
   };
   EXPECT_EQ(sizeof(salus_job_stats), sizeof(CJobStats11) + sizeof(Appended));
   EXPECT_EQ(offsetof(salus_job_stats, ephemeral) - offsetof(salus_job_stats, memory),
             offsetof(Appended, ephemeral));
+  EXPECT_EQ(offsetof(salus_job_stats, turns) - offsetof(salus_job_stats, memory),
+            offsetof(Appended, turns));
   static_assert(SALUS_TIER_COUNT == kTierCount && static_cast<int>(Tier::local) == 0 &&
                 static_cast<int>(Tier::peer) == 1 && static_cast<int>(Tier::host) == 2);
 }

@@ -49,8 +49,9 @@ extern "C" {
 #define SALUS_C_API_VERSION_MAJOR 1
 /* 1: salus_device_stats carries every field. 2: salus_job_stats too (appended to 1.1's, whose
  * struct_size is still accepted). 3: salus_runtime_connect. 4: salus_runtime_options'
- * allocation_wait_ms (appended; 1.3's struct_size is still accepted). */
-#define SALUS_C_API_VERSION_MINOR 4
+ * allocation_wait_ms (appended; 1.3's struct_size is still accepted). 5: salus_job_stats' `turns`
+ * (appended; 1.1's and 1.4's struct_size are still accepted). */
+#define SALUS_C_API_VERSION_MINOR 5
 
 typedef enum salus_status {
   SALUS_OK = 0,
@@ -252,6 +253,15 @@ typedef struct salus_job_memory_stats {
 #undef SALUS_STATS_MEMBER
 } salus_job_memory_stats;
 
+/* One job's turns and profile: the fields of SALUS_JOB_TURN_STATS_FIELDS, then those of
+ * SALUS_JOB_PROFILE_FIELDS (salus/stats_fields.h, where each is described). */
+typedef struct salus_job_turn_stats {
+#define SALUS_STATS_MEMBER(type, name, what) type name;
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_MEMBER)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
+} salus_job_turn_stats;
+
 /* Tiers a page may be on, seen from the device whose range maps it: [0] that GPU, [1] a peer GPU,
  * [2] host memory (salus::Tier). */
 #define SALUS_TIER_COUNT 3
@@ -289,6 +299,10 @@ typedef struct salus_job_stats {
   salus_job_memory_stats memory;
   salus_class_bytes persistent, ephemeral;
   size_t in_use_by_tier[SALUS_TIER_COUNT];
+  /* 1.5. Its turns and profile from their field lists (they repeat iterations..iteration_seconds
+   * and profile_*_bytes above): a field added to a list reaches C here. A caller built against
+   * 1.2-1.4 sets struct_size to offsetof(salus_job_stats, turns), and gets what it had. */
+  salus_job_turn_stats turns;
 } salus_job_stats;
 
 /* name, kind TRAINING, priority 0, device 0, everything else 0. */

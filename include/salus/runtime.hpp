@@ -80,13 +80,12 @@ struct JobStats {
   int device = 0;
   int lane = -1;  // -1 until admitted
   JobState state = JobState::idle;
-  std::uint64_t iterations = 0;
-  double attained_seconds = 0.0;  // GPU time received
-  double waiting_seconds = 0.0;   // time spent blocked in begin_iteration
-  double max_wait_seconds = 0.0;  // longest single wait
-  double iteration_seconds = 0.0; // profiled estimate of one iteration's GPU time
-  std::size_t persistent_bytes = 0;
-  std::size_t ephemeral_peak_bytes = 0;
+  // The fields of SALUS_JOB_TURN_STATS_FIELDS and SALUS_JOB_PROFILE_FIELDS (salus/stats_fields.h,
+  // where each is described).
+#define SALUS_STATS_MEMBER(type, name, what) type name = 0;
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_MEMBER)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
   MemoryCurve memory_curve;  // ephemeral bytes over the last profiled iteration
   JobMemoryStats memory;
 };

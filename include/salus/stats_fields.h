@@ -77,4 +77,20 @@
   X(uint64_t, fetched_bytes, "bytes brought home as it became active (it waited for them)")    \
   X(uint64_t, prefetched_bytes, "bytes brought home in the background (prefetch)")
 
+/* One job's turns, as its device's scheduler counts them. salus::JobStats holds these, then
+ * SALUS_JOB_PROFILE_FIELDS, between `state` and `memory_curve`; C salus_job_stats holds both lists
+ * in its `turns` member (C ABI 1.5), and Python JobStats between `state` and `memory`. */
+#define SALUS_JOB_TURN_STATS_FIELDS(X)                                                     \
+  X(uint64_t, iterations, "iterations ended")                                               \
+  X(double, attained_seconds, "GPU time received")                                          \
+  X(double, waiting_seconds, "time spent blocked waiting for turns")                        \
+  X(double, max_wait_seconds, "the longest single wait for a turn")
+
+/* What the profiler has learned of a job: the spec's hints at first, then what its iterations
+ * measured. */
+#define SALUS_JOB_PROFILE_FIELDS(X)                                                        \
+  X(double, iteration_seconds, "GPU time of one iteration (moving average)")                \
+  X(size_t, persistent_bytes, "bytes it holds between iterations")                          \
+  X(size_t, ephemeral_peak_bytes, "the largest ephemeral peak of its last iterations")
+
 #endif /* SALUS_STATS_FIELDS_H */

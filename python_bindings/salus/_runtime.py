@@ -91,6 +91,12 @@ class JobMemory:
 
 @dataclass(frozen=True)
 class JobStats:
+    """One job: who it is, then the fields of ``SALUS_JOB_TURN_STATS_FIELDS`` and
+    ``SALUS_JOB_PROFILE_FIELDS`` (``salus/stats_fields.h`` describes each;
+    ``salus._salus.job_stats_fields()`` lists them), then its memory.
+    ``tests/test_stats_fields.py`` checks that the two agree.
+    """
+
     id: int
     name: str
     kind: str

@@ -278,18 +278,14 @@ py::dict job_memory(const JobMemoryStats& from) {
   return out;
 }
 
-py::dict job_stats(const JobStats& s) {
-  return py::dict(py::arg("id") = s.id.value, py::arg("name") = s.name,
-                  py::arg("kind") = std::string(to_string(s.kind)), py::arg("device") = s.device,
-                  py::arg("lane") = s.lane, py::arg("state") = std::string(to_string(s.state)),
-                  py::arg("iterations") = s.iterations,
-                  py::arg("attained_seconds") = s.attained_seconds,
-                  py::arg("waiting_seconds") = s.waiting_seconds,
-                  py::arg("max_wait_seconds") = s.max_wait_seconds,
-                  py::arg("iteration_seconds") = s.iteration_seconds,
-                  py::arg("persistent_bytes") = s.persistent_bytes,
-                  py::arg("ephemeral_peak_bytes") = s.ephemeral_peak_bytes,
-                  py::arg("memory") = job_memory(s.memory));
+py::dict job_stats(const JobStats& from) {
+  py::dict out(py::arg("id") = from.id.value, py::arg("name") = from.name,
+               py::arg("kind") = std::string(to_string(from.kind)), py::arg("device") = from.device,
+               py::arg("lane") = from.lane, py::arg("state") = std::string(to_string(from.state)));
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_ITEM)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_ITEM)
+  out["memory"] = job_memory(from.memory);
+  return out;
 }
 
 py::dict device_stats(const DeviceMemoryStats& from) {
@@ -317,6 +313,12 @@ py::list class_bytes_fields() {
 py::list job_memory_stats_fields() {
   py::list out;
   SALUS_JOB_MEMORY_STATS_FIELDS(SALUS_STATS_NAME)
+  return out;
+}
+py::list job_stats_fields() {  // the turns' list, then the profile's, as JobStats holds them
+  py::list out;
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_NAME)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_NAME)
   return out;
 }
 #undef SALUS_STATS_NAME
@@ -552,6 +554,7 @@ PYBIND11_MODULE(_salus, m) {
   m.def("device_stats_fields", &salus::python::device_stats_fields);
   m.def("class_bytes_fields", &salus::python::class_bytes_fields);
   m.def("job_memory_stats_fields", &salus::python::job_memory_stats_fields);
+  m.def("job_stats_fields", &salus::python::job_stats_fields);
   m.attr("MAX_SIM_DEVICES") = salus::kMaxSimDevices;
   // No sink here: see salus/_logging.py for why Python gets no callback.
   m.def("set_log_level", [](const std::string& level) {

@@ -31,13 +31,19 @@ def test_job_memory_has_every_listed_field_and_no_other() -> None:
     assert held == listed + _JOB_MEMORY_BY_HAND  # and in the list's order
 
 
+def test_job_stats_has_every_listed_field_and_no_other() -> None:
+    listed = [name for name, _ in _salus.job_stats_fields()]
+    assert _names(salus.JobStats) == (["id", "name", "kind", "device", "lane", "state"] + listed
+                                      + ["memory"])
+
+
 def test_class_bytes_has_every_listed_field_and_no_other() -> None:
     assert _names(salus.ClassBytes) == [name for name, _ in _salus.class_bytes_fields()]
 
 
 def test_every_listed_field_says_what_it_counts() -> None:
     for name, what in (_salus.device_stats_fields() + _salus.class_bytes_fields()
-                       + _salus.job_memory_stats_fields()):
+                       + _salus.job_memory_stats_fields() + _salus.job_stats_fields()):
         assert what, f"{name} has no description in salus/stats_fields.h"
 
 

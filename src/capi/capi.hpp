@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -68,7 +69,7 @@ void require(const void* ptr, const char* what);
 // names it) or `earlier`, where not 0: the size it had in an earlier version, which the call
 // accepts (it then fills that many bytes).
 void require_struct_size(std::size_t given, std::size_t expected, const char* type,
-                         const char* call, std::size_t earlier = 0);
+                         const char* call, std::initializer_list<std::size_t> earlier = {});
 
 // The C struct of a ClassBytes: the fields of SALUS_CLASS_BYTES_FIELDS.
 salus_class_bytes class_bytes(const ClassBytes& from);

@@ -52,8 +52,10 @@ salus_job_state state_of(salus::JobState state) {
   return SALUS_JOB_LEFT;
 }
 
-// 1.1's salus_job_stats (and 1.0's) ended where 1.2 appended `memory`.
+// 1.1's salus_job_stats (and 1.0's) ended where 1.2 appended `memory`, and 1.2-1.4's where 1.5
+// appended `turns`.
 constexpr std::size_t kJobStatsSize11 = offsetof(salus_job_stats, memory);
+constexpr std::size_t kJobStatsSize14 = offsetof(salus_job_stats, turns);
 
 // The fields 1.0 had, where it had them.
 void fill_1_0(const salus::JobStats& s, salus_job_stats& out) {
@@ -95,6 +97,14 @@ void fill_memory(const salus::JobMemoryStats& m, salus_job_stats& out) {
       salus::capi::class_bytes(m.by_class[static_cast<std::size_t>(salus::Lifetime::ephemeral)]);
   static_assert(SALUS_TIER_COUNT == salus::kTierCount);
   std::copy(std::begin(m.in_use_by_tier), std::end(m.in_use_by_tier), out.in_use_by_tier);
+}
+
+// 1.5's: the job's turns and profile, from their field lists.
+void fill_turns(const salus::JobStats& s, salus_job_stats& out) {
+#define SALUS_STATS_COPY(type, name, what) out.turns.name = s.name;
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_COPY)
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_COPY)
+#undef SALUS_STATS_COPY
 }
 
 }  // namespace
@@ -195,13 +205,14 @@ salus_status salus_job_get_stats(salus_runtime* runtime, uint32_t job, salus_job
     require(out, "salus_job_get_stats: out");
     const std::size_t size = out->struct_size;
     salus::capi::require_struct_size(size, sizeof(salus_job_stats), "salus_job_stats",
-                                     "salus_job_get_stats", kJobStatsSize11);
+                                     "salus_job_get_stats", {kJobStatsSize11, kJobStatsSize14});
     const salus::JobStats stats = runtime->job(job)->stats();
     salus_job_stats filled{};
     filled.struct_size = size;
     fill_1_0(stats, filled);
     fill_memory(stats.memory, filled);
-    std::memcpy(out, &filled, size);  // a 1.1 caller's struct ends before `memory`
+    fill_turns(stats, filled);
+    std::memcpy(out, &filled, size);  // an older caller's struct ends before `memory` or `turns`
   });
 }
 

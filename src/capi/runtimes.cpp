@@ -123,7 +123,7 @@ salus_runtime_options options_or_defaults(const salus_runtime_options* given, co
   if (given == nullptr) return o;
   const std::size_t size = given->struct_size;
   salus::capi::require_struct_size(size, sizeof(salus_runtime_options), "salus_runtime_options",
-                                   call, kRuntimeOptionsSize13);
+                                   call, {kRuntimeOptionsSize13});
   std::memcpy(&o, given, size);  // a 1.3 caller's struct ends before allocation_wait_ms
   return o;
 }

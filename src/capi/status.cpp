@@ -1,5 +1,8 @@
 // Statuses, the thread-local last error, version queries.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "capi/capi.hpp"
 
@@ -39,15 +42,18 @@ void require(const void* ptr, const char* what) {
 }
 
 void require_struct_size(std::size_t given, std::size_t expected, const char* type,
-                         const char* call, std::size_t earlier) {
-  if (given != expected && (earlier == 0 || given != earlier)) {
-    throw InvalidArgument(fmt::format(
-        "{}: struct_size of the {} is {}, this library's {} is {} bytes{} (call {}_init, or set "
-        "struct_size = sizeof({}))",
-        call, type, given, type, expected,
-        earlier == 0 ? std::string() : fmt::format(" ({} in an earlier version)", earlier), type,
-        type));
+                         const char* call, std::initializer_list<std::size_t> earlier) {
+  if (given == expected || std::find(earlier.begin(), earlier.end(), given) != earlier.end()) {
+    return;
   }
+  throw InvalidArgument(fmt::format(
+      "{}: struct_size of the {} is {}, this library's {} is {} bytes{} (call {}_init, or set "
+      "struct_size = sizeof({}))",
+      call, type, given, type, expected,
+      earlier.size() == 0
+          ? std::string()
+          : fmt::format(" ({} in an earlier version)", fmt::join(earlier, " or ")),
+      type, type));
 }
 
 }  // namespace salus::capi

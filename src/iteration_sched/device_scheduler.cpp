@@ -590,13 +590,12 @@ JobStats DeviceScheduler::stats(const JobRecordState& job) {
     s.device = device_;
     s.lane = job.lane;
     s.state = job.state;
-    s.iterations = job.iterations;
-    s.attained_seconds = job.attained_seconds;
-    s.waiting_seconds = job.waiting_seconds;
-    s.max_wait_seconds = job.max_wait_seconds;
-    s.iteration_seconds = job.profile.iteration_seconds;
-    s.persistent_bytes = job.profile.persistent_bytes;
-    s.ephemeral_peak_bytes = job.profile.ephemeral_peak_bytes;
+#define SALUS_STATS_COPY(type, name, what) s.name = job.name;
+    SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_COPY)
+#undef SALUS_STATS_COPY
+#define SALUS_STATS_COPY(type, name, what) s.name = job.profile.name;
+    SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_COPY)
+#undef SALUS_STATS_COPY
     s.memory_curve = job.profile.curve;
   }
   s.memory = memory_->job_stats(job.id);

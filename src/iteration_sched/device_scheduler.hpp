@@ -31,9 +31,9 @@ using SteadyClock = std::chrono::steady_clock;
 
 // What the profiler has learned of a job; starts from the spec's hints.
 struct JobProfile {
-  double iteration_seconds = 0.0;  // GPU time of one iteration (moving average)
-  std::size_t persistent_bytes = 0;
-  std::size_t ephemeral_peak_bytes = 0;
+  // What JobStats shows of it (salus/stats_fields.h).
+#define SALUS_STATS_MEMBER(type, name, what) type name = 0;
+  SALUS_JOB_PROFILE_FIELDS(SALUS_STATS_MEMBER)
   MemoryCurve curve;
   bool measured = false;  // at least one iteration was timed on the GPU
   bool memory_known = false;  // hinted, or an iteration has ended (JobView::memory_known)
@@ -78,10 +78,9 @@ struct JobRecordState {
   bool waiter = false;
   int lane = -1;
   StreamHandle stream{};
-  std::uint64_t iterations = 0;
-  double attained_seconds = 0.0;
-  double waiting_seconds = 0.0;
-  double max_wait_seconds = 0.0;
+  // The turns' counts that JobStats shows (salus/stats_fields.h).
+  SALUS_JOB_TURN_STATS_FIELDS(SALUS_STATS_MEMBER)
+#undef SALUS_STATS_MEMBER
   SteadyClock::time_point wait_started{};
   SteadyClock::time_point iteration_started{};  // host time: the memory curve's and trace's clock
   // Its iterations' host time, begin to end (moving average; 0 until one ended): when the job

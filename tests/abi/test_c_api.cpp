@@ -84,6 +84,36 @@ TEST_F(CApi, JobStatsCarryTheJobsMemoryAndA11SizedStructStillWorks) {
   EXPECT_GE(salus_c_api_version() & 0xffff, 2u) << "1.2 is the version that fills `memory`";
 }
 
+// 1.5's `turns` holds the turn and profile lists, the same numbers as the fields 1.0 had; a
+// caller built against 1.2-1.4 (its struct ends where `turns` begins) gets everything before it
+// and nothing is written past it.
+TEST_F(CApi, JobStatsCarryTheTurnsListAndA14SizedStructStillWorks) {
+  const uint32_t job = add_job("turns");
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(salus_job_begin_iteration(runtime, job, nullptr), SALUS_OK);
+    ASSERT_EQ(salus_job_end_iteration(runtime, job), SALUS_OK);
+  }
+  const salus_job_stats s = job_stats(job);
+  EXPECT_EQ(s.turns.iterations, 2u);
+  EXPECT_EQ(s.turns.iterations, s.iterations);
+  EXPECT_EQ(s.turns.attained_seconds, s.attained_seconds);
+  EXPECT_EQ(s.turns.waiting_seconds, s.waiting_seconds);
+  EXPECT_EQ(s.turns.max_wait_seconds, s.max_wait_seconds);
+  EXPECT_EQ(s.turns.iteration_seconds, s.iteration_seconds);
+  EXPECT_EQ(s.turns.persistent_bytes, s.profile_persistent_bytes);
+  EXPECT_EQ(s.turns.ephemeral_peak_bytes, s.profile_ephemeral_peak_bytes);
+
+  const size_t old_size = offsetof(salus_job_stats, turns);
+  salus_job_stats old;
+  std::memset(&old, 0xEE, sizeof old);
+  old.struct_size = old_size;
+  ASSERT_EQ(salus_job_get_stats(runtime, job, &old), SALUS_OK) << salus_last_error();
+  EXPECT_EQ(old.iterations, 2u);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&old);
+  for (size_t i = old_size; i < sizeof old; ++i) ASSERT_EQ(bytes[i], 0xEE) << "byte " << i;
+  EXPECT_GE(salus_c_api_version() & 0xffff, 5u) << "1.5 is the version that fills `turns`";
+}
+
 TEST(CApiRuntime, OptionsChooseTopologyPolicyAndLimits) {
   salus_runtime_options o;
   salus_runtime_options_init(&o);
