@@ -17,7 +17,6 @@ namespace salus {
 
 namespace {
 
-constexpr std::size_t kCurveSamples = 64;
 constexpr double kHostWeight = 0.5;  // weight of the newest iteration in JobRecordState::host_seconds
 
 // CPUs this process may run on (its affinity), at least 1.
@@ -50,11 +49,10 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       device_(device),
       policy_(std::move(policy)),
       epoch_(trace_->epoch()),
-      host_compute_(std::move(host_compute)),
       allocation_wait_limit_(allocation_wait_limit),
       turn_spin_(std::max(turn_spin, std::chrono::microseconds::zero())),
       many_cpus_(waits::usable_cpus() > 1),
-      timers_(backend_, device),
+      clock_(backend_, device, std::move(host_compute)),
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
@@ -92,7 +90,7 @@ JobView DeviceScheduler::view_of(const JobRecordState& job) const {
   // A curve's time axis is the iteration's wall time alone. Jobs that compute on the host share
   // the CPU cores when they run at once, so their memory does not rise and fall on that
   // schedule: plans then count each iteration's flat peak instead.
-  v.curve = host_compute_->load(std::memory_order_relaxed) ? nullptr : &job.profile.curve;
+  v.curve = clock_.on_host() ? nullptr : &job.profile.curve;
   v.memory_known = job.profile.memory_known;
   v.memory_resident = true;  // a job builds its weights before its first turn
   return v;
@@ -178,7 +176,7 @@ std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
     // takes a stream slot of its own, or the GPU would serialize them.
     job.lane = policy_->lanes() == LanePlan::memory_aware ? take_free_slot() : start.lane;
     job.stream = lane_stream(job.lane, job);
-    running_on_stream_[job.stream.value] = job.id;
+    streams_.run(job.stream, it->second);
     job.started = true;
     to_wake.push_back(it->second);
   }
@@ -269,7 +267,7 @@ void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& betw
   lock.unlock();
   // The end event goes on the stream before the decision below lets the next job of this lane
   // enqueue behind it: only this iteration's work lies between the two events.
-  const bool timed = timer && stop_timer(job, *timer, stream);
+  const bool timed = timer && clock_.stop(job.spec.name, *timer, stream);
   // Its memory curve ends here: what it frees from now on is not this iteration's.
   memory::CurveSamples samples = memory::end_curve(*memory_, job.id);
   lock.lock();
@@ -282,7 +280,7 @@ void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& betw
   job.host_seconds = job.host_seconds > 0.0
                          ? (1 - kHostWeight) * job.host_seconds + kHostWeight * host_seconds
                          : host_seconds;
-  running_on_stream_.erase(job.stream.value);
+  streams_.stop(job.stream);
   release_slot(job.lane);
   attribution::leave_iteration(job);
   core_.finish(job.id, seconds_since_start(now));
@@ -358,89 +356,6 @@ void DeviceScheduler::after_iteration(JobRecordState& job, double host_seconds,
   if (failed) std::rethrow_exception(failed);
 }
 
-void DeviceScheduler::trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
-                                   const DeviceMemoryStats& device, SteadyClock::time_point now) {
-  constexpr double kMiB = 1 << 20;
-  const double at_us = seconds_since_start(now) * 1e6;
-  trace_->counter({fmt::format("memory gpu{}", device_),
-                   device_,
-                   at_us,
-                   {{"allocated_MiB", static_cast<double>(device.allocated) / kMiB},
-                    {"reserved_MiB", static_cast<double>(device.reserved) / kMiB},
-                    {"lent_MiB", static_cast<double>(device.lent) / kMiB},
-                    {"borrowed_peer_MiB", static_cast<double>(device.borrowed_peer) / kMiB},
-                    {"borrowed_host_MiB", static_cast<double>(device.borrowed_host) / kMiB}}});
-  auto tier_mib = [&](Tier tier) {
-    return static_cast<double>(mem.in_use_by_tier[static_cast<std::size_t>(tier)]) / kMiB;
-  };
-  trace_->counter({fmt::format("tiers {}", job.spec.name),
-                   device_,
-                   at_us,
-                   {{"local_MiB", tier_mib(Tier::local)},
-                    {"peer_MiB", tier_mib(Tier::peer)},
-                    {"host_MiB", tier_mib(Tier::host)}}});
-}
-
-void DeviceScheduler::finish_profile(JobRecordState& job, double host_seconds,
-                                     const std::vector<std::pair<double, std::size_t>>& samples,
-                                     std::size_t persistent_bytes) {
-  JobProfile& p = job.profile;
-  if (memory_reported_) return;  // report_memory keeps it: nothing was allocated here
-  p.persistent_bytes = persistent_bytes;
-  p.memory_known = true;
-  std::size_t peak = 0;
-  for (const auto& [t, bytes] : samples) peak = std::max(peak, bytes);
-  if (samples.empty()) return;  // nothing allocated through Salus this iteration
-  p.note_peak(peak);
-  // Resample to a fixed number of buckets, each the highest level reached within it. The
-  // samples count from the curve's start (take_turn, before the iteration's timer), the host
-  // time from the timer: on a busy machine the last samples can lie past the host time, and a
-  // curve cut there lost the iteration's peak. It spans both.
-  p.curve.duration_seconds = std::max({host_seconds, samples.back().first, 1e-9});
-  p.curve.bytes.assign(kCurveSamples, 0);
-  std::size_t level = 0;
-  std::size_t next = 0;
-  for (std::size_t b = 0; b < kCurveSamples; ++b) {
-    const double bucket_end = p.curve.duration_seconds * static_cast<double>(b + 1) / kCurveSamples;
-    std::size_t high = level;
-    const bool last = b + 1 == kCurveSamples;  // takes whatever rounding left over
-    while (next < samples.size() && (last || samples[next].first < bucket_end)) {
-      level = samples[next].second;
-      high = std::max(high, level);
-      ++next;
-    }
-    p.curve.bytes[b] = high;
-  }
-}
-
-void DeviceScheduler::report_memory(JobRecordState& job, const MeasuredMemory& measured) {
-  std::lock_guard lock(mu_);
-  JobProfile& p = job.profile;
-  p.persistent_bytes = measured.persistent_bytes;
-  p.memory_known = true;
-  p.note_peak(measured.ephemeral_peak_bytes);
-  p.curve = measured.curve;
-  // As measured here: the last iteration's shape beside the largest recent peak; with no shape
-  // (a process that sent none), flat at the peak.
-  if (p.curve.bytes.empty()) p.curve.bytes.assign(kCurveSamples, p.ephemeral_peak_bytes);
-  if (p.curve.duration_seconds <= 0.0) p.curve.duration_seconds = 1e-9;
-  if (job.state == JobState::idle) core_.update(view_of(job));
-}
-
-std::optional<MeasuredMemory> DeviceScheduler::measured_memory(const JobRecordState& job) const {
-  std::lock_guard lock(mu_);
-  const JobProfile& p = job.profile;
-  // An iteration that allocated nothing ephemeral (one that only built the model, say) says
-  // nothing of the job's activations: a keeper that took its peak for 0 would run it beside
-  // others that its next iteration's activations do not fit. Until one did (or a hint says),
-  // nothing is known.
-  if (!p.memory_known || (p.iterations_profiled == 0 && p.ephemeral_peak_bytes == 0)) {
-    return std::nullopt;
-  }
-  return MeasuredMemory{job.profile.persistent_bytes, job.profile.ephemeral_peak_bytes,
-                        job.profile.curve};
-}
-
 DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
                                     std::optional<Lifetime> lifetime,
                                     std::optional<StreamHandle> on_stream) {
@@ -453,7 +368,7 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   // device default), which also orders its memory outside an iteration. Blocks of jobs that
   // compute on the host use no stream: they all live on the device's default stream, one heap
   // whose partly used pages serve every job, not one heap per lane.
-  const bool host = host_compute_->load(std::memory_order_relaxed);
+  const bool host = clock_.on_host();
   const StreamHandle stream = on_stream.value_or(host ? StreamHandle{} : job.stream);
   lock.unlock();
   DevicePtr ptr = 0;
@@ -511,6 +426,37 @@ std::shared_ptr<JobRecordState> DeviceScheduler::job_by_id(JobId id) {
   return it == jobs_.end() ? nullptr : it->second;
 }
 
+// Whose stream an allocation is on: the bindings answer without mu_ (stream_bindings.hpp).
+std::shared_ptr<JobRecordState> DeviceScheduler::job_on(StreamHandle stream) {
+  return streams_.job_on(stream);
+}
+
+void DeviceScheduler::bind_stream(StreamHandle stream, const std::shared_ptr<JobRecordState>& job) {
+  // The memory manager first: it refuses a handle that is no stream of this device, and from now
+  // on the job's memory is ordered against the work enqueued on the stream.
+  try {
+    memory_->add_job_stream(job->id, device_, stream);
+  } catch (const UnknownJob&) {
+    rethrow_if_finished(*job);  // cancelled meanwhile: JobCancelled says more
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  check_usable(*job, "bind_stream");  // under mu_ with the binding: a finish cannot slip between
+  streams_.bind(stream, job);
+}
+
+void DeviceScheduler::unbind_stream(StreamHandle stream) {
+  if (!streams_.unbind(stream)) {
+    throw InvalidArgument(
+        fmt::format("unbind_stream: stream {:#x} of device {} is bound to no job", stream.value,
+                    device_));
+  }
+}
+
+void DeviceScheduler::forget_stream(StreamHandle stream) {
+  (void)streams_.unbind(stream);  // none is fine
+}
+
 void DeviceScheduler::throw_if_cancelled(JobId id) const {
   std::lock_guard lock(mu_);
   for (const auto& job : history_) {
@@ -534,21 +480,18 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     // lane's stream as an iteration does.
     const bool was_running =
         job.state == JobState::running || (job.state == JobState::waiting && job.started);
-    if (was_running) {
-      running_on_stream_.erase(job.stream.value);
-      release_slot(job.lane);
-    }
+    streams_.forget(job.id);  // its lane stream's run too, when it was running
+    if (was_running) release_slot(job.lane);
     job.state = cancelled ? JobState::cancelled : JobState::left;
     if (job.timer) {
       // Re-recording supersedes its pending records, so the pair can serve another job now.
-      timers_.release(*job.timer);
+      clock_.release(*job.timer);
       job.timer.reset();
     }
     attribution::leave_iteration(job);
     core_.remove(job.id);
     if (was_running) note_iteration_gone();
     jobs_.erase(job.id);
-    std::erase_if(bound_streams_, [&](const auto& entry) { return entry.second == job.id; });
     wake_one(job, true);
     core_.set_unowned(unowned + leaving);
     to_wake = run_decisions();  // its lane share is free: others may start or be admitted
@@ -581,6 +524,10 @@ std::size_t DeviceScheduler::bytes_on_device(JobId job) const {
 
 JobStats DeviceScheduler::stats(const JobRecordState& job) {
   settle_timings();
+  return read_stats(job);
+}
+
+JobStats DeviceScheduler::read_stats(const JobRecordState& job) {
   JobStats s;
   {
     std::lock_guard lock(mu_);
@@ -608,13 +555,14 @@ StreamHandle DeviceScheduler::stream_of(const JobRecordState& job) const {
 }
 
 std::vector<JobStats> DeviceScheduler::all_stats() {
+  settle_timings();
   std::vector<std::shared_ptr<JobRecordState>> jobs;
   {
     std::lock_guard lock(mu_);
     jobs = history_;
   }
   std::vector<JobStats> out;
-  for (const auto& job : jobs) out.push_back(stats(*job));
+  for (const auto& job : jobs) out.push_back(read_stats(*job));
   std::sort(out.begin(), out.end(),
             [](const JobStats& a, const JobStats& b) { return a.id < b.id; });
   return out;

@@ -20,7 +20,8 @@
 
 #include "cuda/process_fork.hpp"
 #include "iteration_sched/decision.hpp"
-#include "iteration_sched/iteration_timers.hpp"
+#include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/stream_bindings.hpp"
 #include "iteration_sched/trace.hpp"
 #include "iteration_sched/turn_gate.hpp"
 #include "salus/runtime.hpp"
@@ -105,6 +106,11 @@ struct JobRecordState {
   JobProfile profile;
 };
 
+// Lock rule: every public method takes mu_ itself, and none calls another public one. With mu_
+// held it calls only leaves, which take a lock of their own (or none) and call nothing back: its
+// parts (IterationClock, StreamBindings), the decision core, the harvester's prefetch queue, a
+// lane stream's creation and a job's on_wake. Everything else below it (allocations, frees,
+// statistics, timing events, the gate) is called with mu_ released.
 class DeviceScheduler {
  public:
   // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs;
@@ -199,6 +205,8 @@ class DeviceScheduler {
 
  private:
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
+  // stats without settling first: takes mu_, then asks the memory manager without it.
+  [[nodiscard]] JobStats read_stats(const JobRecordState& job);
   [[nodiscard]] JobView view_of(const JobRecordState& job) const;
   // Throws OutOfMemory when the spec's hints exceed what the device can ever give one job.
   void refuse_if_never_fits(const JobSpec& spec) const;
@@ -251,26 +259,14 @@ class DeviceScheduler {
   StreamHandle lane_stream(int lane, const JobRecordState& first_user);
   int take_free_slot();  // memory-aware plans: a stream no running iteration uses
   void release_slot(int lane);
-  // GPU time (gpu_time.cpp). An ended iteration's timer waits in pending_timings_ until a
-  // settle_timings finds its end event complete, reads it and charges the job.
-  struct PendingTiming {
-    std::shared_ptr<JobRecordState> job;
-    IterationTimers::Pair timer;
-  };
-  // Takes mu_, then polls the backend without it.
+  // What it learns of jobs (profile.cpp). Charges the GPU time of the iterations whose work
+  // the clock found finished (polled without mu_, then charged under it).
   void settle_timings();
   // With mu_ held: adds `iterations` iterations' GPU time to the job's attained time and
   // profile.
   void charge_gpu_time(JobRecordState& job, double seconds, std::uint32_t iterations = 1);
-  // A timer whose start is recorded on `stream` (no lock held); none when the backend refused,
-  // and the iteration is then not measured.
-  std::optional<IterationTimers::Pair> start_timer(const JobRecordState& job, StreamHandle stream);
-  // Records the end event of the job's timer on `stream` (no lock held); false when the backend
-  // refused, and the iteration is then not measured.
-  bool stop_timer(const JobRecordState& job, const IterationTimers::Pair& timer,
-                  StreamHandle stream);
-  // With mu_ held, as the job's iteration ends: its timer waits to be read when `timed` (its end
-  // event was recorded), else goes back to the pool.
+  // With mu_ held, as the job's iteration ends: its timer waits in the clock to be read when
+  // `timed` (its end event was recorded), else goes back to the pool.
   void hand_off_timer(JobRecordState& job, bool timed);
   // Memory waits (memory_wait.cpp). Device memory that other jobs' running iterations hold comes
   // back as they free it and end: an allocation the device refuses while they run waits for
@@ -309,14 +305,14 @@ class DeviceScheduler {
   const int device_;
   const std::unique_ptr<Policy> policy_;
   const SteadyClock::time_point epoch_;
-  const std::shared_ptr<const std::atomic<bool>> host_compute_;
   const std::chrono::milliseconds allocation_wait_limit_;
   const std::chrono::microseconds turn_spin_;  // 0: off
   const bool many_cpus_;                       // the process may run on more than one CPU
   const process::Birth birth_ = process::birth_now();
   std::shared_ptr<TurnGate> gate_;
   bool memory_reported_ = false;  // set before any job: read without the lock
-  IterationTimers timers_;  // its own lock
+  IterationClock clock_;     // its own lock (a leaf): timers, pending timings, host compute
+  StreamBindings streams_;   // its own lock (a leaf): whose stream an allocation is on
 
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
@@ -330,9 +326,6 @@ class DeviceScheduler {
   void forget_old_jobs();
   std::vector<std::optional<Stream>> lanes_;
   std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
-  std::unordered_map<std::uint64_t, JobId> running_on_stream_;  // stream -> job
-  std::unordered_map<std::uint64_t, JobId> bound_streams_;      // stream -> job
-  std::atomic<bool> default_stream_bound_{false};  // ever bound (bind_stream with stream 0)
   std::optional<SteadyClock::time_point> recheck_at_;
   int holds_ = 0;              // allocations waiting for memory: run_decisions starts nothing
   int running_holders_ = 0;    // ... of which inside an iteration
@@ -342,7 +335,6 @@ class DeviceScheduler {
   // reason for a job to wait).
   SteadyClock::time_point last_gave_way_{};
   JobId last_gave_way_job_{};
-  std::vector<PendingTiming> pending_timings_;  // ended iterations whose GPU time is not read yet
   std::uint64_t arrivals_ = 0;
 };
 

@@ -66,7 +66,7 @@ void DeviceScheduler::before_gate_wait(JobRecordState& job) {
     check_usable(job, "begin_iteration");
     if (job.state != JobState::idle) return;  // already waiting here, or running
   }
-  if (host_compute_->load(std::memory_order_relaxed)) return;  // see ask_for_turn
+  if (clock_.on_host()) return;  // see ask_for_turn
   try {
     memory::set_job_quiescent(*memory_, job.id);
   } catch (const UnknownJob&) {
@@ -90,7 +90,7 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
   // like every memory manager call that may take a heap lock: see allocate.) Not when jobs
   // compute on the host: their other threads (a data loader, a tensor's holder) may touch their
   // memory at any moment, so it never moves (new pages may still come from other tiers).
-  if (!host_compute_->load(std::memory_order_relaxed)) {
+  if (!clock_.on_host()) {
     lock.unlock();
     try {
       memory::set_job_quiescent(*memory_, job.id);
@@ -151,7 +151,7 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
 }
 
 std::optional<SteadyClock::time_point> DeviceScheduler::turn_due(const JobRecordState& job) const {
-  if (turn_spin_.count() == 0 || !many_cpus_ || host_compute_->load(std::memory_order_relaxed)) {
+  if (turn_spin_.count() == 0 || !many_cpus_ || clock_.on_host()) {
     return std::nullopt;
   }
   return expected_turn_locked(job);
@@ -171,13 +171,10 @@ std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn_locked(
   if (!lane || core_.next_in_lane(*lane) != job.id) return std::nullopt;
   const auto index = static_cast<std::size_t>(*lane);
   if (index >= lanes_.size() || !lanes_[index]) return std::nullopt;
-  const auto running = running_on_stream_.find(lanes_[index]->handle().value);
-  if (running == running_on_stream_.end()) return std::nullopt;
-  const auto ahead = jobs_.find(running->second);
-  if (ahead == jobs_.end() || ahead->second->host_seconds <= 0.0) return std::nullopt;
-  return ahead->second->iteration_started +
-         std::chrono::duration_cast<SteadyClock::duration>(
-             std::chrono::duration<double>(ahead->second->host_seconds));
+  const std::shared_ptr<JobRecordState> ahead = streams_.running_on(lanes_[index]->handle());
+  if (!ahead || ahead->host_seconds <= 0.0) return std::nullopt;
+  return ahead->iteration_started + std::chrono::duration_cast<SteadyClock::duration>(
+                                        std::chrono::duration<double>(ahead->host_seconds));
 }
 
 void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
@@ -203,7 +200,7 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
   const StreamHandle stream = job.stream;
   // GPU time counts from here, where the stream reaches this iteration's work; compute on the
   // host is timed on the host instead (at end()).
-  const bool host_timed = host_compute_->load(std::memory_order_relaxed);
+  const bool host_timed = clock_.on_host();
   lock.unlock();
   try {
     // Its memory (persistent blocks made on another stream included) is used on this stream
@@ -217,10 +214,10 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
     throw;
   }
   const std::optional<IterationTimers::Pair> timer =
-      host_timed ? std::nullopt : start_timer(job, stream);
+      host_timed ? std::nullopt : clock_.start(job.spec.name, stream);
   lock.lock();
   if (job.state == JobState::cancelled || job.state == JobState::left) {
-    if (timer) timers_.release(*timer);
+    if (timer) clock_.release(*timer);
     check_usable(job, "begin_iteration");
   }
   job.timer = timer;
@@ -234,7 +231,7 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
 }
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::hand_back_turn(JobRecordState& job) {
-  running_on_stream_.erase(job.stream.value);
+  streams_.stop(job.stream);
   release_slot(job.lane);
   job.started = false;
   job.state = JobState::idle;

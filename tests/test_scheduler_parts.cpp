@@ -1,0 +1,185 @@
+// The parts of a device's scheduler that own their state under a lock of their own
+// (device_scheduler.hpp's lock rule): StreamBindings, whose stream an allocation is on, and
+// IterationClock, the timing of iterations. Each is tested alone, without a scheduler.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_backend.hpp"
+#include "iteration_sched/device_scheduler.hpp"
+#include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/stream_bindings.hpp"
+#include "support/fake_driver.hpp"
+
+namespace salus {
+namespace {
+
+std::shared_ptr<JobRecordState> job_named(std::uint64_t id, const std::string& name) {
+  JobSpec spec;
+  spec.name = name;
+  return std::make_shared<JobRecordState>(JobId{static_cast<std::uint32_t>(id)}, std::move(spec), id);
+}
+
+// --- StreamBindings -------------------------------------------------------------------------------
+
+TEST(StreamBindings, AnIterationRunningOnAStreamOwnsItAheadOfItsBinding) {
+  StreamBindings bindings;
+  const auto bound = job_named(1, "bound");
+  const auto running = job_named(2, "running");
+  const StreamHandle s{0x10};
+  EXPECT_EQ(bindings.job_on(s), nullptr);
+  bindings.bind(s, bound);
+  EXPECT_EQ(bindings.job_on(s), bound);
+  bindings.run(s, running);
+  EXPECT_EQ(bindings.job_on(s), running);
+  EXPECT_EQ(bindings.running_on(s), running);
+  bindings.stop(s);
+  EXPECT_EQ(bindings.job_on(s), bound) << "the binding outlives the iteration";
+  EXPECT_EQ(bindings.running_on(s), nullptr);
+  EXPECT_TRUE(bindings.unbind(s));
+  EXPECT_FALSE(bindings.unbind(s)) << "a stream bound to no job says so";
+  EXPECT_EQ(bindings.job_on(s), nullptr);
+}
+
+TEST(StreamBindings, TheDefaultStreamIsNobodysUntilAFrameworkBindsIt) {
+  StreamBindings bindings;
+  const auto job = job_named(1, "a");
+  EXPECT_EQ(bindings.job_on(StreamHandle{}), nullptr);
+  bindings.bind(StreamHandle{}, job);
+  EXPECT_EQ(bindings.job_on(StreamHandle{}), job);
+  EXPECT_TRUE(bindings.unbind(StreamHandle{}));
+  EXPECT_EQ(bindings.job_on(StreamHandle{}), nullptr);
+}
+
+TEST(StreamBindings, ForgettingAJobEndsItsBindingsAndItsRunAndNoOneElses) {
+  StreamBindings bindings;
+  const auto a = job_named(1, "a");
+  const auto b = job_named(2, "b");
+  const StreamHandle a_own{0x10}, a_lane{0x20}, b_own{0x30}, b_lane{0x40};
+  bindings.bind(a_own, a);
+  bindings.run(a_lane, a);
+  bindings.bind(b_own, b);
+  bindings.run(b_lane, b);
+  bindings.forget(a->id);
+  EXPECT_EQ(bindings.job_on(a_own), nullptr);
+  EXPECT_EQ(bindings.job_on(a_lane), nullptr);
+  EXPECT_EQ(bindings.job_on(b_own), b);
+  EXPECT_EQ(bindings.job_on(b_lane), b);
+  EXPECT_EQ(a.use_count(), 1) << "the bindings hold no reference to a forgotten job";
+}
+
+// Readers ask while a writer binds, runs and forgets (under ThreadSanitizer in CI): each answer
+// is one of the jobs the stream was given, never a torn one.
+TEST(StreamBindingsConcurrency, ReadersSeeWholeAnswersWhileAWriterChangesThem) {
+  StreamBindings bindings;
+  const auto a = job_named(1, "a");
+  const auto b = job_named(2, "b");
+  const StreamHandle s{0x10};
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> answers{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto owner = bindings.job_on(s);
+        if (owner) {
+          EXPECT_TRUE(owner == a || owner == b);
+        }
+        answers.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (int i = 0; i < 2000; ++i) {
+    bindings.bind(s, a);
+    bindings.run(s, b);
+    bindings.stop(s);
+    bindings.forget(a->id);
+  }
+  while (answers.load() < 100) std::this_thread::yield();  // the readers did read meanwhile
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bindings.job_on(s), nullptr);
+}
+
+// --- IterationClock, over the fake driver --------------------------------------------------------
+
+class IterationClockOnFake : public ::testing::Test {
+ protected:
+  test::FakeDriver fake_{test::FakeDriverConfig::uniform(1, 256 * MiB)};
+  std::shared_ptr<cuda::CudaBackend> backend_ = std::make_shared<cuda::CudaBackend>(fake_.api());
+  std::shared_ptr<std::atomic<bool>> host_compute_ = std::make_shared<std::atomic<bool>>(false);
+  IterationClock clock_{backend_, 0, host_compute_};
+  StreamHandle stream_ = backend_->create_stream(0, 0);
+
+  void TearDown() override { backend_->destroy_stream(stream_); }
+};
+
+TEST_F(IterationClockOnFake, ATimingIsSettledOnceItsWorkHasRunAndNotBefore) {
+  const auto job = job_named(1, "a");
+  const std::optional<IterationClock::Timer> timer = clock_.start("a", stream_);
+  ASSERT_TRUE(timer.has_value());
+  fake_.advance_clock(7.0);  // 7 ms of GPU time
+  fake_.hold_events(true);   // the iteration's work is still running as it ends
+  ASSERT_TRUE(clock_.stop("a", *timer, stream_));
+  clock_.hand_off(job, *timer, /*timed=*/true);
+  EXPECT_TRUE(clock_.settle().empty()) << "its end event has not completed";
+  EXPECT_TRUE(clock_.settle().empty()) << "a pending timing stays pending";
+  fake_.hold_events(false);
+  fake_.complete_events();
+  const std::vector<IterationClock::Settled> settled = clock_.settle();
+  ASSERT_EQ(settled.size(), 1u);
+  EXPECT_EQ(settled[0].job, job);
+  EXPECT_NEAR(settled[0].seconds, 0.007, 1e-6);
+  EXPECT_TRUE(clock_.settle().empty()) << "a timing is settled once";
+}
+
+TEST_F(IterationClockOnFake, TimersAreReusedWhetherReadOrNotAndUntimedOnesAreNeverRead) {
+  const auto job = job_named(1, "a");
+  const auto first = clock_.start("a", stream_);
+  ASSERT_TRUE(first && clock_.stop("a", *first, stream_));
+  clock_.hand_off(job, *first, /*timed=*/false);  // its end went unrecorded: nothing to read
+  EXPECT_TRUE(clock_.settle().empty());
+  const std::size_t creates = fake_.count("cuEventCreate");
+  const auto second = clock_.start("a", stream_);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->start, first->start) << "the pair came back to the pool";
+  EXPECT_EQ(fake_.count("cuEventCreate"), creates) << "no event made for a pooled pair";
+  ASSERT_TRUE(clock_.stop("a", *second, stream_));
+  clock_.hand_off(job, *second, /*timed=*/true);
+  ASSERT_EQ(clock_.settle().size(), 1u);
+  const auto third = clock_.start("a", stream_);
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->start, first->start) << "a read pair came back too";
+  EXPECT_EQ(fake_.count("cuEventCreate"), creates);
+  clock_.release(*third);
+}
+
+TEST_F(IterationClockOnFake, AnIterationWhoseEventsFailGoesUnmeasuredAndItsTimingIsDropped) {
+  const auto job = job_named(1, "a");
+  fake_.fail_next("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_FALSE(clock_.start("a", stream_).has_value()) << "a start that failed times nothing";
+  const auto timer = clock_.start("a", stream_);
+  ASSERT_TRUE(timer.has_value());
+  fake_.fail_next("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_FALSE(clock_.stop("a", *timer, stream_)) << "an end that failed says so";
+  clock_.hand_off(job, *timer, /*timed=*/false);
+  const auto read = clock_.start("a", stream_);
+  ASSERT_TRUE(read && clock_.stop("a", *read, stream_));
+  clock_.hand_off(job, *read, /*timed=*/true);
+  fake_.fail_next("cuEventElapsedTime", CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_TRUE(clock_.settle().empty()) << "a timing that cannot be read is dropped";
+  EXPECT_TRUE(clock_.settle().empty()) << "and not read again";
+}
+
+TEST_F(IterationClockOnFake, ComputeOnTheHostIsAskedOfTheRuntimeEachTime) {
+  EXPECT_FALSE(clock_.on_host());
+  host_compute_->store(true);  // RuntimeOptions::host_compute may change while it runs
+  EXPECT_TRUE(clock_.on_host());
+}
+
+}  // namespace
+}  // namespace salus
