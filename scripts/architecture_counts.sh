@@ -87,6 +87,9 @@ for f in stream_bindings iteration_clock turn_queue memory_waits; do
 done
 # Fields guarded by the scheduler's one mutex: the members declared after it in the header.
 echo "DeviceScheduler fields under its mutex: $(sed -n '/mutable std::mutex mu_;/,/^};/p' src/iteration_sched/device_scheduler.hpp | grep -E '^\s+[A-Za-z0-9_:<>, ]+[ *&]\w+(\{[^}]*\}| = [^;]+)?;' | grep -cvE 'static |std::mutex ')"
+[[ -f src/iteration_sched/turn_source.hpp ]] && echo "  turn sources (LocalTurns, GatedTurns; no lock): $(cat src/iteration_sched/turn_source.* | wc -l) lines"
+# Job asking which kind of turns it has (a connected runtime's gate) instead of its turn source.
+echo "Job branches on the gate (runtime.cpp): $(grep -c 'gate()' src/iteration_sched/runtime.cpp)"
 echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"
 echo "files naming a job statistic (max_wait_seconds): $(grep -rl 'max_wait_seconds' include src python_bindings/src python_bindings/salus | wc -l)"
 # A copy of a JobStats field written out by hand (`x.max_wait_seconds = y.max_wait_seconds`, or a

@@ -1,6 +1,8 @@
 // The parts of a device's scheduler that own their state under a lock of their own
 // (device_scheduler.hpp's lock rule): StreamBindings, whose stream an allocation is on, and
-// IterationClock, the timing of iterations. Each is tested alone, without a scheduler.
+// IterationClock, the timing of iterations, each alone, without a scheduler; and GatedTurns, the
+// turn source of a connected runtime, over a gate that records what it is asked.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +14,9 @@
 #include "cuda/cuda_backend.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/runtime_access.hpp"
 #include "iteration_sched/stream_bindings.hpp"
+#include "salus/sim.hpp"
 #include "support/fake_driver.hpp"
 
 namespace salus {
@@ -179,6 +183,103 @@ TEST_F(IterationClockOnFake, ComputeOnTheHostIsAskedOfTheRuntimeEachTime) {
   EXPECT_FALSE(clock_.on_host());
   host_compute_->store(true);  // RuntimeOptions::host_compute may change while it runs
   EXPECT_TRUE(clock_.on_host());
+}
+
+}  // namespace
+}  // namespace salus
+
+// --- GatedTurns, over a gate that records what it is asked -------------------------------------
+
+namespace salus {
+namespace {
+
+// A TurnGate that grants every turn at once and writes each call down, "<call> <job>"; a call
+// named in `fail` throws DeviceError once.
+class RecordingGate final : public TurnGate {
+ public:
+  std::vector<std::string> calls;
+  std::string fail;
+
+  void add(JobId job, const JobSpec&) override { note("add", job); }
+  bool acquire(JobId job, std::optional<std::chrono::steady_clock::time_point>) override {
+    note("acquire", job);
+    return true;
+  }
+  void order_after(JobId job, StreamHandle) override { note("order_after", job); }
+  void release(JobId job, const MeasuredMemory*, const GpuTime*) override { note("release", job); }
+  void withdraw(JobId job) override { note("withdraw", job); }
+  void finish(JobId job, bool cancelled) noexcept override {
+    calls.push_back(std::string(cancelled ? "cancel " : "finish ") + std::to_string(job.value));
+  }
+
+ private:
+  void note(const std::string& call, JobId job) {
+    calls.push_back(call + " " + std::to_string(job.value));
+    if (call == fail) {
+      fail.clear();
+      throw DeviceError("TurnGate::" + call, "SALUSD_GONE", 0, "the test gate refused");
+    }
+  }
+};
+
+struct Gated : ::testing::Test {
+  std::shared_ptr<RecordingGate> gate = std::make_shared<RecordingGate>();
+  std::shared_ptr<Runtime> runtime = RuntimeAccess::make(
+      make_sim_backend(SimConfig::uniform(1, 64 * MiB)), RuntimeOptions{}, gate);
+
+  Job add(const std::string& name) {
+    JobSpec spec;
+    spec.name = name;
+    return runtime->add_job(spec);
+  }
+  std::string id(const Job& job) const { return std::to_string(job.id().value); }
+};
+
+// The daemon's turn first and the scheduler's second; back in the other order: the local turn
+// has ended (its stream is the next job's) when the daemon's goes back.
+TEST_F(Gated, TheDaemonsTurnComesFirstAndGoesBackLast) {
+  Job job = add("a");
+  { Job::Iteration it(job); }
+  job.leave();
+  const std::string j = id(job);
+  EXPECT_EQ(gate->calls, (std::vector<std::string>{"add " + j, "acquire " + j, "order_after " + j,
+                                                   "release " + j, "finish " + j}));
+  EXPECT_EQ(job.stats().iterations, 1u);
+}
+
+TEST_F(Gated, AStreamThatCannotBeOrderedEndsTheLocalTurnAndGivesTheDaemonsBack) {
+  Job a = add("a");
+  gate->fail = "order_after";
+  EXPECT_THROW({ Job::Iteration it(a); }, DeviceError);
+  const std::string j = id(a);
+  EXPECT_EQ(gate->calls, (std::vector<std::string>{"add " + j, "acquire " + j, "order_after " + j,
+                                                   "release " + j}));
+  // The local turn went back too: another job of the device gets its turn.
+  Job b = add("b");
+  { Job::Iteration it(b); }
+  EXPECT_EQ(b.stats().iterations, 1u);
+}
+
+TEST_F(Gated, AJobTheDaemonRefusesIsNoJobHereAndACancelReachesTheDaemon) {
+  gate->fail = "add";
+  EXPECT_THROW((void)add("refused"), DeviceError);
+  EXPECT_EQ(runtime->job_stats().front().state, JobState::left) << "refused there, gone here";
+  Job b = add("b");
+  b.cancel();
+  EXPECT_EQ(gate->calls.back(), "cancel " + id(b));
+}
+
+TEST_F(Gated, SalusdsOwnLoopEndsNoGatedIterationWithItsHook) {
+  Job job = add("a");
+  (void)job.begin_iteration();
+  try {
+    RuntimeAccess::end_iteration(job, [] {});
+    ADD_FAILURE() << "a gated job's turn goes back to salusd with Job::end_iteration";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("Job::end_iteration"));
+  }
+  job.end_iteration();  // nothing was lost: the iteration still ends
+  EXPECT_EQ(job.stats().iterations, 1u);
 }
 
 }  // namespace

@@ -92,7 +92,6 @@ struct JobStats {
 
 class Runtime;
 class DeviceScheduler;
-class TurnGate;
 struct JobRecordState;
 
 // A handle on one registered job. Destroying it leaves the job (everything it holds is freed).
@@ -168,11 +167,6 @@ class SALUS_API Job {
   friend struct RuntimeAccess;  // salusd reports its jobs' memory (runtime_access.hpp)
   Job(std::shared_ptr<DeviceScheduler> scheduler, std::shared_ptr<JobRecordState> state);
   [[nodiscard]] DeviceScheduler& scheduler() const;  // throws when moved from
-  // A connected runtime's turn from salusd (see TurnGate); false when the deadline passed.
-  bool take_gate_turn(TurnGate& gate,
-                      std::optional<std::chrono::steady_clock::time_point> deadline);
-  // Ends a local turn whose stream the gate could not order (see TurnGate::order_after).
-  void end_after_failed_order(DeviceScheduler& s) noexcept;
   std::shared_ptr<DeviceScheduler> scheduler_;
   std::shared_ptr<JobRecordState> state_;
 };

@@ -479,3 +479,39 @@ def test_the_core_imports_no_framework_glue_bench_or_ray_at_module_level() -> No
             elif isinstance(node, ast.Import):
                 names = {a.name.split(".")[1] for a in node.names if a.name.startswith("salus.")}
             assert not names & glue, f"{module.name} imports {names & glue} at module level"
+
+
+def test_the_optional_parts_name_their_extra_when_what_they_need_is_missing() -> None:
+    """salus.ray and salus-bench's ray mode, where Ray is not importable: an ImportError and a
+    ModeNotSupported that name the extra to install (pip install 'salus[ray]'), and the core
+    still imports and runs (issue 35: the core never depends on its integrations)."""
+    import subprocess
+    import sys
+
+    probe = """
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed: `import ray` raises ImportError
+import salus
+rt = salus.Runtime("sim", memory="64MiB")
+job = rt.add_job("core")
+with job.iteration():
+    job.allocate(1 << 20)
+rt.close()
+try:
+    import salus.ray
+except ImportError as e:
+    print("ray:", e.name, "|", e)
+from salus.bench import ModeNotSupported, run
+try:
+    run("ray_trials", "ray", out=sys.argv[1], scale="small")
+except ModeNotSupported as e:
+    print("bench:", e)
+"""
+    import tempfile
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([sys.executable, "-c", probe, out], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(l.startswith("ray: ray |") and "pip install 'salus[ray]'" in l for l in lines), lines
+    assert any(l.startswith("bench:") and "salus[ray]" in l for l in lines), lines

@@ -297,6 +297,12 @@ void TurnLoop::Loop::handle(Connection& c, remote::Received& received) {
 }
 
 void TurnLoop::Loop::answer(Connection& c, Coordinator::Reply& reply) {
+  // An answered wait is no longer due, and says so before the answer goes: a process that has its
+  // turn must not find it still marked due (Salusd.AWaitingProcessIsToldWhenItsTurnIsDue).
+  if (c.due) {
+    c.due.reset();
+    c.channel.rings().set_due(std::nullopt);
+  }
   std::vector<int> fds;
   for (const remote::UniqueFd& fd : reply.fds) fds.push_back(fd.get());
   try {
@@ -306,10 +312,6 @@ void TurnLoop::Loop::answer(Connection& c, Coordinator::Reply& reply) {
     return;
   }
   if (grants(reply.record)) c.granted_at = Clock::now();
-  if (c.due) {
-    c.due.reset();
-    c.channel.rings().set_due(std::nullopt);
-  }
 }
 
 void TurnLoop::Loop::drop(Connection& c, std::string_view why) {

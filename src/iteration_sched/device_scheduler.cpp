@@ -71,6 +71,11 @@ DeviceScheduler::~DeviceScheduler() {
   lanes_.clear();
 }
 
+void DeviceScheduler::use_gate(std::shared_ptr<TurnGate> gate) {
+  if (!gate) throw InvalidArgument("use_gate: no gate (an in-process runtime keeps its own turns)");
+  turns_ = std::make_unique<GatedTurns>(std::move(gate), *this);
+}
+
 double DeviceScheduler::seconds_since_start(SteadyClock::time_point t) const {
   return std::chrono::duration<double>(t - epoch_).count();
 }

@@ -23,7 +23,7 @@
 #include "iteration_sched/iteration_clock.hpp"
 #include "iteration_sched/stream_bindings.hpp"
 #include "iteration_sched/trace.hpp"
-#include "iteration_sched/turn_gate.hpp"
+#include "iteration_sched/turn_source.hpp"
 #include "salus/runtime.hpp"
 
 namespace salus {
@@ -180,14 +180,15 @@ class DeviceScheduler {
   [[nodiscard]] int device() const { return device_; }
   // Where it was made: in a forked child it is inherited and must not be used (process_fork.hpp).
   [[nodiscard]] const process::Birth& birth() const { return birth_; }
-  // A connected runtime's gate (see turn_gate.hpp), set once before any job is added; else null.
-  void set_gate(std::shared_ptr<TurnGate> gate) { gate_ = std::move(gate); }
+  // Where its jobs' turns come from (turn_source.hpp): its own until a connected runtime puts
+  // salusd's gate in front of them, once, before any job is added.
+  [[nodiscard]] TurnSource& turns() const { return *turns_; }
+  void use_gate(std::shared_ptr<TurnGate> gate);
   // The job is about to wait for the gate's turn: as while it waits for this scheduler's, a safe
   // point at which its pages may move (to make room for another process).
   void before_gate_wait(JobRecordState& job);
   // The job waited that long for the gate's turn: its waiting statistics count it.
   void count_gate_wait(JobRecordState& job, SteadyClock::duration waited);
-  [[nodiscard]] TurnGate* gate() const { return gate_.get(); }
   // Jobs' memory comes from reports (RuntimeAccess::measure_elsewhere), not from this
   // scheduler's own measurements. Set before any job is added.
   void measure_elsewhere() { memory_reported_ = true; }
@@ -309,7 +310,7 @@ class DeviceScheduler {
   const std::chrono::microseconds turn_spin_;  // 0: off
   const bool many_cpus_;                       // the process may run on more than one CPU
   const process::Birth birth_ = process::birth_now();
-  std::shared_ptr<TurnGate> gate_;
+  std::unique_ptr<TurnSource> turns_ = std::make_unique<LocalTurns>(*this);
   bool memory_reported_ = false;  // set before any job: read without the lock
   IterationClock clock_;     // its own lock (a leaf): timers, pending timings, host compute
   StreamBindings streams_;   // its own lock (a leaf): whose stream an allocation is on

@@ -65,7 +65,7 @@ struct Runtime::Impl {
       schedulers.push_back(std::make_shared<DeviceScheduler>(
           backend, memory, trace, d, options.policies.make(policy), host_compute,
           options.allocation_wait_limit, options.turn_spin));
-      schedulers.back()->set_gate(gate);
+      if (gate) schedulers.back()->use_gate(gate);  // a connected runtime: salusd's turns first
     }
   }
 
@@ -203,12 +203,7 @@ void RuntimeAccess::on_wake(Job& job, std::function<void()> on_wake) {
 }
 
 void RuntimeAccess::end_iteration(Job& job, const std::function<void()>& between) {
-  DeviceScheduler& s = job.scheduler();
-  if (s.gate() != nullptr) {
-    throw InvalidArgument("RuntimeAccess::end_iteration: a connected runtime's job ends with "
-                          "Job::end_iteration (its turn goes back to salusd)");
-  }
-  s.end(*job.state_, between);
+  job.scheduler().turns().end(*job.state_, between);  // a gated source refuses `between`
 }
 
 std::optional<SteadyClock::time_point> RuntimeAccess::expected_turn(Job& job) {
@@ -245,15 +240,7 @@ Runtime& Runtime::init_default_runtime(std::shared_ptr<DeviceBackend> backend,
 Job Runtime::add_job(JobSpec spec) {
   impl_->check_process();
   auto& scheduler = impl_->scheduler(spec.device);
-  auto state = scheduler.add(std::move(spec));
-  if (TurnGate* gate = scheduler.gate()) {
-    try {
-      gate->add(state->id, state->spec);
-    } catch (...) {
-      scheduler.finish(*state, false);  // refused there: not a job here either
-      throw;
-    }
-  }
+  auto state = scheduler.turns().add(std::move(spec));
   return Job(impl_->schedulers[static_cast<std::size_t>(scheduler.device())], std::move(state));
 }
 
@@ -411,46 +398,7 @@ DeviceScheduler& Job::scheduler() const {
 }
 
 StreamHandle Job::begin_iteration() {
-  DeviceScheduler& s = scheduler();
-  TurnGate* gate = s.gate();
-  if (gate == nullptr) return s.begin(*state_);
-  take_gate_turn(*gate, std::nullopt);
-  std::optional<StreamHandle> stream;
-  try {
-    stream = s.begin(*state_);
-    gate->order_after(state_->id, *stream);
-  } catch (...) {
-    if (stream) end_after_failed_order(s);
-    gate->release(state_->id, nullptr, nullptr);
-    throw;
-  }
-  return *stream;
-}
-
-void Job::end_after_failed_order(DeviceScheduler& s) noexcept {
-  // The local turn began but the job's stream could not be ordered after the previous process's
-  // work: the iteration never happened as far as the caller knows, so it ends here. Its own
-  // failure would hide the one being reported.
-  try {
-    s.end(*state_);
-  } catch (const std::exception& e) {
-    log::warn("job '{}': ending an iteration that could not begin failed: {}", state_->spec.name,
-              e.what());
-  }
-}
-
-bool Job::take_gate_turn(TurnGate& gate, std::optional<SteadyClock::time_point> deadline) {
-  scheduler().before_gate_wait(*state_);
-  const auto asked = SteadyClock::now();
-  try {
-    const bool granted = gate.acquire(state_->id, deadline);
-    // The daemon's turn is most of a connected job's wait: its statistics count it.
-    scheduler().count_gate_wait(*state_, SteadyClock::now() - asked);
-    return granted;
-  } catch (const Error& e) {
-    if (e.code() == Errc::cancelled) throw JobCancelled(state_->spec.name);
-    throw;
-  }
+  return scheduler().turns().begin(*state_);
 }
 
 std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds timeout) {
@@ -463,39 +411,15 @@ std::optional<StreamHandle> Job::try_begin_iteration(std::chrono::nanoseconds ti
   const auto now = SteadyClock::now();
   if (timeout >= SteadyClock::time_point::max() - now) return begin_iteration();
   const auto deadline = now + std::chrono::duration_cast<SteadyClock::duration>(timeout);
-  TurnGate* gate = s.gate();
-  if (gate == nullptr) return s.begin_until(*state_, deadline);
-  if (!take_gate_turn(*gate, deadline)) return std::nullopt;
-  std::optional<StreamHandle> stream;
-  try {
-    // The daemon's turn is held until end_iteration or withdraw, so a local wait that runs out
-    // keeps it: the next try finds it taken and waits here only.
-    stream = s.begin_until(*state_, deadline);
-    if (stream) gate->order_after(state_->id, *stream);
-  } catch (...) {
-    if (stream) end_after_failed_order(s);
-    gate->release(state_->id, nullptr, nullptr);
-    throw;
-  }
-  return stream;
+  return s.turns().begin_until(*state_, deadline);
 }
 
 void Job::withdraw() {
-  DeviceScheduler& s = scheduler();
-  s.withdraw(*state_);
-  if (TurnGate* gate = s.gate()) gate->withdraw(state_->id);
+  scheduler().turns().withdraw(*state_);
 }
+
 void Job::end_iteration() {
-  DeviceScheduler& s = scheduler();
-  TurnGate* gate = s.gate();
-  if (gate == nullptr) return s.end(*state_);
-  // The turn goes back once the profile is whole (it goes with the turn, for the keeper's plans)
-  // and before the rest of the iteration's bookkeeping: the next process's wait is the switch's.
-  s.end(*state_, [&] {
-    const std::optional<MeasuredMemory> measured = s.measured_memory(*state_);
-    const std::optional<GpuTime> gpu = s.take_gpu_time(*state_);
-    gate->release(state_->id, measured ? &*measured : nullptr, gpu ? &*gpu : nullptr);
-  });
+  scheduler().turns().end(*state_);
 }
 
 Job::Iteration::Iteration(Job& job) : job_(&job), stream_(job.begin_iteration()) {}
@@ -521,20 +445,15 @@ void Job::leave() {
   // that does not exist here): nothing to leave.
   if (scheduler_ && state_ && !process::inherited(scheduler_->birth())) {
     try {
-      scheduler_->finish(*state_, false);
+      scheduler_->turns().finish(*state_, false);
     } catch (const std::exception&) {
       // Leaving must not throw (it runs in destructors); the memory is freed with the runtime.
     }
-    if (TurnGate* gate = scheduler_->gate()) gate->finish(state_->id, false);
   }
 }
 
 void Job::cancel() {
-  DeviceScheduler& s = scheduler();
-  s.finish(*state_, true);
-  // After the local cancel: a thread waiting for the daemon's turn then finds the job cancelled
-  // here too, whichever answer it gets.
-  if (TurnGate* gate = s.gate()) gate->finish(state_->id, true);
+  scheduler().turns().finish(*state_, true);
 }
 
 JobId Job::id() const {

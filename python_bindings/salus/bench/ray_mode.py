@@ -143,7 +143,7 @@ def check_ray(exp: Experiment) -> None:
         import salus.ray  # noqa: F401
     except ImportError as e:
         raise ModeNotSupported(exp.name, "ray", f"Ray is not importable ({e}); install it "
-                               "with pip install 'ray[tune]'") from None
+                               "with pip install 'salus[ray]'") from None
 
 
 def ray_variants(exp: Experiment, jobset: JobSet, variants: list[Variant],

@@ -22,6 +22,12 @@ records metrics. Ray Tune: :func:`salus.ray.tune.trainable`.
 
 from __future__ import annotations
 
+try:
+    import ray as _ray  # noqa: F401
+except ImportError as _missing:
+    raise ImportError("salus.ray needs Ray, which is not importable here "
+                      f"({_missing}): pip install 'salus[ray]'", name="ray") from _missing
+
 from .cluster import SalusCluster, Trial
 from .context import TrialContext, build_model, device, job, report, trial
 from .errors import ClusterClosed, FitsNoGpu
