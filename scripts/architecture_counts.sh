@@ -46,7 +46,10 @@ print(f"device statistics fields: C++ {cpp}, C {c}, Python {py}")
 PY
 # Invariants written once per backend by hand (a file per backend) or once for all (tests/contract).
 echo "fake-CUDA test files: $(ls tests/test_*_cuda_fake.cpp | wc -l) ($(cat tests/test_*_cuda_fake.cpp | wc -l) lines); their simulated twins: $(for f in tests/test_*_cuda_fake.cpp; do t=${f/_cuda_fake/}; [[ -f $t ]] && echo "$t"; done | wc -l)"
-echo "contract test files: $(ls tests/contract/*.cpp 2>/dev/null | wc -l) ($(cat tests/contract/*.cpp 2>/dev/null | wc -l) lines, each test run on every backend)"
+contract_suites=$(ls tests/contract/test_*.cpp 2>/dev/null)
+echo "contract test files: $(echo "$contract_suites" | wc -l) ($(cat $contract_suites | wc -l) lines, each test run on every backend)"
+# The backends of contract_backends(): a line '{"Name",' each.
+echo "contract suites instantiated on backends: $(sed -n '/contract_backends() {/,/^}/p' tests/contract/backend_fixture.hpp | grep -oE '\{"[A-Za-z]+",' | tr -d '{",' | paste -sd ' ')"
 echo "src files over 600 lines: $(find src -name '*.cpp' -o -name '*.hpp' | xargs wc -l | awk '$2 != "total" && $1 > 600 {printf "%s(%d) ", $2, $1}')"
 # Functions over 50 lines: a brace scan (a block opened on a line ending ") {" at namespace or class
 # level), not a parser, so read it as approximate.

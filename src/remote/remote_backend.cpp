@@ -125,12 +125,19 @@ ChunkHandle RemoteBackend::take_page(int device) {
 // driver's out-of-memory error when the daemon has nothing to give, as cuMemCreate would.
 void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::mutex>& lock) {
   fetching_[static_cast<std::size_t>(device)] = true;
+  // Pages released here and not yet given back go first, in the same order on the connection
+  // (the daemon takes a give_pages as it reads it): else a process out of spares is refused pages
+  // while it sits on some it no longer uses.
+  std::vector<std::uint64_t> released;
+  released.swap(pages.returning);
+  pages.held -= released.size();
   lock.unlock();
   std::vector<std::pair<ChunkHandle, std::uint64_t>> got;
   std::string refusal;
   std::exception_ptr gone;
   std::vector<std::shared_ptr<const Event>> fences_of_got;
   try {
+    send_returns(device, released, GiveFence::settled, false);
     Received reply = link_->call(MessageType::take_pages, PageCount{device, kFetchBatch});
     std::vector<PageEntry> entries;
     std::vector<FenceEntry> fence_entries;
@@ -453,6 +460,12 @@ std::uint64_t RemoteBackend::unopened_fences() const {
 std::size_t RemoteBackend::held_pages(int device) const {
   std::lock_guard lock(mu_);
   return devices_.at(static_cast<std::size_t>(device)).held;
+}
+
+std::size_t RemoteBackend::pages_in_use(int device) const {
+  std::lock_guard lock(mu_);
+  const DevicePages& pages = devices_.at(static_cast<std::size_t>(device));
+  return pages.held - pages.spare.size() - pages.returning.size();
 }
 
 }  // namespace salus::remote

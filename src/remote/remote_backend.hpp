@@ -34,6 +34,8 @@ class RemoteBackend final : public DeviceBackend {
   std::size_t give_back(int device);
   // Pages held from the daemon, on `device`: handed out plus waiting to be.
   [[nodiscard]] std::size_t held_pages(int device) const;
+  // Of those, the pages handed out as chunks and not released: what the memory manager holds.
+  [[nodiscard]] std::size_t pages_in_use(int device) const;
   [[nodiscard]] DaemonLink& link() const { return *link_; }
   // The events pages went back behind, and the opening of those that came with granted pages.
   [[nodiscard]] const FencePool& fences() const { return fences_; }

@@ -5,7 +5,8 @@
 // offers the few things a test needs that each backend does its own way (making a stream the way a
 // framework does, writing and checking bytes, the physical bytes the backend holds, the fake
 // driver's violations). Each suite is instantiated over contract_backends(), so every test runs on
-// the simulated backend and on the CUDA backend over the fake driver (tests/support/fake_driver).
+// the simulated backend, on the CUDA backend over the fake driver (tests/support/fake_driver) and
+// on the backend of a process connected to salusd (RemoteBackend, with an in-process daemon).
 // What only one backend can show (the fake driver's call log, sim timing) stays in that backend's
 // own tests/test_*.cpp file.
 //
@@ -100,15 +101,24 @@ class BackendHarness {
   virtual void expect_no_violations(const std::string& when = "") { (void)when; }
   // The GPU drains its queued work (before tearing down).
   virtual void finish_all_work() {}
+  // Whether GPU chunks come one page at a time: a process connected to salusd, whose pages are the
+  // daemon's, each its own allocation. A bigger create_chunk is then NotSupported, and the tests
+  // that need one skip (SALUS_SKIP_ON_ONE_PAGE_CHUNKS).
+  [[nodiscard]] virtual bool one_page_chunks() const { return false; }
 };
 
-class SimHarness final : public BackendHarness {
+// In a contract test, once the harness is built: skips it where GPU chunks are one page.
+#define SALUS_SKIP_ON_ONE_PAGE_CHUNKS()                                                     \
+  if (harness->one_page_chunks())                                                         \
+  GTEST_SKIP() << GetParam().name << " makes GPU chunks of one page (a bigger one is refused " \
+               << "as NotSupported: ChunksOfSeveralPagesAreMadeOrRefusedAsNotSupported)"
+
+// What every harness over a simulated GPU shares: the bytes are host memory, every one of them
+// checked, and queued work is a host function on the stream (sim_ is the backend whose streams
+// and addresses the tests use: the one under test, or the local backend a RemoteBackend wraps).
+class SimMemoryHarness : public BackendHarness {
  public:
-  explicit SimHarness(SimConfig config) : sim_(make_sim(std::move(config))) {}
-  [[nodiscard]] std::shared_ptr<DeviceBackend> backend() const override { return sim_; }
-  [[nodiscard]] std::shared_ptr<DeviceBackend> peer_backend() const override {
-    return make_sim(sim_->config());
-  }
+  explicit SimMemoryHarness(std::shared_ptr<sim::SimBackend> sim) : sim_(std::move(sim)) {}
   StreamHandle outside_stream(int device) override { return sim_->create_stream(device, 0); }
   void destroy_stream(StreamHandle stream) override { sim_->destroy_stream(stream); }
   void fill(DevicePtr ptr, std::size_t bytes, std::uint64_t seed) override {
@@ -120,9 +130,6 @@ class SimHarness final : public BackendHarness {
   [[nodiscard]] bool zeroed(DevicePtr ptr, std::size_t bytes) const override {
     const auto* p = reinterpret_cast<const unsigned char*>(ptr);
     return std::all_of(p, p + bytes, [](unsigned char b) { return b == 0; });
-  }
-  [[nodiscard]] std::size_t chunk_bytes(Location where) const override {
-    return sim_->chunk_bytes(where);
   }
 
   // Long enough that the host is done with the reusing operation well before the work runs.
@@ -147,9 +154,23 @@ class SimHarness final : public BackendHarness {
     return count_bad_stamps({ptr, bytes}, key);
   }
 
- private:
+ protected:
   std::shared_ptr<sim::SimBackend> sim_;
+
+ private:
   StreamWork work_;
+};
+
+class SimHarness final : public SimMemoryHarness {
+ public:
+  explicit SimHarness(SimConfig config) : SimMemoryHarness(make_sim(std::move(config))) {}
+  [[nodiscard]] std::shared_ptr<DeviceBackend> backend() const override { return sim_; }
+  [[nodiscard]] std::shared_ptr<DeviceBackend> peer_backend() const override {
+    return make_sim(sim_->config());
+  }
+  [[nodiscard]] std::size_t chunk_bytes(Location where) const override {
+    return sim_->chunk_bytes(where);
+  }
 };
 
 class FakeCudaHarness final : public BackendHarness {
@@ -256,6 +277,11 @@ class FakeCudaHarness final : public BackendHarness {
   std::shared_ptr<cuda::CudaBackend> cuda_;
 };
 
+// A process connected to salusd: a RemoteBackend over a simulated GPU of its own, its pages from a
+// daemon (Coordinator and Server) running in this process on another simulated GPU
+// (contract/remote_harness.cpp).
+std::unique_ptr<BackendHarness> make_remote_harness(int devices, std::size_t bytes);
+
 // A backend to run contract suites on: `make(devices, bytes per device)`.
 struct BackendFixture {
   std::string name;
@@ -279,6 +305,7 @@ inline const std::vector<BackendFixture>& contract_backends() {
          config.ipc_open_own_events = true;  // one backend plays both processes of a fence
          return std::make_unique<FakeCudaHarness>(std::move(config));
        }},
+      {"Remote", make_remote_harness},
   };
   return backends;
 }
