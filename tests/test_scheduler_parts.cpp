@@ -225,7 +225,7 @@ class RecordingGate final : public TurnGate {
 struct Gated : ::testing::Test {
   std::shared_ptr<RecordingGate> gate = std::make_shared<RecordingGate>();
   std::shared_ptr<Runtime> runtime = RuntimeAccess::make(
-      make_sim_backend(SimConfig::uniform(1, 64 * MiB)), RuntimeOptions{}, gate);
+      make_sim_backend(SimConfig::uniform(1, 64 * MiB)), RuntimeOptions{}, {.gate = gate});
 
   Job add(const std::string& name) {
     JobSpec spec;

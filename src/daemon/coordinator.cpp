@@ -35,13 +35,11 @@ RuntimeOptions runtime_options(const CoordinatorOptions& o) {
 Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOptions options)
     : backend_(std::move(backend)),
       options_(std::move(options)),
-      runtime_(backend_, runtime_options(options_)),
+      runtime_(RuntimeAccess::make(backend_, runtime_options(options_),
+                                   {.gate = nullptr, .memory_profiles = MemoryProfiles::reported})),
       page_bytes_(backend_->granularity(Location::gpu(0))),
-      trace_(RuntimeAccess::trace(runtime_)),
+      trace_(RuntimeAccess::trace(*runtime_)),
       scrubber_(backend_) {
-  // Each process measures its own jobs' memory (it carves their blocks) and reports it at every
-  // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
-  RuntimeAccess::measure_elsewhere(runtime_);
   stop_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
   if (stop_.get() < 0) sim::throw_errno("eventfd", errno, "salusd");
   for (int d = 0; d < backend_->device_count(); ++d) {
@@ -204,7 +202,7 @@ void Coordinator::on_hello(Session& s, const remote::Record& record) {
     w.device_bytes[d] = banks_[d]->capacity_pages() * page_bytes_;
     w.device_uuids[d] = backend_->properties(static_cast<int>(d)).uuid;
   }
-  remote::set_name(w.policy, runtime_.policy());
+  remote::set_name(w.policy, runtime_->policy());
   w.session = s.id;
   w.token = s.token;
   spdlog::info("session {}: '{}' pid {} uid {} connected", s.id, s.name, s.peer.pid, s.peer.uid);
@@ -233,7 +231,7 @@ void Coordinator::on_add_job(Session& s, const remote::Record& record) {
                                         kMaxJobsPerProcess));
     }
   }
-  auto job = std::make_shared<Job>(runtime_.add_job(std::move(spec)));
+  auto job = std::make_shared<Job>(runtime_->add_job(std::move(spec)));
   // Its turn connection's waits have no thread in them: the turn loop hears of their changes.
   RuntimeAccess::on_wake(*job, [this, key = job.get()] {
     if (turn_listener_) turn_listener_(key);

@@ -164,7 +164,7 @@ class Coordinator {
   [[nodiscard]] DeviceUse device_use(int device) const;
   // Pages zeroed so far because they went to another user (Scrubber).
   [[nodiscard]] std::uint64_t zeroed_pages() const { return scrubber_.scrubbed(); }
-  [[nodiscard]] Runtime& runtime() { return runtime_; }
+  [[nodiscard]] Runtime& runtime() { return *runtime_; }
 
  private:
   [[nodiscard]] std::size_t device_capacity(int device, std::size_t free_at_start) const;
@@ -262,7 +262,9 @@ class Coordinator {
   // Set before any session and read unlocked; declared before the runtime, whose jobs call it
   // until they are gone.
   std::function<void(const Job*)> turn_listener_;
-  Runtime runtime_;
+  // Each process measures its own jobs' memory (it carves their blocks) and reports it at every
+  // iteration's end: the policies plan with that (pack's lanes, memory_aware's offsets).
+  const std::shared_ptr<Runtime> runtime_;
   const std::size_t page_bytes_;
   const std::shared_ptr<TraceRecorder> trace_;
 

@@ -483,7 +483,7 @@ std::string Coordinator::status_table(std::optional<SessionId> asking) const {
   }
   std::string out = fmt::format("policy {}  page {} KiB  spill {}  reclaim {}  zeroed for "
                                 "another user {}\n\n",
-                                runtime_.policy(), page_bytes_ / 1024,
+                                runtime_->policy(), page_bytes_ / 1024,
                                 options_.spill == remote::Spill::host ? "host" : "none",
                                 options_.reclaim ? "ask" : "never", scrubber_.scrubbed());
   {

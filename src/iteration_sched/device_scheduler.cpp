@@ -42,7 +42,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                                  std::unique_ptr<Policy> policy,
                                  std::shared_ptr<const std::atomic<bool>> host_compute,
                                  std::chrono::milliseconds allocation_wait_limit,
-                                 std::chrono::microseconds turn_spin)
+                                 std::chrono::microseconds turn_spin, const RuntimeParts& parts)
     : backend_(std::move(backend)),
       memory_(std::move(memory)),
       trace_(std::move(trace)),
@@ -52,6 +52,9 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       allocation_wait_limit_(allocation_wait_limit),
       turn_spin_(std::max(turn_spin, std::chrono::microseconds::zero())),
       many_cpus_(waits::usable_cpus() > 1),
+      turns_(parts.gate ? std::unique_ptr<TurnSource>(std::make_unique<GatedTurns>(parts.gate, *this))
+                        : std::make_unique<LocalTurns>(*this)),
+      memory_reported_(parts.memory_profiles == MemoryProfiles::reported),
       clock_(backend_, device, std::move(host_compute)),
       core_(*policy_, budget_of(*memory_, device)) {}
 
@@ -69,11 +72,6 @@ DeviceScheduler::~DeviceScheduler() {
     }
   }
   lanes_.clear();
-}
-
-void DeviceScheduler::use_gate(std::shared_ptr<TurnGate> gate) {
-  if (!gate) throw InvalidArgument("use_gate: no gate (an in-process runtime keeps its own turns)");
-  turns_ = std::make_unique<GatedTurns>(std::move(gate), *this);
 }
 
 double DeviceScheduler::seconds_since_start(SteadyClock::time_point t) const {

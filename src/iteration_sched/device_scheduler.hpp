@@ -21,6 +21,7 @@
 #include "cuda/process_fork.hpp"
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/runtime_parts.hpp"
 #include "iteration_sched/stream_bindings.hpp"
 #include "iteration_sched/trace.hpp"
 #include "iteration_sched/turn_source.hpp"
@@ -119,7 +120,7 @@ class DeviceScheduler {
                   std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy,
                   std::shared_ptr<const std::atomic<bool>> host_compute,
                   std::chrono::milliseconds allocation_wait_limit,
-                  std::chrono::microseconds turn_spin = {});
+                  std::chrono::microseconds turn_spin = {}, const RuntimeParts& parts = {});
   ~DeviceScheduler();
   DeviceScheduler(const DeviceScheduler&) = delete;
   DeviceScheduler& operator=(const DeviceScheduler&) = delete;
@@ -180,18 +181,15 @@ class DeviceScheduler {
   [[nodiscard]] int device() const { return device_; }
   // Where it was made: in a forked child it is inherited and must not be used (process_fork.hpp).
   [[nodiscard]] const process::Birth& birth() const { return birth_; }
-  // Where its jobs' turns come from (turn_source.hpp): its own until a connected runtime puts
-  // salusd's gate in front of them, once, before any job is added.
+  // Where its jobs' turns come from (turn_source.hpp): its own, or salusd's gate in front of them
+  // (RuntimeParts::gate).
   [[nodiscard]] TurnSource& turns() const { return *turns_; }
-  void use_gate(std::shared_ptr<TurnGate> gate);
   // The job is about to wait for the gate's turn: as while it waits for this scheduler's, a safe
   // point at which its pages may move (to make room for another process).
   void before_gate_wait(JobRecordState& job);
   // The job waited that long for the gate's turn: its waiting statistics count it.
   void count_gate_wait(JobRecordState& job, SteadyClock::duration waited);
-  // Jobs' memory comes from reports (RuntimeAccess::measure_elsewhere), not from this
-  // scheduler's own measurements. Set before any job is added.
-  void measure_elsewhere() { memory_reported_ = true; }
+  // Under MemoryProfiles::reported, what the job's process measured.
   void report_memory(JobRecordState& job, const MeasuredMemory& measured);
   // What the job's profile says of its memory; nullopt while nothing is known (no iteration
   // ended and no hint).
@@ -310,8 +308,8 @@ class DeviceScheduler {
   const std::chrono::microseconds turn_spin_;  // 0: off
   const bool many_cpus_;                       // the process may run on more than one CPU
   const process::Birth birth_ = process::birth_now();
-  std::unique_ptr<TurnSource> turns_ = std::make_unique<LocalTurns>(*this);
-  bool memory_reported_ = false;  // set before any job: read without the lock
+  const std::unique_ptr<TurnSource> turns_;
+  const bool memory_reported_;  // RuntimeParts::memory_profiles is reported
   IterationClock clock_;     // its own lock (a leaf): timers, pending timings, host compute
   StreamBindings streams_;   // its own lock (a leaf): whose stream an allocation is on
 

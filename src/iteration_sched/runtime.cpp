@@ -41,8 +41,8 @@ JobCancelled::JobCancelled(const std::string& job_name)
 
 struct Runtime::Impl {
   Impl(std::shared_ptr<DeviceBackend> device_backend, RuntimeOptions options,
-       std::shared_ptr<TurnGate> turn_gate = nullptr)
-      : gate(std::move(turn_gate)),
+       RuntimeParts parts = {})
+      : gate(parts.gate),
         backend(std::move(device_backend)),
         memory(std::make_shared<MemoryManager>(backend, options.memory)),
         trace(std::make_shared<TraceRecorder>()),
@@ -64,8 +64,7 @@ struct Runtime::Impl {
     for (int d = 0; d < memory->device_count(); ++d) {
       schedulers.push_back(std::make_shared<DeviceScheduler>(
           backend, memory, trace, d, options.policies.make(policy), host_compute,
-          options.allocation_wait_limit, options.turn_spin));
-      if (gate) schedulers.back()->use_gate(gate);  // a connected runtime: salusd's turns first
+          options.allocation_wait_limit, options.turn_spin, parts));
     }
   }
 
@@ -175,18 +174,14 @@ Runtime::Runtime(std::shared_ptr<DeviceBackend> backend, RuntimeOptions options)
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::shared_ptr<Runtime> RuntimeAccess::make(std::shared_ptr<DeviceBackend> backend,
-                                             RuntimeOptions options,
-                                             std::shared_ptr<TurnGate> gate) {
-  auto impl = std::make_unique<Runtime::Impl>(std::move(backend), std::move(options), std::move(gate));
+                                             RuntimeOptions options, RuntimeParts parts) {
+  auto impl =
+      std::make_unique<Runtime::Impl>(std::move(backend), std::move(options), std::move(parts));
   return std::shared_ptr<Runtime>(new Runtime(std::move(impl)));
 }
 
 std::shared_ptr<TraceRecorder> RuntimeAccess::trace(Runtime& runtime) {
   return runtime.impl_->trace;
-}
-
-void RuntimeAccess::measure_elsewhere(Runtime& runtime) {
-  for (const auto& s : runtime.impl_->schedulers) s->measure_elsewhere();
 }
 
 void RuntimeAccess::report_memory(Job& job, const MeasuredMemory& measured) {

@@ -86,9 +86,9 @@ std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
   const bool spill = welcome.spill == remote::Spill::host;
   if (spill) options.memory.harvest.spill = SpillPolicy::host_only;
   const std::chrono::microseconds spin = options.turn_spin;
-  auto runtime = RuntimeAccess::make(backend, std::move(options),
-                                     std::make_shared<remote::RemoteTurns>(
-                                         link, backend, &backend->fences(), spin));
+  auto runtime = RuntimeAccess::make(
+      backend, std::move(options),
+      {.gate = std::make_shared<remote::RemoteTurns>(link, backend, &backend->fences(), spin)});
   // Weak references: the link's handler thread must not keep the runtime alive.
   link->on_reclaim([weak_runtime = std::weak_ptr<Runtime>(runtime),
                     weak_backend = std::weak_ptr<remote::RemoteBackend>(backend),
