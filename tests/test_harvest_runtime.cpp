@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <latch>
 #include <random>
 #include <string>
@@ -62,9 +63,11 @@ struct Outcome {
 // pattern is checked, an ephemeral workspace is used, and a new pattern is written. `made`, when
 // given: the jobs' iterations begin only once every job has made its buffers, so that they hold
 // them at once whatever the threads' timing (on a busy machine one job ran all its iterations
-// before the other had made its buffers, and no page had to move).
+// before the other had made its buffers, and no page had to move). `before_workspace`, when
+// given, runs inside each iteration just before its workspace is allocated.
 void run_job(Runtime& runtime, Job& job, const std::vector<std::size_t>& sizes, int iterations,
-             std::size_t workspace, std::uint64_t tag, Outcome& out, std::latch* made = nullptr) {
+             std::size_t workspace, std::uint64_t tag, Outcome& out, std::latch* made = nullptr,
+             const std::function<void()>& before_workspace = {}) {
   try {
     std::vector<Buffer> buffers;
     try {
@@ -90,6 +93,7 @@ void run_job(Runtime& runtime, Job& job, const std::vector<std::size_t>& sizes, 
         }
         if (!check_pattern(buffers[i].ptr, buffers[i].bytes, seed(it - 1, i))) ++out.corrupted;
       }
+      if (before_workspace) before_workspace();
       if (workspace > 0) {
         try {
           const DevicePtr scratch = job.allocate(workspace);
@@ -119,17 +123,27 @@ void run_job(Runtime& runtime, Job& job, const std::vector<std::size_t>& sizes, 
 
 class HarvestRuntimeConcurrency : public ::testing::TestWithParam<const char*> {};
 
-// 2 x ~9.6 MiB of persistent memory for a 16 MiB device: whoever allocates second spills to the
-// peer, and a workspace needs room that only the waiting job's pages can give. (Once both jobs
-// are profiled, the scheduler's admission counts their persistent bytes against device 0's limit,
-// harvesting or not, so one of them waits for admission until the other leaves: the turns are
-// not strictly alternating. Pages move either way.)
+// 2 x ~9.6 MiB of persistent memory for a 16 MiB device: whoever allocates second spills 2 pages
+// to the peer, and device 0 is full. A workspace then needs room that only the other job's pages
+// can give, and what Salus guarantees is this: an allocation that comes up short demotes the pages
+// of the device's quiescent jobs before it borrows pages for itself (memory/placement.cpp). A job
+// is quiescent only while it waits in begin_iteration; before its first ask it is active and its
+// pages stay put. So the first workspace is allocated once the other job waits for its turn (fair
+// and fifo run one iteration at a time): without that, on a busy machine the spilled job ran all
+// its iterations on borrowed pages before the other asked for a turn, and no page moved. How
+// many pages trade after the first demote depends on the threads' timing, and is not checked.
+// (Both jobs are admitted at once: with harvesting, admission counts what device 0 can reach.)
 TEST_P(HarvestRuntimeConcurrency, JobsThatDoNotFitTogetherKeepTheirBytesAndPointers) {
   auto backend = make_sim_backend(SimConfig::nvlink_mesh(2, 64 * MiB));
   Runtime runtime(backend, harvesting_runtime(GetParam(), {16 * MiB, 64 * MiB}));
   std::atomic<std::uint64_t> observed_pages{0};
-  runtime.memory().set_move_observer(
-      [&](const MoveRecord& m) { observed_pages.fetch_add(m.pages, std::memory_order_relaxed); });
+  std::atomic<std::uint64_t> demoted_pages{0};
+  runtime.memory().set_move_observer([&](const MoveRecord& m) {
+    observed_pages.fetch_add(m.pages, std::memory_order_relaxed);
+    if (m.reason == MoveReason::demote && m.device == 0) {
+      demoted_pages.fetch_add(m.pages, std::memory_order_relaxed);
+    }
+  });
   const std::vector<std::size_t> sizes = {4 * MiB, 4 * MiB, 3 * MiB / 2 + 300, 64 * KiB};
   constexpr int kIterations = 30;
   std::vector<Job> jobs;
@@ -139,15 +153,27 @@ TEST_P(HarvestRuntimeConcurrency, JobsThatDoNotFitTogetherKeepTheirBytesAndPoint
     spec.expected_iterations = kIterations;
     jobs.push_back(runtime.add_job(spec));
   }
+  const JobId ids[] = {jobs[0].id(), jobs[1].id()};
   std::vector<Outcome> outcomes(jobs.size());
   std::vector<std::thread> threads;
   std::latch made(static_cast<std::ptrdiff_t>(jobs.size()));
+  // The first workspace of the test (whichever job's turn came first) waits for the other job to
+  // be quiescent, waiting for its turn; every later one goes at once.
+  std::atomic<bool> first_workspace{true};
+  std::atomic<bool> other_was_quiescent{false};
   for (std::size_t j = 0; j < jobs.size(); ++j) {
-    threads.emplace_back([&, j] {
-      run_job(runtime, jobs[j], sizes, kIterations, 4 * MiB, j + 1, outcomes[j], &made);
+    const JobId other = ids[1 - j];
+    threads.emplace_back([&, j, other] {
+      run_job(runtime, jobs[j], sizes, kIterations, 4 * MiB, j + 1, outcomes[j], &made, [&] {
+        if (!first_workspace.exchange(false)) return;
+        other_was_quiescent = eventually(
+            [&] { return runtime.memory().job_stats(other).quiescent != 0; });
+      });
     });
   }
   for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(other_was_quiescent.load())
+      << "the other job never waited for its turn while the first workspace waited";
 
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     SCOPED_TRACE(::testing::Message() << "job " << j);
@@ -160,6 +186,9 @@ TEST_P(HarvestRuntimeConcurrency, JobsThatDoNotFitTogetherKeepTheirBytesAndPoint
     EXPECT_GT(o.memory.activations, 0u);
   }
   const DeviceMemoryStats d0 = runtime.memory().device_stats(0);
+  EXPECT_GT(demoted_pages.load(), 0u)
+      << "the first workspace found device 0 full and the other job quiescent, yet none of that "
+         "job's pages went down";
   EXPECT_GT(d0.pages_moved, 0u) << "the jobs never traded pages";
   EXPECT_EQ(observed_pages.load(), d0.pages_moved + runtime.memory().device_stats(1).pages_moved)
       << "every moved page is reported to the observer";

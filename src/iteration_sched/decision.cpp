@@ -15,7 +15,7 @@
 
 namespace salus::sched {
 
-using decision::JobRecord;
+using decision::JobSeat;
 using decision::Lane;
 
 DecisionCore::DecisionCore(const Policy& policy, std::size_t budget_bytes)
@@ -28,7 +28,7 @@ void DecisionCore::add(const JobView& job) {
   const auto [it, inserted] = s.jobs.try_emplace(job.id);
   if (!inserted)
     throw InvalidArgument(fmt::format("scheduler: job {} is already registered", job.id));
-  JobRecord& rec = it->second;
+  JobSeat& rec = it->second;
   rec.view = job;
   if (job.curve != nullptr) rec.curve = *job.curve;
   rec.view.curve = job.curve != nullptr ? &rec.curve : nullptr;
@@ -42,7 +42,7 @@ void DecisionCore::add(const JobView& job) {
 
 void DecisionCore::update(const JobView& job) {
   State& s = *state_;
-  JobRecord& rec = s.find(job.id, "update");
+  JobSeat& rec = s.find(job.id, "update");
   const std::uint64_t arrival = rec.view.arrival;  // registration order never changes
   const bool requeue = rec.waiting && rec.lane.has_value();
   if (requeue) s.dequeue(rec);
@@ -90,7 +90,7 @@ void DecisionCore::update(const JobView& job) {
 
 void DecisionCore::remove(JobId job) {
   State& s = *state_;
-  JobRecord& rec = s.find(job, "remove");
+  JobSeat& rec = s.find(job, "remove");
   if (rec.running) s.stop(rec);
   if (rec.lane) {
     s.unadmit(rec);
@@ -105,7 +105,7 @@ void DecisionCore::remove(JobId job) {
 
 void DecisionCore::wait(JobId job) {
   State& s = *state_;
-  JobRecord& rec = s.find(job, "wait");
+  JobSeat& rec = s.find(job, "wait");
   if (rec.waiting) throw InvalidArgument(fmt::format("scheduler: job {} is already waiting", job));
   if (rec.running) {
     throw InvalidArgument(
@@ -121,7 +121,7 @@ void DecisionCore::wait(JobId job) {
 
 void DecisionCore::withdraw(JobId job) {
   State& s = *state_;
-  JobRecord& rec = s.find(job, "withdraw");
+  JobSeat& rec = s.find(job, "withdraw");
   if (!rec.waiting) throw InvalidArgument(fmt::format("scheduler: job {} is not waiting", job));
   if (rec.lane) s.dequeue(rec);  // by its key, which is valid while it waits
   rec.waiting = false;
@@ -130,7 +130,7 @@ void DecisionCore::withdraw(JobId job) {
 
 void DecisionCore::finish(JobId job, double now) {
   State& s = *state_;
-  JobRecord& rec = s.find(job, "finish");
+  JobSeat& rec = s.find(job, "finish");
   if (!rec.running) {
     throw InvalidArgument(fmt::format("scheduler: finish() for job {}, which is {}", job,
                                       rec.waiting ? "waiting, not running" : "not running"));
@@ -145,7 +145,7 @@ void DecisionCore::finish(JobId job, double now) {
 }
 
 void DecisionCore::progressed(JobId job, double now, double work_seconds) {
-  JobRecord& rec = state_->find(job, "progressed");
+  JobSeat& rec = state_->find(job, "progressed");
   if (!rec.running) return;
   // The plans read progress as now - started_at: move the start so that it reads work_seconds.
   // Later only, so finish() still sees an iteration that ended after it started.

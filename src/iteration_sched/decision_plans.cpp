@@ -18,7 +18,7 @@ std::size_t DecisionCore::State::picture(double now) {
       fixed += lane.max_peak();
       continue;
     }
-    const JobRecord& rec = jobs.at(*lane.turn);
+    const JobSeat& rec = jobs.at(*lane.turn);
     const double elapsed = now - rec.started_at;
     const double left = predicted_seconds(rec.view) - elapsed;
     if (left > 0.0 && left < std::numeric_limits<double>::infinity()) {
@@ -29,7 +29,7 @@ std::size_t DecisionCore::State::picture(double now) {
     }
   }
   for (const JobId id : extras) {
-    const JobRecord& rec = jobs.at(id);
+    const JobSeat& rec = jobs.at(id);
     scratch.push_back({&rec.view, now - rec.started_at});
   }
   return fixed;
@@ -44,7 +44,7 @@ std::optional<double> DecisionCore::State::fit_delay(std::size_t fixed,
   return least_start_offset(device_view(fixed), candidate);
 }
 
-std::optional<double> DecisionCore::State::admission_delay(const JobRecord& rec, int lane_id,
+std::optional<double> DecisionCore::State::admission_delay(const JobSeat& rec, int lane_id,
                                                            double now) {
   const std::size_t fixed = picture(now) - resident_of(rec);  // its own bytes come below
   const double turn = predicted_seconds(rec.view);
@@ -62,7 +62,7 @@ std::optional<double> DecisionCore::State::admission_delay(const JobRecord& rec,
 void DecisionCore::State::admit_pending_beside_extras(double now, Decision& decision) {
   admission_dirty = false;
   for (auto it = pending.begin(); it != pending.end();) {
-    JobRecord& rec = jobs.at(it->second);
+    JobSeat& rec = jobs.at(it->second);
     const std::optional<int> lane = placement(rec);
     if (!lane) {
       ++it;
@@ -85,7 +85,7 @@ void DecisionCore::State::note_recheck(Decision& decision, double delay) {
   }
 }
 
-void DecisionCore::State::start(JobRecord& rec, double now, bool extra, Decision& decision) {
+void DecisionCore::State::start(JobSeat& rec, double now, bool extra, Decision& decision) {
   Lane& lane = lanes.at(*rec.lane);
   dequeue(rec);
   rec.waiting = false;
@@ -106,7 +106,7 @@ void DecisionCore::State::start(JobRecord& rec, double now, bool extra, Decision
   refresh(*rec.lane);
 }
 
-void DecisionCore::State::stop(JobRecord& rec) {
+void DecisionCore::State::stop(JobSeat& rec) {
   rec.running = false;
   running.erase(rec.view.id);
   if (rec.solo() && concurrent()) --solo_running;
@@ -165,7 +165,7 @@ void DecisionCore::State::decide_memory_aware(double now, Decision& decision) {
   auto next = waiting_admitted.begin();
   for (int examined = 0; examined < kExtraCandidates && next != waiting_admitted.end();
        ++examined) {
-    JobRecord& rec = jobs.at(next->job);
+    JobSeat& rec = jobs.at(next->job);
     ++next;  // before start() erases it
     const std::optional<double> delay =
         policy.start_delay(DeviceView{extras_budget, fixed, scratch, held}, rec.view);

@@ -32,7 +32,11 @@ struct WaitKey {
   friend auto operator<=>(const WaitKey&, const WaitKey&) = default;
 };
 
-struct JobRecord {
+// A job's seat in the decision core: its lane, its place among the waiters, and what the plan
+// accounts it for there. Not a record of its bytes: those are the memory manager's
+// (memory::JobRecord), and these are copies of the profile the plan last saw, kept so that an
+// update can undo them exactly.
+struct JobSeat {
   JobView view;       // view.curve points at `curve` (or is null)
   MemoryCurve curve;  // our own copy: the caller's may change or die
   std::optional<int> lane;
@@ -68,7 +72,7 @@ struct Lane {
 
 struct DecisionCore::State {
   using WaitKey = decision::WaitKey;
-  using JobRecord = decision::JobRecord;
+  using JobSeat = decision::JobSeat;
   using Lane = decision::Lane;
 
   // Memory-aware plans try at most this many waiting jobs as extras per decide(), so a decision
@@ -80,7 +84,7 @@ struct DecisionCore::State {
   const bool exclusive;
   const std::size_t budget;
 
-  std::unordered_map<JobId, JobRecord> jobs;
+  std::unordered_map<JobId, JobSeat> jobs;
   std::map<int, Lane> lanes;
   std::set<std::pair<std::uint64_t, JobId>> pending;  // not admitted: (arrival, id)
   std::set<int> ready;  // single/packed lanes that can start an iteration now
@@ -92,11 +96,11 @@ struct DecisionCore::State {
   // Memory-aware: every admitted waiting job (the extra candidates), and the extras running.
   std::set<WaitKey> waiting_admitted;
   std::set<JobId> extras;
-  // Admitted waiting jobs whose memory is not known yet (JobRecord::solo), best first: while one
+  // Admitted waiting jobs whose memory is not known yet (JobSeat::solo), best first: while one
   // waits or runs, nothing else starts, so that it runs alone.
   std::set<WaitKey> solo_waiting;
   int solo_running = 0;
-  std::uint64_t starts = 0;  // iterations started so far: the clock of JobRecord::served
+  std::uint64_t starts = 0;  // iterations started so far: the clock of JobSeat::served
   std::vector<RunningIteration> scratch;
   std::vector<HeldFrom> held;
   bool admission_dirty = false;  // memory-aware: pending jobs to retry at the next decide()
@@ -113,7 +117,7 @@ struct DecisionCore::State {
   State(const Policy& p, std::size_t budget_bytes)
       : policy(p), plan(p.lanes()), exclusive(p.runs_to_completion()), budget(budget_bytes) {}
 
-  JobRecord& find(JobId id, const char* operation) {
+  JobSeat& find(JobId id, const char* operation) {
     const auto it = jobs.find(id);
     if (it == jobs.end()) {
       throw InvalidArgument(
@@ -141,7 +145,7 @@ struct DecisionCore::State {
   }
 
   // What a job holds on the device while it is not admitted (JobView::memory_resident).
-  static std::size_t resident_of(const JobRecord& rec) {
+  static std::size_t resident_of(const JobSeat& rec) {
     return rec.view.memory_resident ? rec.persistent : 0;
   }
 
@@ -151,7 +155,7 @@ struct DecisionCore::State {
   }
 
   // Where `rec` would be admitted now, if anywhere.
-  std::optional<int> placement(const JobRecord& rec) const {
+  std::optional<int> placement(const JobSeat& rec) const {
     const std::size_t p = rec.persistent;
     const std::size_t e = rec.peak;
     // More than the whole budget (its measured peak grew, or the budget shrank): it can only run
@@ -198,7 +202,7 @@ struct DecisionCore::State {
   [[nodiscard]] bool concurrent() const { return plan != LanePlan::single; }
 
   // A waiting admitted job joins (leaves) its lane's queue and the extra candidates.
-  void enqueue(const JobRecord& rec) {
+  void enqueue(const JobSeat& rec) {
     lanes.at(*rec.lane).waiting.insert(rec.wait_key());
     if (rec.solo() && concurrent()) {
       solo_waiting.insert(rec.wait_key());
@@ -206,7 +210,7 @@ struct DecisionCore::State {
       waiting_admitted.insert(rec.wait_key());
     }
   }
-  void dequeue(const JobRecord& rec) {
+  void dequeue(const JobSeat& rec) {
     const WaitKey key = rec.wait_key();
     erase_one(lanes.at(*rec.lane).waiting, key);
     erase_one(waiting_admitted, key);
@@ -218,7 +222,7 @@ struct DecisionCore::State {
   }
 
   // Every caller takes `rec` out of `pending` (admission is the only way out besides remove()).
-  void admit(JobRecord& rec, int lane_id) {
+  void admit(JobSeat& rec, int lane_id) {
     pending_total -= rec.persistent + rec.peak;
     pending_resident -= resident_of(rec);
     Lane& lane = lanes[lane_id];
@@ -234,7 +238,7 @@ struct DecisionCore::State {
   }
 
   // Changes what an admitted job is accounted for, in place.
-  void reaccount(JobRecord& rec, std::size_t persistent, std::size_t peak) {
+  void reaccount(JobSeat& rec, std::size_t persistent, std::size_t peak) {
     Lane& lane = lanes.at(*rec.lane);
     const std::size_t before = lane.quota();
     lane.persistent = lane.persistent - rec.persistent + persistent;
@@ -247,7 +251,7 @@ struct DecisionCore::State {
   }
 
   // Takes an admitted, not running job out of its lane (it leaves, or no longer fits).
-  void unadmit(JobRecord& rec) {
+  void unadmit(JobSeat& rec) {
     const int lane_id = *rec.lane;
     Lane& lane = lanes.at(lane_id);
     const std::size_t before = lane.quota();
@@ -276,14 +280,14 @@ struct DecisionCore::State {
   // do; admit_pending then places them again, in fewer lanes.
   void enforce_fit() {
     if (committed + pending_resident <= usable()) return;
-    std::vector<JobRecord*> movable;
+    std::vector<JobSeat*> movable;
     for (auto& [id, rec] : jobs) {
       if (rec.lane && !rec.running && lanes.at(*rec.lane).owner != id) movable.push_back(&rec);
     }
-    std::sort(movable.begin(), movable.end(), [](const JobRecord* a, const JobRecord* b) {
+    std::sort(movable.begin(), movable.end(), [](const JobSeat* a, const JobSeat* b) {
       return a->view.arrival > b->view.arrival;
     });
-    for (JobRecord* rec : movable) {
+    for (JobSeat* rec : movable) {
       if (committed + pending_resident <= usable()) break;
       unadmit(*rec);
       pending.emplace(rec->view.arrival, rec->view.id);
@@ -299,7 +303,7 @@ struct DecisionCore::State {
       return;
     }
     for (auto it = pending.begin(); it != pending.end();) {
-      JobRecord& rec = jobs.at(it->second);
+      JobSeat& rec = jobs.at(it->second);
       if (const auto lane = placement(rec)) {
         admit(rec, *lane);
         it = pending.erase(it);
@@ -312,14 +316,14 @@ struct DecisionCore::State {
     // last three jobs hung). The earliest goes in; if it then runs short, it is the one that
     // fails (memory waits), and the others' turns come after it.
     if (!pending.empty() && none_admitted()) {
-      JobRecord& first = jobs.at(pending.begin()->second);
+      JobSeat& first = jobs.at(pending.begin()->second);
       pending.erase(pending.begin());
       admit(first, plan == LanePlan::single ? 0 : first_free_lane());
     }
   }
 
   // How much the committed bytes grow if `rec` joins `lane_id`.
-  [[nodiscard]] std::size_t growth(const JobRecord& rec, int lane_id) const {
+  [[nodiscard]] std::size_t growth(const JobSeat& rec, int lane_id) const {
     const auto it = lanes.find(lane_id);
     const std::size_t max_peak = it == lanes.end() ? 0 : it->second.max_peak();
     return rec.persistent + (rec.peak > max_peak ? rec.peak - max_peak : 0);
@@ -344,7 +348,7 @@ struct DecisionCore::State {
   // persistent bytes and its own curve now and the whole quota only from that turn's predicted
   // end: a newcomer rarely waits for extras that will have fallen by then. Otherwise the growth of
   // the committed bytes is asked for at once, as an endless iteration of that size.
-  std::optional<double> admission_delay(const JobRecord& rec, int lane_id, double now);
+  std::optional<double> admission_delay(const JobSeat& rec, int lane_id, double now);
 
   // Memory-aware admission at `now`: the lane rule, in the lane rule's order, and the quota it
   // adds held for good beside the extras' curves (asked as an endless iteration of that size).
@@ -354,10 +358,10 @@ struct DecisionCore::State {
 
   static void note_recheck(Decision& decision, double delay);
 
-  void start(JobRecord& rec, double now, bool extra, Decision& decision);
+  void start(JobSeat& rec, double now, bool extra, Decision& decision);
 
   // A running iteration is over (finished, or its job left).
-  void stop(JobRecord& rec);
+  void stop(JobSeat& rec);
 
   // A job whose memory is not known yet runs alone: while one runs nothing starts, and while one
   // waits nothing else starts until it has had its turn. Returns true when the device is held.
