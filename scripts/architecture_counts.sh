@@ -85,7 +85,7 @@ echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
 ds_files=$(echo src/iteration_sched/device_scheduler.hpp; grep -l 'DeviceScheduler::' src/iteration_sched/*.cpp)
 echo "DeviceScheduler lines: $(cat $ds_files | wc -l) over $(wc -w <<<"$ds_files") files"
 # The parts split out of it, each owning its fields under a lock of its own.
-for f in stream_bindings iteration_clock turn_queue memory_waits; do
+for f in stream_bindings iteration_clock turn_queue memory_waits lane_streams; do
   [[ -f src/iteration_sched/$f.hpp ]] && echo "  part with its own lock: $f $(cat src/iteration_sched/$f.* | wc -l) lines"
 done
 # Fields guarded by the scheduler's one mutex: the members declared after it in the header.

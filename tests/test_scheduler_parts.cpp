@@ -14,6 +14,8 @@
 #include "cuda/cuda_backend.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/lane_streams.hpp"
+#include "iteration_sched/memory_waits.hpp"
 #include "iteration_sched/runtime_access.hpp"
 #include "iteration_sched/stream_bindings.hpp"
 #include "salus/sim.hpp"
@@ -183,6 +185,112 @@ TEST_F(IterationClockOnFake, ComputeOnTheHostIsAskedOfTheRuntimeEachTime) {
   EXPECT_FALSE(clock_.on_host());
   host_compute_->store(true);  // RuntimeOptions::host_compute may change while it runs
   EXPECT_TRUE(clock_.on_host());
+}
+
+// --- LaneStreams: a lane keeps its stream; slots are reused once free ---
+
+TEST(LaneStreams, ALaneKeepsItsStreamAndAStreamIsMadeOnlyOnFirstUse) {
+  LaneStreams lanes(make_sim_backend(SimConfig::uniform(1, 64 * MiB)), 0, /*slots=*/false);
+  EXPECT_FALSE(lanes.stream_of(0).has_value());
+  int lane = 1;
+  const StreamHandle first = lanes.take(lane, JobKind::training);
+  EXPECT_EQ(lane, 1) << "without slots, the lane the plan gave";
+  lanes.release(1);
+  int again = 1;
+  EXPECT_EQ(lanes.take(again, JobKind::inference), first) << "the lane's stream is kept";
+  EXPECT_EQ(lanes.stream_of(1), first);
+  EXPECT_FALSE(lanes.stream_of(0).has_value()) << "lane 0 was never used";
+  EXPECT_EQ(lanes.all().size(), 1u);
+  int bad = -1;
+  EXPECT_THROW((void)lanes.take(bad, JobKind::training), InvalidArgument);
+  EXPECT_EQ(lanes.all().size(), 1u) << "a refused lane makes nothing";
+  lanes.clear();
+  EXPECT_TRUE(lanes.all().empty());
+}
+
+TEST(LaneStreams, RunningIterationsTakeFreeSlotsAndAFreedOneIsTakenFirst) {
+  LaneStreams lanes(make_sim_backend(SimConfig::uniform(1, 64 * MiB)), 0, /*slots=*/true);
+  int a = 0, b = 0, c = 0;
+  const StreamHandle sa = lanes.take(a, JobKind::training);
+  const StreamHandle sb = lanes.take(b, JobKind::training);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 1) << "slot 0 is busy: the second iteration gets a stream of its own";
+  EXPECT_NE(sa, sb);
+  lanes.release(a);
+  EXPECT_EQ(lanes.take(c, JobKind::training), sa) << "the freed slot, with its stream";
+  EXPECT_EQ(c, 0);
+  EXPECT_EQ(lanes.all().size(), 2u);
+}
+
+// --- MemoryWaits: when an allocation short of memory waits, and who gives way ---
+
+constexpr JobId kA{1}, kB{2}, kC{3};
+
+TEST(MemoryWaits, OnlyTheLastHoldsEndLetsDecisionsGoOn) {
+  MemoryWaits waits;
+  EXPECT_FALSE(waits.holding());
+  waits.hold(true);
+  waits.hold(false);
+  EXPECT_TRUE(waits.holding());
+  EXPECT_FALSE(waits.release(false)) << "another hold lives";
+  EXPECT_TRUE(waits.holding());
+  EXPECT_TRUE(waits.release(true)) << "the last one";
+  EXPECT_FALSE(waits.holding());
+}
+
+TEST(MemoryWaits, WaitingHelpsWhileAnIterationRunsThatIsNotShortOfMemory) {
+  MemoryWaits waits;
+  const auto now = MemoryWaits::Clock::now();
+  waits.start_waiting(kA, 10);
+  waits.hold(true);
+  EXPECT_TRUE(waits.worth_waiting(kA, /*others=*/1, /*self_running=*/true, now));
+  EXPECT_FALSE(waits.worth_waiting(kA, 0, true, now)) << "nothing else runs: it cannot fit";
+  // The other running iteration is short of memory too: its hold cancels it out.
+  waits.start_waiting(kB, 20);
+  waits.hold(true);
+  EXPECT_TRUE(waits.worth_waiting(kA, 1, true, now))
+      << "B held more, so B gives way and A waits for what it frees";
+  EXPECT_FALSE(waits.worth_waiting(kB, 1, true, now)) << "B held the most: it gives way";
+  waits.stop_waiting(kB);
+  EXPECT_FALSE(waits.release(true)) << "A's hold lives";
+}
+
+TEST(MemoryWaits, OfWaitersHoldingAlikeTheNewestGivesWay) {
+  MemoryWaits waits;
+  const auto now = MemoryWaits::Clock::now();
+  for (const JobId job : {kA, kB, kC}) {
+    waits.start_waiting(job, 8);
+    waits.hold(true);
+  }
+  EXPECT_TRUE(waits.worth_waiting(kA, 2, true, now));
+  EXPECT_TRUE(waits.worth_waiting(kB, 2, true, now));
+  EXPECT_FALSE(waits.worth_waiting(kC, 2, true, now)) << "the newest of equals gives way";
+}
+
+TEST(MemoryWaits, AGiveUpGrantsTheOthersAGraceButNotItself) {
+  MemoryWaits waits;
+  const auto now = MemoryWaits::Clock::now();
+  waits.start_waiting(kA, 4);
+  EXPECT_FALSE(waits.worth_waiting(kA, 0, false, now));
+  waits.gave_up(kB);  // its memory may come back as its error unwinds
+  EXPECT_TRUE(waits.worth_waiting(kA, 0, false, now));
+  EXPECT_FALSE(waits.worth_waiting(kB, 0, false, now)) << "its own failure is no reason to wait";
+  // At most two graces a wait: one that began long ago has had them.
+  const auto long_ago = now - 3 * MemoryWaits::kGiveBackGrace;
+  EXPECT_FALSE(waits.worth_waiting(kA, 0, false, long_ago));
+}
+
+TEST(MemoryWaitsConcurrency, AWaiterWakesWhenAnIterationIsGone) {
+  MemoryWaits waits;
+  const std::uint64_t seen = waits.gone();
+  std::atomic<bool> changed{false};
+  std::thread waiter([&] { changed = waits.wait_for_change(seen, std::chrono::seconds(60)); });
+  waits.iteration_gone();
+  waiter.join();
+  EXPECT_TRUE(changed.load()) << "it waited out its limit: the end was not told";
+  EXPECT_EQ(waits.gone(), seen + 1);
+  EXPECT_FALSE(waits.wait_for_change(waits.gone(), std::chrono::milliseconds(1)))
+      << "nothing gone since: the wait runs out";
 }
 
 }  // namespace

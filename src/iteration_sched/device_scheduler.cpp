@@ -56,19 +56,18 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                         : std::make_unique<LocalTurns>(*this)),
       memory_reported_(parts.memory_profiles == MemoryProfiles::reported),
       clock_(backend_, device, std::move(host_compute)),
+      lanes_(backend_, device, policy_->lanes() == LanePlan::memory_aware),
       core_(*policy_, budget_of(*memory_, device)) {}
 
 DeviceScheduler::~DeviceScheduler() {
   // Lane streams drain here (Stream's destructor). Their heaps retire first: nothing may record
   // on a destroyed stream, and their address ranges serve the next stream instead.
-  std::lock_guard lock(mu_);
-  for (const auto& lane : lanes_) {
-    if (!lane) continue;
+  for (const StreamHandle lane : lanes_.all()) {
     try {
-      memory_->retire_stream(device_, lane->handle());
+      memory_->retire_stream(device_, lane);
     } catch (const Error& e) {
-      log::error("retiring lane stream {:#x} of device {} failed: {}", lane->handle().value,
-                 device_, e.what());
+      log::error("retiring lane stream {:#x} of device {} failed: {}", lane.value, device_,
+                 e.what());
     }
   }
   lanes_.clear();
@@ -169,16 +168,14 @@ void DeviceScheduler::check_running(const JobRecordState& job, const char* what)
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::run_decisions() {
   std::vector<std::shared_ptr<JobRecordState>> to_wake;
-  if (holds_ > 0) return to_wake;  // an allocation waits for running iterations to end
+  if (waits_.holding()) return to_wake;  // an allocation waits for running iterations to end
   const sched::Decision decision = core_.decide(seconds_since_start(SteadyClock::now()));
   for (const sched::Start& start : decision.starts) {
     auto it = jobs_.find(start.job);
     if (it == jobs_.end()) continue;
     JobRecordState& job = *it->second;
-    // Overlapping iterations of a memory-aware plan share one budget, not one stream: each
-    // takes a stream slot of its own, or the GPU would serialize them.
-    job.lane = policy_->lanes() == LanePlan::memory_aware ? take_free_slot() : start.lane;
-    job.stream = lane_stream(job.lane, job);
+    job.lane = start.lane;
+    job.stream = lanes_.take(job.lane, job.spec.kind);
     streams_.run(job.stream, it->second);
     job.started = true;
     to_wake.push_back(it->second);
@@ -232,35 +229,6 @@ std::optional<SteadyClock::time_point> DeviceScheduler::recheck() {
   return next;
 }
 
-int DeviceScheduler::take_free_slot() {
-  const auto free = std::find(slot_busy_.begin(), slot_busy_.end(), false);
-  const auto slot = static_cast<std::size_t>(free - slot_busy_.begin());
-  if (free == slot_busy_.end())
-    slot_busy_.push_back(true);
-  else
-    *free = true;
-  return static_cast<int>(slot);
-}
-
-void DeviceScheduler::release_slot(int lane) {
-  if (policy_->lanes() != LanePlan::memory_aware || lane < 0) return;
-  if (static_cast<std::size_t>(lane) < slot_busy_.size())
-    slot_busy_[static_cast<std::size_t>(lane)] = false;
-}
-
-StreamHandle DeviceScheduler::lane_stream(int lane, const JobRecordState& first_user) {
-  if (lane < 0) throw InvalidArgument(fmt::format("decision core gave lane {}", lane));
-  const auto index = static_cast<std::size_t>(lane);
-  if (lanes_.size() <= index) lanes_.resize(index + 1);
-  if (!lanes_[index]) {
-    // Latency-critical jobs get the most urgent stream priority the device offers.
-    const StreamPriorityRange range = backend_->stream_priority_range(device_);
-    const int priority = first_user.spec.kind == JobKind::inference ? range.greatest : range.least;
-    lanes_[index].emplace(backend_, device_, priority);
-  }
-  return lanes_[index]->handle();
-}
-
 void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& between) {
   settle_timings();
   std::unique_lock lock(mu_);
@@ -284,13 +252,13 @@ void DeviceScheduler::end(JobRecordState& job, const std::function<void()>& betw
                          ? (1 - kHostWeight) * job.host_seconds + kHostWeight * host_seconds
                          : host_seconds;
   streams_.stop(job.stream);
-  release_slot(job.lane);
+  lanes_.release(job.lane);
   attribution::leave_iteration(job);
   core_.finish(job.id, seconds_since_start(now));
   // A reported profile is whole before the switch (its process measured the iteration): the
   // decision below plans with it. Measured here, it is finished only after (after_iteration).
   if (memory_reported_) core_.update(view_of(job));
-  note_iteration_gone();
+  waits_.iteration_gone();
   const auto to_wake = run_decisions();
   hand_off_timer(job, timed);
   if (job.host_timed && !job.gpu_time_reported) charge_gpu_time(job, host_seconds);
@@ -484,7 +452,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     const bool was_running =
         job.state == JobState::running || (job.state == JobState::waiting && job.started);
     streams_.forget(job.id);  // its lane stream's run too, when it was running
-    if (was_running) release_slot(job.lane);
+    if (was_running) lanes_.release(job.lane);
     job.state = cancelled ? JobState::cancelled : JobState::left;
     if (job.timer) {
       // Re-recording supersedes its pending records, so the pair can serve another job now.
@@ -493,7 +461,7 @@ void DeviceScheduler::finish(JobRecordState& job, bool cancelled) {
     }
     attribution::leave_iteration(job);
     core_.remove(job.id);
-    if (was_running) note_iteration_gone();
+    if (was_running) waits_.iteration_gone();
     jobs_.erase(job.id);
     wake_one(job, true);
     core_.set_unowned(unowned + leaving);

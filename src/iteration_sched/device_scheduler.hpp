@@ -21,6 +21,8 @@
 #include "cuda/process_fork.hpp"
 #include "iteration_sched/decision.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/lane_streams.hpp"
+#include "iteration_sched/memory_waits.hpp"
 #include "iteration_sched/runtime_parts.hpp"
 #include "iteration_sched/stream_bindings.hpp"
 #include "iteration_sched/trace.hpp"
@@ -89,15 +91,12 @@ struct JobRecordState {
   // behind it in its lane may expect its turn.
   double host_seconds = 0.0;
   // The thread that began the running iteration: a thread blocked in an allocation cannot end
-  // the iterations it began itself, so it does not wait for them (memory_wait.cpp).
+  // the iterations it began itself, so it does not wait for them (allocate_or_wait.cpp).
   std::thread::id began_by{};
   // The running iteration's timing events (its start is recorded on its stream); none when the
   // backend could not record them, or when the iteration is timed on the host.
   std::optional<IterationTimers::Pair> timer;
   bool host_timed = false;  // the running iteration computes on the host: its host time counts
-  // While an allocation of the job waits for memory: the bytes the job held when it was refused
-  // (which of the waiters gives way when all wait: memory_wait.cpp); 0 when none waits.
-  std::size_t memory_wait_bytes = 0;
   // GPU time measured with events (settle_timings) and not yet handed to the gate's keeper
   // (take_gpu_time).
   GpuTime unreported_gpu;
@@ -109,9 +108,10 @@ struct JobRecordState {
 
 // Lock rule: every public method takes mu_ itself, and none calls another public one. With mu_
 // held it calls only leaves, which take a lock of their own (or none) and call nothing back: its
-// parts (IterationClock, StreamBindings), the decision core, the harvester's prefetch queue, a
-// lane stream's creation and a job's on_wake. Everything else below it (allocations, frees,
-// statistics, timing events, the gate) is called with mu_ released.
+// parts (IterationClock, StreamBindings, MemoryWaits, LaneStreams, which makes a lane's stream
+// under it), the decision core, the harvester's prefetch queue and a job's on_wake. Everything else below it
+// (allocations, frees, statistics, timing events, the gate, a memory wait) is called with mu_
+// released.
 class DeviceScheduler {
  public:
   // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs;
@@ -255,9 +255,6 @@ class DeviceScheduler {
   static void wake_one(JobRecordState& job, bool all = false);
   // With mu_ held: starts bringing home the pages of the job that takes `lane`'s next turn.
   void prefetch_next(std::optional<int> lane);
-  StreamHandle lane_stream(int lane, const JobRecordState& first_user);
-  int take_free_slot();  // memory-aware plans: a stream no running iteration uses
-  void release_slot(int lane);
   // What it learns of jobs (profile.cpp). Charges the GPU time of the iterations whose work
   // the clock found finished (polled without mu_, then charged under it).
   void settle_timings();
@@ -267,23 +264,13 @@ class DeviceScheduler {
   // With mu_ held, as the job's iteration ends: its timer waits in the clock to be read when
   // `timed` (its end event was recorded), else goes back to the pool.
   void hand_off_timer(JobRecordState& job, bool timed);
-  // Memory waits (memory_wait.cpp). Device memory that other jobs' running iterations hold comes
-  // back as they free it and end: an allocation the device refuses while they run waits for
-  // them and tries again, and no new iteration starts meanwhile (holds_), so the memory they
-  // free goes to the waiter. It fails when nothing else runs (the job does not fit beside the
-  // others' persistent memory), unless an allocation failed lately (its job's memory may come
-  // back as the error unwinds: kGiveBackGrace). When every running iteration waits for memory,
-  // the waiter holding the most gives way (fails) and the others wait for what it frees.
+  // An allocation the device refuses while other iterations run waits for them (allocate_or_wait.cpp;
+  // when waiting helps: memory_waits.hpp).
   DevicePtr allocate_or_wait(JobRecordState& job, const AllocationRequest& request);
-  // With mu_ held: false when waiting cannot help; else waits a while (an iteration ending, the
-  // job finishing, or a short time for frees in the middle of others' iterations).
+  // With mu_ held (by `lock`, released meanwhile): false when waiting cannot help; else waits a
+  // while (an iteration ending, or a short time for frees in the middle of others' iterations).
   bool wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                        SteadyClock::time_point began);
-  // With mu_ held: whether `job` is the one of the device's memory waiters to give way (it holds
-  // the most; the newest of equals).
-  [[nodiscard]] bool gives_way(const JobRecordState& job) const;
-  // With mu_ held: an iteration ended or a running job left; memory waiters try again.
-  void note_iteration_gone();
   class StartHold;
   // end()'s bookkeeping once the next job is in: promotion, the profile, the decisions a smaller
   // take allows, the trace. Called without the lock.
@@ -312,6 +299,8 @@ class DeviceScheduler {
   const bool memory_reported_;  // RuntimeParts::memory_profiles is reported
   IterationClock clock_;     // its own lock (a leaf): timers, pending timings, host compute
   StreamBindings streams_;   // its own lock (a leaf): whose stream an allocation is on
+  MemoryWaits waits_;        // its own lock (a leaf): allocations waiting for memory, holds
+  LaneStreams lanes_;        // its own lock (a leaf): the lanes' streams and slots
 
   mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
   sched::DecisionCore core_;
@@ -323,17 +312,7 @@ class DeviceScheduler {
   // With mu_ held: drops the oldest finished jobs from history_ once twice the kept number have
   // gathered (amortized: one pass per kFinishedJobsKept jobs).
   void forget_old_jobs();
-  std::vector<std::optional<Stream>> lanes_;
-  std::vector<bool> slot_busy_;  // memory-aware plans: which lane streams run an iteration
   std::optional<SteadyClock::time_point> recheck_at_;
-  int holds_ = 0;              // allocations waiting for memory: run_decisions starts nothing
-  int running_holders_ = 0;    // ... of which inside an iteration
-  std::uint64_t iterations_gone_ = 0;  // iterations that ended or left running, ever
-  std::condition_variable memory_back_;  // iterations_gone_ moved
-  // When an allocation here last failed for lack of memory, and whose (its own failure is no
-  // reason for a job to wait).
-  SteadyClock::time_point last_gave_way_{};
-  JobId last_gave_way_job_{};
   std::uint64_t arrivals_ = 0;
 };
 

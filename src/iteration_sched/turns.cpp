@@ -169,9 +169,9 @@ std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn_locked(
   if (policy_->lanes() == LanePlan::memory_aware) return std::nullopt;
   const std::optional<int> lane = core_.lane_of(job.id);
   if (!lane || core_.next_in_lane(*lane) != job.id) return std::nullopt;
-  const auto index = static_cast<std::size_t>(*lane);
-  if (index >= lanes_.size() || !lanes_[index]) return std::nullopt;
-  const std::shared_ptr<JobRecordState> ahead = streams_.running_on(lanes_[index]->handle());
+  const std::optional<StreamHandle> stream = lanes_.stream_of(*lane);
+  if (!stream) return std::nullopt;
+  const std::shared_ptr<JobRecordState> ahead = streams_.running_on(*stream);
   if (!ahead || ahead->host_seconds <= 0.0) return std::nullopt;
   return ahead->iteration_started + std::chrono::duration_cast<SteadyClock::duration>(
                                         std::chrono::duration<double>(ahead->host_seconds));
@@ -232,11 +232,11 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
 
 std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::hand_back_turn(JobRecordState& job) {
   streams_.stop(job.stream);
-  release_slot(job.lane);
+  lanes_.release(job.lane);
   job.started = false;
   job.state = JobState::idle;
   core_.finish(job.id, seconds_since_start(SteadyClock::now()));
-  note_iteration_gone();
+  waits_.iteration_gone();
   return run_decisions();
 }
 
