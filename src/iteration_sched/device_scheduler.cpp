@@ -52,8 +52,9 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       allocation_wait_limit_(allocation_wait_limit),
       turn_spin_(std::max(turn_spin, std::chrono::microseconds::zero())),
       many_cpus_(waits::usable_cpus() > 1),
-      turns_(parts.gate ? std::unique_ptr<TurnSource>(std::make_unique<GatedTurns>(parts.gate, *this))
-                        : std::make_unique<LocalTurns>(*this)),
+      turns_(parts.gate
+                 ? std::unique_ptr<TurnSource>(std::make_unique<GatedTurns>(parts.gate, *this))
+                 : std::make_unique<LocalTurns>(*this)),
       memory_reported_(parts.memory_profiles == MemoryProfiles::reported),
       clock_(backend_, device, std::move(host_compute)),
       lanes_(backend_, device, policy_->lanes() == LanePlan::memory_aware),

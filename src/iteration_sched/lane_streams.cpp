@@ -32,8 +32,8 @@ StreamHandle LaneStreams::take(int& lane, JobKind first_user) {
 }
 
 void LaneStreams::release(int lane) {
+  if (!slots_ || lane < 0) return;  // a lane keeps its stream: nothing to do, no lock
   std::lock_guard lock(mu_);
-  if (!slots_ || lane < 0) return;
   if (static_cast<std::size_t>(lane) < busy_.size()) busy_[static_cast<std::size_t>(lane)] = false;
 }
 

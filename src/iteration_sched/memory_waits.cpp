@@ -58,22 +58,22 @@ void MemoryWaits::gave_up(JobId job) {
 }
 
 void MemoryWaits::iteration_gone() {
-  {
-    std::lock_guard lock(mu_);
-    ++gone_;
-  }
+  gone_.fetch_add(1);
+  if (sleepers_.load() == 0) return;
+  // A sleeper may be between its look at gone_ and its sleep: taking mu_ waits until it sleeps.
+  { std::lock_guard lock(mu_); }
   changed_.notify_all();
 }
 
-std::uint64_t MemoryWaits::gone() const {
-  std::lock_guard lock(mu_);
-  return gone_;
-}
+std::uint64_t MemoryWaits::gone() const { return gone_.load(); }
 
 bool MemoryWaits::wait_for_change(std::uint64_t seen, std::chrono::milliseconds limit) {
   std::unique_lock lock(mu_);
   waits::before_blocking();
-  return changed_.wait_for(lock, limit, [&] { return gone_ != seen; });
+  sleepers_.fetch_add(1);
+  const bool changed = changed_.wait_for(lock, limit, [&] { return gone_.load() != seen; });
+  sleepers_.fetch_sub(1);
+  return changed;
 }
 
 }  // namespace salus

@@ -8,8 +8,9 @@
 // the others wait for what it frees.
 //
 // Lock rule: every public method takes mu_ and calls nothing outside this class, so mu_ is a
-// leaf: the scheduler calls in with its own lock held or not. The one call that blocks,
-// wait_for_change, it makes with its lock released.
+// leaf: the scheduler calls in with its own lock held or not. Three read or move atomics instead,
+// being on every iteration's path: holding, gone, and iteration_gone while nobody sleeps. The one
+// call that blocks, wait_for_change, the scheduler makes with its lock released.
 #pragma once
 
 #include <atomic>
@@ -50,7 +51,8 @@ class MemoryWaits {
   // `job`'s allocation gave up for lack of memory: the others' grace starts.
   void gave_up(JobId job);
 
-  // An iteration ended, or a running job left: waiters try again.
+  // An iteration ended, or a running job left: waiters try again. Takes no lock and wakes no
+  // thread while nobody waits (every iteration's end tells it).
   void iteration_gone();
   // Iterations gone so far: what a waiter reads before it waits.
   [[nodiscard]] std::uint64_t gone() const;
@@ -63,10 +65,14 @@ class MemoryWaits {
   // equals).
   [[nodiscard]] bool gives_way(JobId job) const;
 
-  mutable std::mutex mu_;  // guards everything below but holds_ (written under it, read without)
+  mutable std::mutex mu_;  // guards everything below but the atomics (written under it or not)
   std::atomic<int> holds_{0};
-  int running_holders_ = 0;        // holds whose allocation is inside an iteration
-  std::uint64_t gone_ = 0;         // iterations that ended or left running, ever
+  int running_holders_ = 0;  // holds whose allocation is inside an iteration
+  // Iterations that ended or left running, ever; and the threads in wait_for_change. Both are
+  // sequentially consistent: an end that reads no waiter comes before the waiter's look at gone_
+  // (which then sees it), so no wake-up is lost.
+  std::atomic<std::uint64_t> gone_{0};
+  std::atomic<int> sleepers_{0};
   std::condition_variable changed_;  // gone_ moved
   std::map<std::uint64_t, std::size_t> waiting_;  // job id -> bytes it held when refused
   Clock::time_point last_gave_up_{};

@@ -132,50 +132,11 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
   released.swap(pages.returning);
   pages.held -= released.size();
   lock.unlock();
-  std::vector<std::pair<ChunkHandle, std::uint64_t>> got;
+  Batch got;
   std::string refusal;
   std::exception_ptr gone;
-  std::vector<std::shared_ptr<const Event>> fences_of_got;
   try {
-    send_returns(device, released, GiveFence::settled, false);
-    Received reply = link_->call(MessageType::take_pages, PageCount{device, kFetchBatch});
-    std::vector<PageEntry> entries;
-    std::vector<FenceEntry> fence_entries;
-    (void)pages_body(reply.record, entries, fence_entries);
-    if (reply.fds_cut) {
-      // The pages are the daemon's again at once; the link stays (nothing else was lost).
-      std::vector<std::uint64_t> back;
-      for (const PageEntry& e : entries) back.push_back(e.id);
-      send_returns(device, back, GiveFence::untouched, false);
-      rlimit files{};
-      (void)::getrlimit(RLIMIT_NOFILE, &files);
-      throw DeviceError(
-          "recvmsg", "EMFILE", EMFILE,
-          fmt::format("this process has no room for the descriptors of {} pages salusd sent "
-                      "(RLIMIT_NOFILE {}): raise its limit (ulimit -n), or close files",
-                      entries.size(), files.rlim_cur));
-    }
-    const auto fences = import_fences(device, fence_entries, reply.fds);
-    std::size_t imported = 0;
-    try {
-      for (const PageEntry& e : entries) {
-        if (e.fd_index >= reply.fds.size()) {
-          throw ProtocolError(fmt::format("page {} names descriptor {} of {}", e.id, e.fd_index,
-                                          reply.fds.size()));
-        }
-        const SharedChunk shared{reply.fds[e.fd_index].get(), e.offset, page_bytes_};
-        got.emplace_back(local_->import_chunk(Location::gpu(device), shared), e.id);
-        fences_of_got.push_back(e.fence != 0 ? fences[e.fence - 1] : nullptr);
-        ++imported;
-      }
-    } catch (const Error&) {
-      // The pages this process could not take are the daemon's again at once, their fences
-      // still holding.
-      std::vector<std::uint64_t> back;
-      for (std::size_t i = imported; i < entries.size(); ++i) back.push_back(entries[i].id);
-      send_returns(device, back, GiveFence::untouched, false);
-      if (got.empty()) throw;
-    }
+    got = take_batch(device, released);
   } catch (const Error& e) {
     refusal = e.what();
     gone = !link_->alive() ? std::current_exception() : nullptr;
@@ -184,17 +145,62 @@ void RemoteBackend::fetch(int device, DevicePages& pages, std::unique_lock<std::
   fetching_[static_cast<std::size_t>(device)] = false;
   fetched_.notify_all();
   if (gone) std::rethrow_exception(gone);  // not an out-of-memory: the daemon is gone
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const auto& [chunk, id] = got[i];
+  for (std::size_t i = 0; i < got.pages.size(); ++i) {
+    const auto& [chunk, id] = got.pages[i];
     pages.spare.push_back(chunk);
     page_of_chunk_.emplace(chunk.value, HeldPage{id, device});
-    if (fences_of_got[i]) arrivals_.emplace(chunk.value, fences_of_got[i]);
+    if (got.fences[i]) arrivals_.emplace(chunk.value, got.fences[i]);
   }
-  pages.held += got.size();
-  if (!got.empty()) return;
+  pages.held += got.pages.size();
+  if (!got.pages.empty()) return;
   throw DeviceError::out_of_memory(
       "cuMemCreate", fmt::format("salusd has no page for device {}: {}", device,
                                  refusal.empty() ? "every page is in use" : refusal));
+}
+
+RemoteBackend::Batch RemoteBackend::take_batch(int device,
+                                               const std::vector<std::uint64_t>& released) {
+  send_returns(device, released, GiveFence::settled, false);
+  Received reply = link_->call(MessageType::take_pages, PageCount{device, kFetchBatch});
+  std::vector<PageEntry> entries;
+  std::vector<FenceEntry> fence_entries;
+  (void)pages_body(reply.record, entries, fence_entries);
+  if (reply.fds_cut) refuse_cut_batch(device, entries);
+  const auto fences = import_fences(device, fence_entries, reply.fds);
+  Batch got;
+  try {
+    for (const PageEntry& e : entries) {
+      if (e.fd_index >= reply.fds.size()) {
+        throw ProtocolError(fmt::format("page {} names descriptor {} of {}", e.id, e.fd_index,
+                                        reply.fds.size()));
+      }
+      const SharedChunk shared{reply.fds[e.fd_index].get(), e.offset, page_bytes_};
+      got.pages.emplace_back(local_->import_chunk(Location::gpu(device), shared), e.id);
+      got.fences.push_back(e.fence != 0 ? fences[e.fence - 1] : nullptr);
+    }
+  } catch (const Error&) {
+    // The pages this process could not take are the daemon's again at once, their fences
+    // still holding.
+    std::vector<std::uint64_t> back;
+    for (std::size_t i = got.pages.size(); i < entries.size(); ++i) back.push_back(entries[i].id);
+    send_returns(device, back, GiveFence::untouched, false);
+    if (got.pages.empty()) throw;
+  }
+  return got;
+}
+
+void RemoteBackend::refuse_cut_batch(int device, const std::vector<PageEntry>& entries) {
+  // The pages are the daemon's again at once; the link stays (nothing else was lost).
+  std::vector<std::uint64_t> back;
+  for (const PageEntry& e : entries) back.push_back(e.id);
+  send_returns(device, back, GiveFence::untouched, false);
+  rlimit files{};
+  (void)::getrlimit(RLIMIT_NOFILE, &files);
+  throw DeviceError("recvmsg", "EMFILE", EMFILE,
+                    fmt::format("this process has no room for the descriptors of {} pages salusd "
+                                "sent (RLIMIT_NOFILE {}): raise its limit (ulimit -n), or close "
+                                "files",
+                                entries.size(), files.rlim_cur));
 }
 
 std::vector<std::shared_ptr<const Event>> RemoteBackend::import_fences(

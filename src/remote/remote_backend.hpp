@@ -62,6 +62,17 @@ class RemoteBackend final : public DeviceBackend {
   };
   ChunkHandle take_page(int device);
   void fetch(int device, DevicePages& pages, std::unique_lock<std::mutex>& lock);
+  // A batch of the daemon's pages imported here, each with its fence (null: none), in order.
+  struct Batch {
+    std::vector<std::pair<ChunkHandle, std::uint64_t>> pages;  // chunk here, page id there
+    std::vector<std::shared_ptr<const Event>> fences;
+  };
+  // The round trip of fetch, without mu_: gives `released` back, then takes and imports a batch.
+  // Pages it could not import go back; throws when it imported none.
+  Batch take_batch(int device, const std::vector<std::uint64_t>& released);
+  // A batch whose descriptors did not fit in this process (fds_cut): its pages go back, and it
+  // throws DeviceError EMFILE naming the descriptor limit.
+  [[noreturn]] void refuse_cut_batch(int device, const std::vector<PageEntry>& entries);
   // The fences of a Pages reply as events of this process (null for one that could not be
   // opened: its process has exited, and its work with it).
   std::vector<std::shared_ptr<const Event>> import_fences(int device,

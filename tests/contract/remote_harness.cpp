@@ -25,7 +25,8 @@ namespace {
 class InProcessDaemon {
  public:
   InProcessDaemon(int devices, std::size_t bytes)
-      : folder_(make_folder()), coordinator_(make_sim(SimConfig::uniform(devices, bytes)), options()),
+      : folder_(make_folder()),
+        coordinator_(make_sim(SimConfig::uniform(devices, bytes)), options()),
         server_(coordinator_, {.socket_path = folder_ + "/salusd.sock", .group = std::nullopt}),
         serving_([this] { server_.run(); }) {}
   ~InProcessDaemon() {
@@ -81,7 +82,9 @@ class RemoteHarness final : public SimMemoryHarness {
  public:
   RemoteHarness(std::unique_ptr<InProcessDaemon> daemon, std::shared_ptr<sim::SimBackend> local,
                 std::shared_ptr<remote::RemoteBackend> remote)
-      : SimMemoryHarness(std::move(local)), daemon_(std::move(daemon)), remote_(std::move(remote)) {}
+      : SimMemoryHarness(std::move(local)),
+        daemon_(std::move(daemon)),
+        remote_(std::move(remote)) {}
   ~RemoteHarness() override {
     remote_.reset();  // its session closes, its pages go back, before the daemon stops
   }
