@@ -84,13 +84,22 @@ echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
 # counted device_scheduler.{hpp,cpp} alone: 972 lines, where the class had 1,610 over 6 files).
 ds_files=$(echo src/iteration_sched/device_scheduler.hpp; grep -l 'DeviceScheduler::' src/iteration_sched/*.cpp)
 echo "DeviceScheduler lines: $(cat $ds_files | wc -l) over $(wc -w <<<"$ds_files") files"
-# The parts split out of it, each owning its fields under a lock of its own.
-for f in stream_bindings iteration_clock turn_queue memory_waits lane_streams; do
+# The parts split out of it, each owning its fields under a lock of its own. Since stop 49 the
+# turn queue is LocalTurns (local_turns*), the scheduler a facade in front of it.
+for f in stream_bindings iteration_clock memory_waits lane_streams; do
   [[ -f src/iteration_sched/$f.hpp ]] && echo "  part with its own lock: $f $(cat src/iteration_sched/$f.* | wc -l) lines"
 done
-# Fields guarded by the scheduler's one mutex: the members declared after it in the header.
+if [[ -f src/iteration_sched/local_turns.hpp ]]; then
+  lt_files=$(echo src/iteration_sched/local_turns.hpp; grep -l 'LocalTurns::' src/iteration_sched/*.cpp)
+  echo "  part with its own lock: LocalTurns (the turn queue) $(cat $lt_files | wc -l) lines over $(wc -w <<<"$lt_files") files"
+  echo "  LocalTurns fields under its mutex: $(sed -n '/mutable std::mutex mu_;/,/^};/p' src/iteration_sched/local_turns.hpp | grep -E '^\s+[A-Za-z0-9_:<>, ]+[ *&]\w+(\{[^}]*\}| = [^;]+)?;' | grep -cvE 'static |std::mutex ')"
+  echo "  LocalTurns explicit lock()/unlock() calls: $(cat $lt_files | grep -cE '\.(un)?lock\(\)')"
+  [[ -f src/iteration_sched/job_profile.hpp ]] && echo "  a value with no lock: job_profile $(cat src/iteration_sched/job_profile.* | wc -l) lines"
+fi
+# Fields guarded by the scheduler's one mutex: the members declared after it in the header (none
+# once it is a facade with no mutex).
 echo "DeviceScheduler fields under its mutex: $(sed -n '/mutable std::mutex mu_;/,/^};/p' src/iteration_sched/device_scheduler.hpp | grep -E '^\s+[A-Za-z0-9_:<>, ]+[ *&]\w+(\{[^}]*\}| = [^;]+)?;' | grep -cvE 'static |std::mutex ')"
-[[ -f src/iteration_sched/turn_source.hpp ]] && echo "  turn sources (LocalTurns, GatedTurns; no lock): $(cat src/iteration_sched/turn_source.* | wc -l) lines"
+[[ -f src/iteration_sched/turn_source.hpp ]] && echo "  turn sources (the interface and GatedTurns; no lock): $(cat src/iteration_sched/turn_source.* | wc -l) lines"
 # Job asking which kind of turns it has (a connected runtime's gate) instead of its turn source.
 echo "Job branches on the gate (runtime.cpp): $(grep -c 'gate()' src/iteration_sched/runtime.cpp)"
 echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"

@@ -146,14 +146,14 @@ TEST(FrameworkStreamsScheduler, LaneStreamsRetireWithTheScheduler) {
                               std::chrono::milliseconds(0));
     JobSpec spec;
     spec.name = "j";
-    const auto job = scheduler.add(spec);
-    const StreamHandle lane = scheduler.begin(*job);
+    const auto job = scheduler.turns().add(spec);
+    const StreamHandle lane = scheduler.turns().begin(*job);
     EXPECT_NE(lane.value, 0u);
     const DevicePtr p = scheduler.allocate(*job, 8 * MiB, Lifetime::ephemeral);
     EXPECT_EQ(memory->find(p)->stream, lane);
     scheduler.deallocate(*job, p);
-    scheduler.end(*job);
-    scheduler.finish(*job, false);
+    scheduler.turns().end(*job);
+    scheduler.turns().finish(*job, false);
   }
   const std::size_t heaps = memory->device_stats(0).stream_heaps;
   EXPECT_GE(heaps, 1u);

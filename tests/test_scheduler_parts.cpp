@@ -14,7 +14,9 @@
 #include "cuda/cuda_backend.hpp"
 #include "iteration_sched/device_scheduler.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/job_profile.hpp"
 #include "iteration_sched/lane_streams.hpp"
+#include "iteration_sched/local_turns.hpp"
 #include "iteration_sched/memory_waits.hpp"
 #include "iteration_sched/runtime_access.hpp"
 #include "iteration_sched/stream_bindings.hpp"
@@ -293,6 +295,139 @@ TEST(MemoryWaitsConcurrency, AWaiterWakesWhenAnIterationIsGone) {
       << "nothing gone since: the wait runs out";
 }
 
+
+// --- JobProfile: what a device learns of a job, a value with no lock -----------------------------
+
+TEST(JobProfile, AMeasurementReplacesTheHintedTimeAndLaterOnesMoveTheEstimate) {
+  JobProfile p({.iteration_seconds = 1.0});
+  EXPECT_EQ(p.iteration_seconds, 1.0) << "the hint, until a measurement";
+  p.note_gpu_time(0.2);
+  EXPECT_DOUBLE_EQ(p.iteration_seconds, 0.2) << "the first measurement replaces the hint";
+  p.note_gpu_time(0.4);
+  EXPECT_DOUBLE_EQ(p.iteration_seconds, 0.3);
+  p.note_gpu_time(1.0, 4);  // four iterations reported together: their mean counts
+  EXPECT_DOUBLE_EQ(p.iteration_seconds, 0.275);
+  p.note_gpu_time(-1.0);  // a clock that went backwards counts as nothing
+  EXPECT_DOUBLE_EQ(p.iteration_seconds, 0.1375);
+}
+
+TEST(JobProfile, PlansCountTheLargestOfTheLastFourPeaks) {
+  JobProfile p;
+  for (std::size_t peak : {10, 50, 20, 30}) p.note_peak(peak);
+  EXPECT_EQ(p.ephemeral_peak_bytes, 50u);
+  p.note_peak(40);
+  EXPECT_EQ(p.ephemeral_peak_bytes, 50u) << "50 is still one of the last four";
+  p.note_peak(5);
+  EXPECT_EQ(p.ephemeral_peak_bytes, 40u) << "50 is five peaks ago";
+}
+
+// The samples count from the curve's start, the host time from the timer: a curve cut at the
+// host time would lose what came after it on a busy machine.
+TEST(JobProfile, ACurveSpansTheHostTimeAndTheLastSampleAndEachBucketKeepsItsHighest) {
+  JobProfile p;
+  p.note_iteration(1.0, {{0.0, 100}, {0.5, 300}, {0.6, 200}, {1.5, 50}}, 7);
+  EXPECT_EQ(p.persistent_bytes, 7u);
+  EXPECT_TRUE(p.memory_known);
+  EXPECT_EQ(p.ephemeral_peak_bytes, 300u);
+  EXPECT_DOUBLE_EQ(p.curve.duration_seconds, 1.5);
+  ASSERT_EQ(p.curve.bytes.size(), JobProfile::kCurveSamples);
+  EXPECT_EQ(p.curve.bytes.front(), 100u);
+  EXPECT_EQ(*std::max_element(p.curve.bytes.begin(), p.curve.bytes.end()), 300u)
+      << "the peak between two bucket ends is kept";
+  EXPECT_EQ(p.curve.bytes[21], 300u);  // 0.5 s of 1.5 s: bucket 21 of 64
+  EXPECT_EQ(p.curve.bytes[26], 200u);
+  EXPECT_EQ(p.curve.bytes.back(), 200u) << "the last bucket takes the last samples too";
+}
+
+TEST(JobProfile, NothingIsKnownOfItsMemoryUntilAnIterationAllocatedOrAHintSays) {
+  JobProfile p;
+  EXPECT_FALSE(p.known_memory());
+  p.note_iteration(0.1, {}, 1 << 20);  // it built its weights and allocated nothing ephemeral
+  EXPECT_FALSE(p.known_memory()) << "a peak of 0 says nothing of its activations";
+  p.note_iteration(0.1, {{0.0, 64}}, 1 << 20);
+  ASSERT_TRUE(p.known_memory());
+  EXPECT_EQ(p.known_memory()->ephemeral_peak_bytes, 64u);
+  EXPECT_EQ(p.known_memory()->persistent_bytes, std::size_t{1} << 20);
+  EXPECT_TRUE(JobProfile({.ephemeral_peak_bytes = 8}).known_memory()) << "a hint is known";
+}
+
+TEST(JobProfile, AReportWithNoShapeIsFlatAtItsLargestRecentPeak) {
+  JobProfile p;
+  p.note_reported({.persistent_bytes = 5, .ephemeral_peak_bytes = 90, .curve = {}});
+  p.note_reported({.persistent_bytes = 6, .ephemeral_peak_bytes = 30, .curve = {}});
+  EXPECT_EQ(p.persistent_bytes, 6u);
+  EXPECT_EQ(p.ephemeral_peak_bytes, 90u);
+  ASSERT_EQ(p.curve.bytes.size(), JobProfile::kCurveSamples);
+  EXPECT_EQ(p.curve.bytes.front(), 90u);
+  EXPECT_EQ(p.curve.bytes.back(), 90u);
+  EXPECT_GT(p.curve.duration_seconds, 0.0);
+}
+
+// --- LocalTurns: a device's turn queue, with its parts and no facade ----------------------------
+
+struct QueueAlone : ::testing::Test {
+  std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
+  std::shared_ptr<MemoryManager> memory = std::make_shared<MemoryManager>(backend);
+  std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
+  IterationClock clock{backend, 0, std::make_shared<std::atomic<bool>>(false)};
+  StreamBindings streams;
+  MemoryWaits waits;
+  LaneStreams lanes{backend, 0, false};
+  LocalTurns turns{memory, std::make_shared<TraceRecorder>(), 0, *policy,
+                   TurnParts{.clock = clock, .streams = streams, .waits = waits, .lanes = lanes},
+                   std::chrono::microseconds(0), false};
+
+  ~QueueAlone() override {
+    // As DeviceScheduler does: the lanes' heaps retire before their streams go.
+    for (const StreamHandle lane : lanes.all()) memory->retire_stream(0, lane);
+    lanes.clear();
+  }
+  std::shared_ptr<JobRecordState> add(const std::string& name) {
+    JobSpec spec;
+    spec.name = name;
+    return turns.add(spec);
+  }
+};
+
+TEST_F(QueueAlone, TheNextJobOfALaneStartsWhenTheRunningOneEndsOnTheSameStream) {
+  const auto a = add("a");
+  const auto b = add("b");
+  const StreamHandle lane = turns.begin(*a);
+  EXPECT_EQ(streams.job_on(lane), a) << "the lane's stream is a's while it runs";
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(turns.begin_until(*b, now)) << "one lane, and a runs in it";
+  EXPECT_EQ(b->state, JobState::waiting) << "b keeps its place";
+  turns.end(*a);
+  const std::optional<StreamHandle> next = turns.begin_until(*b, now + std::chrono::seconds(60));
+  ASSERT_TRUE(next) << "a's end started b";
+  EXPECT_EQ(*next, lane) << "behind a's work on the lane's stream";
+  EXPECT_EQ(streams.job_on(lane), b);
+  turns.end(*b);
+  turns.finish(*a, false);
+  turns.finish(*b, true);
+  EXPECT_EQ(a->iterations, 1u);
+  EXPECT_EQ(b->iterations, 1u);
+  EXPECT_THROW(turns.throw_if_cancelled(b->id), JobCancelled);
+  EXPECT_EQ(turns.job_by_id(a->id), nullptr) << "a left";
+  EXPECT_EQ(turns.history().size(), 2u) << "statistics outlive the jobs";
+}
+
+TEST_F(QueueAlone, AnAllocationsHoldStartsNothingUntilItEnds) {
+  const auto a = add("a");
+  const auto b = add("b");
+  (void)turns.begin(*a);
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(turns.begin_until(*b, now));
+  waits.hold(false);  // an allocation outside any iteration waits for memory
+  turns.end(*a);
+  EXPECT_FALSE(turns.begin_until(*b, now)) << "a hold keeps b from starting";
+  ASSERT_TRUE(waits.release(false));
+  turns.decide();
+  EXPECT_TRUE(turns.begin_until(*b, now)) << "the hold's end decided, and b started";
+  turns.end(*b);
+  turns.finish(*a, false);
+  turns.finish(*b, false);
+}
 }  // namespace
 }  // namespace salus
 

@@ -20,7 +20,6 @@ constexpr auto kRetryEvery = std::chrono::milliseconds(20);
 // While it lives, no new iteration starts on the device; its end lets the held ones start.
 class DeviceScheduler::StartHold {
  public:
-  // With mu_ held.
   StartHold(DeviceScheduler& scheduler, bool running) : scheduler_(scheduler), running_(running) {
     scheduler_.waits_.hold(running_);
   }
@@ -28,19 +27,13 @@ class DeviceScheduler::StartHold {
   StartHold& operator=(const StartHold&) = delete;
   ~StartHold() {
     if (!scheduler_.waits_.release(running_)) return;
-    std::vector<std::shared_ptr<JobRecordState>> to_wake;
-    {
-      // run_decisions asks waits_ again: a hold taken since starts nothing.
-      std::lock_guard lock(scheduler_.mu_);
-      try {
-        to_wake = scheduler_.run_decisions();
-      } catch (const Error& e) {
-        // The next iteration end decides again; a failing stream must not unwind a destructor.
-        log::error("device {}: deciding after a memory wait failed: {}", scheduler_.device_,
-                   e.what());
-      }
+    try {
+      scheduler_.local_.decide();  // asks the waits again: a hold taken since starts nothing
+    } catch (const Error& e) {
+      // The next iteration end decides again; a failing stream must not unwind a destructor.
+      log::error("device {}: deciding after a memory wait failed: {}", scheduler_.device_,
+                 e.what());
     }
-    wake(to_wake);
   }
 
  private:
@@ -78,11 +71,11 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
       return memory_->allocate(request);
     } catch (const OutOfMemory& e) {
       if (e.info().job_limit_bytes != 0) throw;  // its own budget: others ending changes nothing
-      std::unique_lock lock(mu_);
-      check_usable(job, "allocate");  // cancelled meanwhile: that says more
+      // Cancelled meanwhile: that says more.
+      const bool running = local_.placement(job).running;
       waits_.start_waiting(job.id, e.info().job_in_use_bytes);
       waiting.on = true;
-      if (!hold) hold.emplace(*this, job.state == JobState::running);
+      if (!hold) hold.emplace(*this, running);
       if (!began) began = SteadyClock::now();
       if (allocation_wait_limit_.count() > 0 &&
           SteadyClock::now() >= *began + allocation_wait_limit_) {
@@ -92,7 +85,7 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
             device_, job.id.value, request.bytes, allocation_wait_limit_.count());
         throw fail(e);
       }
-      if (wait_for_memory(job, lock, *began)) {
+      if (wait_for_memory(job, *began)) {
         waited = true;
         continue;
       }
@@ -100,33 +93,22 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
       // Nothing left to wait for, but what an iteration that just ended freed on its stream may
       // still be behind that stream's work (its reuse elsewhere waits for it): settle it once,
       // waiting for that work (trim), and try again before saying out of memory.
-      lock.unlock();
       (void)memory_->trim(device_);
     }
   }
 }
 
-bool DeviceScheduler::wait_for_memory(JobRecordState& job, std::unique_lock<std::mutex>& lock,
-                                      SteadyClock::time_point began) {
-  // Other iterations that run or are about to, that another thread may end. One that this thread
-  // began cannot end while this thread waits here (a program that drives two jobs from one
-  // thread, their iterations overlapping; found by fuzz_c_api, whose wait never ended). Nothing
-  // running at all means the device is as empty as it gets.
-  const auto me = std::this_thread::get_id();
-  int others = 0;
-  for (const auto& [id, other] : jobs_) {
-    if (other.get() == &job) continue;
-    const bool running = other->state == JobState::running && other->began_by != me;
-    const bool starting = other->state == JobState::waiting && other->started;  // its own thread
-    if (running || starting) ++others;
-  }
-  if (!waits_.worth_waiting(job.id, others, job.state == JobState::running, began)) return false;
+bool DeviceScheduler::wait_for_memory(JobRecordState& job, SteadyClock::time_point began) {
+  // Other iterations that run or are about to, that another thread may end (counted after this
+  // wait's hold is taken: none starts from then on). Nothing running at all means the device is
+  // as empty as it gets.
+  bool running = false;
+  const int others = local_.others_running(job, running);
+  if (!waits_.worth_waiting(job.id, others, running, began)) return false;
   const std::uint64_t seen = waits_.gone();
-  lock.unlock();
   // A cancel or a leave meanwhile is seen when the wait ends (at most kRetryEvery later).
   (void)waits_.wait_for_change(seen, kRetryEvery);
-  lock.lock();
-  check_usable(job, "allocate");
+  local_.check_usable(job, "allocate");
   return true;
 }
 

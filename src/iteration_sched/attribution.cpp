@@ -46,7 +46,7 @@ std::shared_ptr<JobRecordState> owner_of(DeviceScheduler& scheduler, std::uint64
   // The job inside an iteration here, when it is this runtime's on `device`: the record is
   // compared with the scheduler's, as a job of another runtime may have the same id.
   if (JobRecordState* inside = t_attribution.iteration; inside && inside->spec.device == device) {
-    if (auto found = scheduler.job_by_id(inside->id); found.get() == inside) return found;
+    if (auto found = scheduler.queue().job_by_id(inside->id); found.get() == inside) return found;
   }
   return nullptr;
 }

@@ -76,10 +76,10 @@ struct Runtime::Impl {
   std::shared_ptr<JobRecordState> job(JobId id, int device = -1) const {
     // The device named first: that is where the job is, unless the caller is wrong.
     if (device >= 0 && device < static_cast<int>(schedulers.size())) {
-      if (auto found = schedulers[static_cast<std::size_t>(device)]->job_by_id(id)) return found;
+      if (auto found = schedulers[static_cast<std::size_t>(device)]->queue().job_by_id(id)) return found;
     }
     for (const auto& s : schedulers) {
-      auto found = s->job_by_id(id);
+      auto found = s->queue().job_by_id(id);
       if (!found) continue;
       if (device >= 0 && s->device() != device) {
         throw InvalidArgument(fmt::format("job '{}' (id {}) runs on device {}, not device {}",
@@ -87,7 +87,7 @@ struct Runtime::Impl {
       }
       return found;
     }
-    for (const auto& s : schedulers) s->throw_if_cancelled(id);  // a clearer error than unknown
+    for (const auto& s : schedulers) s->queue().throw_if_cancelled(id);  // a clearer error than unknown
     throw UnknownJob(id);
   }
 
@@ -185,11 +185,11 @@ std::shared_ptr<TraceRecorder> RuntimeAccess::trace(Runtime& runtime) {
 }
 
 void RuntimeAccess::report_memory(Job& job, const MeasuredMemory& measured) {
-  job.scheduler().report_memory(*job.state_, measured);
+  job.scheduler().queue().report_memory(*job.state_, measured);
 }
 
 void RuntimeAccess::report_gpu_time(Job& job, GpuTime gpu) {
-  job.scheduler().report_gpu_time(*job.state_, gpu);
+  job.scheduler().queue().report_gpu_time(*job.state_, gpu);
 }
 
 void RuntimeAccess::on_wake(Job& job, std::function<void()> on_wake) {
@@ -202,13 +202,13 @@ void RuntimeAccess::end_iteration(Job& job, const std::function<void()>& between
 }
 
 std::optional<SteadyClock::time_point> RuntimeAccess::expected_turn(Job& job) {
-  return job.scheduler().expected_turn(*job.state_);
+  return job.scheduler().queue().expected_turn(*job.state_);
 }
 
 std::optional<SteadyClock::time_point> RuntimeAccess::recheck(Runtime& runtime) {
   std::optional<SteadyClock::time_point> next;
   for (const auto& s : runtime.impl_->schedulers) {
-    if (const auto at = s->recheck(); at && (!next || *at < *next)) next = at;
+    if (const auto at = s->queue().recheck(); at && (!next || *at < *next)) next = at;
   }
   return next;
 }
@@ -462,7 +462,7 @@ const std::string& Job::name() const {
 }
 
 StreamHandle Job::stream() const {
-  return scheduler().stream_of(*state_);
+  return scheduler().queue().stream_of(*state_);
 }
 JobStats Job::stats() const {
   return scheduler().stats(*state_);

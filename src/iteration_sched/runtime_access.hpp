@@ -35,12 +35,12 @@ struct RuntimeAccess {
   // note. Set once, before the job's first begin.
   static void on_wake(Job& job, std::function<void()> on_wake);
   // end_iteration of a runtime without a gate, with `between` called once the next job is in
-  // and before this iteration's bookkeeping (DeviceScheduler::end).
+  // and before this iteration's bookkeeping (LocalTurns::end).
   static void end_iteration(Job& job, const std::function<void()>& between);
-  // The rechecks the runtime's plans asked for whose time has come (see DeviceScheduler::recheck);
+  // The rechecks the runtime's plans asked for whose time has come (see LocalTurns::recheck);
   // returns when the next one is due, nullopt when none is asked for.
   static std::optional<std::chrono::steady_clock::time_point> recheck(Runtime& runtime);
-  // When the waiting job's turn is expected (DeviceScheduler::expected_turn), for a waiter in
+  // When the waiting job's turn is expected (LocalTurns::expected_turn), for a waiter in
   // another process to watch for it then.
   static std::optional<std::chrono::steady_clock::time_point> expected_turn(Job& job);
 };

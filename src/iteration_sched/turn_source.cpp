@@ -1,35 +1,9 @@
 #include "iteration_sched/turn_source.hpp"
 
-#include "iteration_sched/device_scheduler.hpp"
+#include "iteration_sched/local_turns.hpp"
 #include "log/log.hpp"
 
 namespace salus {
-
-// --- LocalTurns: the scheduler alone ---------------------------------------------------------
-
-std::shared_ptr<JobRecordState> LocalTurns::add(JobSpec spec) {
-  return local_.add(std::move(spec));
-}
-
-StreamHandle LocalTurns::begin(JobRecordState& job) {
-  return local_.begin(job);
-}
-
-std::optional<StreamHandle> LocalTurns::begin_until(JobRecordState& job, Deadline deadline) {
-  return local_.begin_until(job, deadline);
-}
-
-void LocalTurns::withdraw(JobRecordState& job) {
-  local_.withdraw(job);
-}
-
-void LocalTurns::end(JobRecordState& job, const std::function<void()>& between) {
-  local_.end(job, between);
-}
-
-void LocalTurns::finish(JobRecordState& job, bool cancelled) {
-  local_.finish(job, cancelled);
-}
 
 // --- GatedTurns: salusd's turn, then the scheduler's ---------------------------------------------
 

@@ -1,11 +1,12 @@
 // Where a device's jobs get their turns. A Job asks its scheduler's turn source and never which
 // kind it is:
-//  - LocalTurns: the scheduler's own queue, lanes and decision core (an in-process runtime);
+//  - LocalTurns (local_turns.hpp): the device's own queue, lanes and decision core (an
+//    in-process runtime);
 //  - GatedTurns: salusd's turn first (the gate, turn_gate.hpp), then the scheduler's, given back
 //    in the other order, so that no thread waits for the daemon while it holds a local turn.
 //
-// Lock rule: a turn source holds no mutable state and takes no lock. Each call goes to the
-// scheduler (which takes its own) and to the gate one after the other, never inside the other.
+// Lock rule: GatedTurns holds no mutable state and takes no lock. Each call goes to the local
+// queue (which takes its own) and to the gate one after the other, never inside the other.
 #pragma once
 
 #include <chrono>
@@ -18,7 +19,7 @@
 
 namespace salus {
 
-class DeviceScheduler;
+class LocalTurns;
 struct JobRecordState;
 
 class TurnSource {
@@ -26,38 +27,33 @@ class TurnSource {
   using Deadline = std::chrono::steady_clock::time_point;
 
   virtual ~TurnSource() = default;
-  // A new job of the device; one the gate refuses is no job here either.
+  // A new job of the device; one the gate refuses is no job here either. Throws InvalidArgument
+  // for a job with no name, OutOfMemory when its hints exceed what the device can ever give one.
   virtual std::shared_ptr<JobRecordState> add(JobSpec spec) = 0;
   // Waits for the job's turn and begins its iteration on the returned stream.
   virtual StreamHandle begin(JobRecordState& job) = 0;
-  // As begin, until `deadline`: nullopt when it passed first, and the job keeps its place (a
-  // later begin goes on with it, withdraw ends the wait).
+  // As begin, until `deadline`: nullopt when it passed first, and the job keeps its place, with
+  // no thread in its wait (a later begin goes on with it, withdraw ends the wait).
   virtual std::optional<StreamHandle> begin_until(JobRecordState& job, Deadline deadline) = 0;
+  // Ends a pending wait that no thread is in: the job is idle again and queued nowhere; a turn
+  // granted meanwhile is handed back unused. Nothing happens when the job is idle, left or
+  // cancelled; InvalidArgument while a thread waits in begin or the job is inside an iteration.
   virtual void withdraw(JobRecordState& job) = 0;
-  // Ends the iteration. `between` (DeviceScheduler::end) is for salusd's own loop, whose turns
-  // are local: a gated source refuses it.
+  // Ends the iteration. `between`: called once the next job is in (woken, or noted by its
+  // on_wake) and this iteration's profile is whole, before the rest of its bookkeeping
+  // (statistics, the trace), with no lock held; what it throws is thrown once the bookkeeping is
+  // done. It is for salusd's own loop, whose turns are local (the turn it sends the next
+  // process): a gated source refuses it.
   virtual void end(JobRecordState& job, const std::function<void()>& between = {}) = 0;
-  // Leaves (or cancels) the job everywhere its turns come from, even where one of them throws.
+  // Leaves (or cancels) the job everywhere its turns come from, even where one of them throws:
+  // it stops, its waiter wakes, everything it holds is freed (or, with
+  // JobSpec::blocks_outlive_job, handed to nobody until its holders free it).
   virtual void finish(JobRecordState& job, bool cancelled) = 0;
-};
-
-class LocalTurns final : public TurnSource {
- public:
-  explicit LocalTurns(DeviceScheduler& local) : local_(local) {}
-  std::shared_ptr<JobRecordState> add(JobSpec spec) override;
-  StreamHandle begin(JobRecordState& job) override;
-  std::optional<StreamHandle> begin_until(JobRecordState& job, Deadline deadline) override;
-  void withdraw(JobRecordState& job) override;
-  void end(JobRecordState& job, const std::function<void()>& between) override;
-  void finish(JobRecordState& job, bool cancelled) override;
-
- private:
-  DeviceScheduler& local_;
 };
 
 class GatedTurns final : public TurnSource {
  public:
-  GatedTurns(std::shared_ptr<TurnGate> remote, DeviceScheduler& local)
+  GatedTurns(std::shared_ptr<TurnGate> remote, LocalTurns& local)
       : remote_(std::move(remote)), local_(local) {}
   std::shared_ptr<JobRecordState> add(JobSpec spec) override;
   StreamHandle begin(JobRecordState& job) override;
@@ -76,7 +72,7 @@ class GatedTurns final : public TurnSource {
   void order_or_give_back(JobRecordState& job, StreamHandle stream);
 
   const std::shared_ptr<TurnGate> remote_;
-  DeviceScheduler& local_;
+  LocalTurns& local_;
 };
 
 }  // namespace salus

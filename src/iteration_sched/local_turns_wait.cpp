@@ -1,5 +1,5 @@
-// DeviceScheduler: a job's wait for its turn (begin_iteration, with or without a deadline) and
-// the withdrawal of a pending wait. The rest of the mechanism is in device_scheduler.cpp.
+// LocalTurns: a job's wait for its turn (begin_iteration, with or without a deadline) and the
+// withdrawal of a pending wait. The rest of the queue is in local_turns.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,26 +7,26 @@
 #include "waits/blocking.hpp"
 #include "waits/cpu_relax.hpp"
 #include "iteration_sched/attribution.hpp"
-#include "iteration_sched/device_scheduler.hpp"
+#include "iteration_sched/local_turns.hpp"
 #include "memory/curves.hpp"
 #include "memory/safe_points.hpp"
 
 namespace salus {
 
-StreamHandle DeviceScheduler::begin(JobRecordState& job) {
+StreamHandle LocalTurns::begin(JobRecordState& job) {
   return *begin_turn(job, std::nullopt);
 }
 
-std::optional<StreamHandle> DeviceScheduler::begin_until(JobRecordState& job,
+std::optional<StreamHandle> LocalTurns::begin_until(JobRecordState& job,
                                                          SteadyClock::time_point deadline) {
   return begin_turn(job, deadline);
 }
 
-std::optional<StreamHandle> DeviceScheduler::begin_turn(
+std::optional<StreamHandle> LocalTurns::begin_turn(
     JobRecordState& job, std::optional<SteadyClock::time_point> deadline) {
   settle_timings();  // the decisions below see the GPU time of iterations done so far
   std::unique_lock lock(mu_);
-  check_usable(job, "begin_iteration");
+  check_usable_locked(job, "begin_iteration");
   // A waiting job with no thread in its wait (a deadline passed) goes on waiting here.
   if (job.state == JobState::running || job.waiter) {
     throw InvalidArgument(fmt::format("begin_iteration: job '{}' is already {}", job.spec.name,
@@ -39,12 +39,12 @@ std::optional<StreamHandle> DeviceScheduler::begin_turn(
       job.waiter = false;
       return std::nullopt;
     }
-    check_usable(job, "begin_iteration");
+    check_usable_locked(job, "begin_iteration");
     take_turn(job, lock);
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
     job.waiter = false;
-    std::vector<std::shared_ptr<JobRecordState>> to_wake;
+    Wakes to_wake;
     if (job.state == JobState::waiting) {
       if (job.started) {
         to_wake = hand_back_turn(job);  // a turn granted but not taken would hold its lane
@@ -60,29 +60,29 @@ std::optional<StreamHandle> DeviceScheduler::begin_turn(
   return job.stream;
 }
 
-void DeviceScheduler::before_gate_wait(JobRecordState& job) {
+void LocalTurns::before_gate_wait(JobRecordState& job) {
   {
     std::lock_guard lock(mu_);
-    check_usable(job, "begin_iteration");
+    check_usable_locked(job, "begin_iteration");
     if (job.state != JobState::idle) return;  // already waiting here, or running
   }
-  if (clock_.on_host()) return;  // see ask_for_turn
+  if (parts_.clock.on_host()) return;  // see ask_for_turn
   try {
     memory::set_job_quiescent(*memory_, job.id);
   } catch (const UnknownJob&) {
-    rethrow_if_finished(job);
+    check_usable(job, "memory call");
     throw;
   }
 }
 
-void DeviceScheduler::count_gate_wait(JobRecordState& job, SteadyClock::duration waited) {
+void LocalTurns::count_gate_wait(JobRecordState& job, SteadyClock::duration waited) {
   const double seconds = std::chrono::duration<double>(waited).count();
   std::lock_guard lock(mu_);
   job.waiting_seconds += seconds;
   job.max_wait_seconds = std::max(job.max_wait_seconds, seconds);
 }
 
-void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+void LocalTurns::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   job.state = JobState::waiting;
   job.started = false;
   job.wait_started = SteadyClock::now();
@@ -90,7 +90,7 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
   // like every memory manager call that may take a heap lock: see allocate.) Not when jobs
   // compute on the host: their other threads (a data loader, a tensor's holder) may touch their
   // memory at any moment, so it never moves (new pages may still come from other tiers).
-  if (!clock_.on_host()) {
+  if (!parts_.clock.on_host()) {
     lock.unlock();
     try {
       memory::set_job_quiescent(*memory_, job.id);
@@ -98,19 +98,19 @@ void DeviceScheduler::ask_for_turn(JobRecordState& job, std::unique_lock<std::mu
       // Cancelled meanwhile, its memory released: JobCancelled says so (issue 34's UnknownJob
       // after a cancel from another thread, 1 in about 100 such cancels).
       lock.lock();
-      check_usable(job, "begin_iteration");
+      check_usable_locked(job, "begin_iteration");
       throw;
     }
     lock.lock();
   }
   // Cancelled or left meanwhile (a job that left used to begin anyway: found by fuzz_c_api).
-  check_usable(job, "begin_iteration");
+  check_usable_locked(job, "begin_iteration");
   core_.wait(job.id);
   wake(run_decisions());
   if (!job.started) prefetch_next(core_.lane_of(job.id));
 }
 
-bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+bool LocalTurns::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                                      std::optional<SteadyClock::time_point> deadline) {
   bool spun = false;  // one spin per wait: a turn that did not come in it is woken as usual
   while (!job.started && job.state == JobState::waiting) {
@@ -150,34 +150,34 @@ bool DeviceScheduler::wait_for_start(JobRecordState& job, std::unique_lock<std::
   return true;
 }
 
-std::optional<SteadyClock::time_point> DeviceScheduler::turn_due(const JobRecordState& job) const {
-  if (turn_spin_.count() == 0 || !many_cpus_ || clock_.on_host()) {
+std::optional<SteadyClock::time_point> LocalTurns::turn_due(const JobRecordState& job) const {
+  if (turn_spin_.count() == 0 || !many_cpus_ || parts_.clock.on_host()) {
     return std::nullopt;
   }
   return expected_turn_locked(job);
 }
 
-std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn(const JobRecordState& job) const {
+std::optional<SteadyClock::time_point> LocalTurns::expected_turn(const JobRecordState& job) const {
   std::lock_guard lock(mu_);
   if (job.state != JobState::waiting || job.started) return std::nullopt;
   return expected_turn_locked(job);
 }
 
-std::optional<SteadyClock::time_point> DeviceScheduler::expected_turn_locked(
+std::optional<SteadyClock::time_point> LocalTurns::expected_turn_locked(
     const JobRecordState& job) const {
   // Memory-aware plans start extras beside the lanes: who is next is not the lane's to say.
-  if (policy_->lanes() == LanePlan::memory_aware) return std::nullopt;
+  if (policy_.lanes() == LanePlan::memory_aware) return std::nullopt;
   const std::optional<int> lane = core_.lane_of(job.id);
   if (!lane || core_.next_in_lane(*lane) != job.id) return std::nullopt;
-  const std::optional<StreamHandle> stream = lanes_.stream_of(*lane);
+  const std::optional<StreamHandle> stream = parts_.lanes.stream_of(*lane);
   if (!stream) return std::nullopt;
-  const std::shared_ptr<JobRecordState> ahead = streams_.running_on(*stream);
+  const std::shared_ptr<JobRecordState> ahead = parts_.streams.running_on(*stream);
   if (!ahead || ahead->host_seconds <= 0.0) return std::nullopt;
   return ahead->iteration_started + std::chrono::duration_cast<SteadyClock::duration>(
                                         std::chrono::duration<double>(ahead->host_seconds));
 }
 
-void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
+void LocalTurns::spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
                                     SteadyClock::time_point until) {
   const std::uint32_t seen = job.signal.load(std::memory_order_acquire);
   lock.unlock();
@@ -195,12 +195,12 @@ void DeviceScheduler::spin_for_turn(JobRecordState& job, std::unique_lock<std::m
   }
 }
 
-void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
+void LocalTurns::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   const StreamHandle stream = job.stream;
   // GPU time counts from here, where the stream reaches this iteration's work; compute on the
   // host is timed on the host instead (at end()).
-  const bool host_timed = clock_.on_host();
+  const bool host_timed = parts_.clock.on_host();
   lock.unlock();
   try {
     // Its memory (persistent blocks made on another stream included) is used on this stream
@@ -210,15 +210,15 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
     memory::activate_job(*memory_, job.id);
     memory::begin_curve(*memory_, job.id);
   } catch (const UnknownJob&) {
-    rethrow_if_finished(job);  // cancelled meanwhile: its memory is gone
+    check_usable(job, "memory call");  // cancelled meanwhile: its memory is gone
     throw;
   }
   const std::optional<IterationTimers::Pair> timer =
-      host_timed ? std::nullopt : clock_.start(job.spec.name, stream);
+      host_timed ? std::nullopt : parts_.clock.start(job.spec.name, stream);
   lock.lock();
   if (job.state == JobState::cancelled || job.state == JobState::left) {
-    if (timer) clock_.release(*timer);
-    check_usable(job, "begin_iteration");
+    if (timer) parts_.clock.release(*timer);
+    check_usable_locked(job, "begin_iteration");
   }
   job.timer = timer;
   job.host_timed = host_timed;
@@ -230,24 +230,24 @@ void DeviceScheduler::take_turn(JobRecordState& job, std::unique_lock<std::mutex
   attribution::enter_iteration(job);
 }
 
-std::vector<std::shared_ptr<JobRecordState>> DeviceScheduler::hand_back_turn(JobRecordState& job) {
-  streams_.stop(job.stream);
-  lanes_.release(job.lane);
+LocalTurns::Wakes LocalTurns::hand_back_turn(JobRecordState& job) {
+  parts_.streams.stop(job.stream);
+  parts_.lanes.release(job.lane);
   job.started = false;
   job.state = JobState::idle;
   core_.finish(job.id, seconds_since_start(SteadyClock::now()));
-  waits_.iteration_gone();
+  parts_.waits.iteration_gone();
   return run_decisions();
 }
 
-void DeviceScheduler::count_wait(JobRecordState& job, SteadyClock::time_point now) {
+void LocalTurns::count_wait(JobRecordState& job, SteadyClock::time_point now) {
   const double waited = std::chrono::duration<double>(now - job.wait_started).count();
   job.waiting_seconds += waited;
   job.max_wait_seconds = std::max(job.max_wait_seconds, waited);
 }
 
-void DeviceScheduler::withdraw(JobRecordState& job) {
-  std::vector<std::shared_ptr<JobRecordState>> to_wake;
+void LocalTurns::withdraw(JobRecordState& job) {
+  Wakes to_wake;
   {
     std::lock_guard lock(mu_);
     if (job.state == JobState::running) {
