@@ -36,8 +36,7 @@ StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t smal
 }
 
 Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
-  const std::size_t index = range_count_.load(std::memory_order_relaxed);
-  if (index == kMaxRanges) return nullptr;
+  if (ranges_.full()) return nullptr;
   const std::size_t page = device_.granularity();
   // At least the class's first range, and at least as much as the class has already: a class
   // that keeps running out doubles its address space each time.
@@ -53,10 +52,8 @@ Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
     return nullptr;
   }
   Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
-  arena->set_epoch(epoch_);
-  ranges_[index].base.store(base, std::memory_order_relaxed);
-  ranges_[index].end.store(base + size, std::memory_order_relaxed);
-  range_count_.store(index + 1, std::memory_order_release);
+  arena->set_epoch(epochs_.current());
+  ranges_.add(base, size);
   return arena;
 }
 

@@ -4,21 +4,22 @@
 // here: they wait for it on the GPU, and the page stays mapped at its old address until that
 // work has finished, so nothing queued here ever touches an unmapped page (PageTable::hand_off).
 // Lock story: one mutex (mu_) guards the heap and the parts it is made of, which have no lock of
-// their own: the arenas, the PageTable under them, the JobLedger, and the PageMigrator's HeapView
-// made per call. stream(), contains() and range_count() take no lock.
+// their own: the arenas, the PageTable under them, the JobLedger, the QuietEpochs, and the
+// PageMigrator's HeapView made per call. stream(), contains() and range_count() take no lock
+// (AddressRanges is written under mu_ and read by anyone).
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "memory/address_ranges.hpp"
 #include "memory/arena.hpp"
 #include "memory/job_ledger.hpp"
 #include "memory/live_index.hpp"
@@ -26,6 +27,7 @@
 #include "memory/page_mover.hpp"
 #include "memory/page_source.hpp"
 #include "memory/page_table.hpp"
+#include "memory/quiet_epochs.hpp"
 #include "memory/tiers.hpp"
 #include "salus/device.hpp"
 #include "salus/memory.hpp"
@@ -79,21 +81,9 @@ class StreamHeap {
     return StreamHandle{stream_.load(std::memory_order_acquire)};
   }
   // Lock-free: whether `p` lies in one of this heap's address ranges.
-  [[nodiscard]] bool contains(DevicePtr p) const {
-    const std::size_t n = range_count_.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < n; ++i) {
-      const Range& r = ranges_[i];
-      if (p >= r.base.load(std::memory_order_relaxed) &&
-          p < r.end.load(std::memory_order_relaxed)) {
-        return true;
-      }
-    }
-    return false;
-  }
+  [[nodiscard]] bool contains(DevicePtr p) const { return ranges_.contains(p); }
   // Address ranges reserved so far (both classes).
-  [[nodiscard]] std::size_t range_count() const {
-    return range_count_.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] std::size_t range_count() const { return ranges_.count(); }
 
   // Pages come from the device pool, this heap's own free pages, then `stash` (pages the caller
   // gathered from other tiers); what is left of `stash` stays the caller's. Without
@@ -190,7 +180,7 @@ class StreamHeap {
     }
   }
   // A new address range for `c`, large enough for `bytes`; nullptr when the backend refuses one
-  // or the heap has kMaxRanges already.
+  // or the heap has AddressRanges::kMax already.
   Arena* grow(SizeClass c, std::size_t bytes);
   Block* live_block(DevicePtr ptr, const char* what);
   // Makes a live block the unattributed job's, persistent; returns its old class. The streams
@@ -230,11 +220,10 @@ class StreamHeap {
     bool asked_ = false;
   };
   std::size_t reclaim_locked(std::size_t wanted, std::vector<Page>& out, OwnFence& own, Take take);
-  // Epochs: an iteration's end (promote) ends the heap's epoch with a fence after the stream's
-  // work so far, and so does an allocation short of quiet spare pages. Free space whose last free
-  // came in an epoch whose fence has completed (or any, while the stream is idle) is quiet: no
-  // queued work can touch it, so its pages can move without keeping the old address mapped.
+  // An iteration's end (promote) ends the heap's epoch (quiet_epochs.hpp) with a fence after the
+  // stream's work so far, and so does an allocation short of quiet spare pages.
   void end_epoch();
+  // Whether `free_block` is quiet (any free space is, while the stream is idle).
   [[nodiscard]] bool quiet(const Block& free_block, OwnFence& own);
   // Pages for the `missing` unmapped pages of [first, last) of a block just carved: the pool's
   // kept pages; without `fresh_chunks`, nothing more. Else this heap's own spare pages rather
@@ -268,29 +257,16 @@ class StreamHeap {
   bool retired_ = false;
   FencePtr retire_fence_;  // the retired stream's work up to retire()
   // The arenas of each class, oldest first; each is one reserved address range, kept until the
-  // heap goes. Ranges are published in ranges_ for contains(), which takes no lock: a slot is
-  // written once, before range_count_ covers it.
+  // heap goes, and published in ranges_ for contains(), which takes no lock.
   ArenaSet arenas_;
   std::size_t first_bytes_[2];
-  struct Range {
-    std::atomic<DevicePtr> base{0};
-    std::atomic<DevicePtr> end{0};
-  };
-  // Each range of a class is at least as large as all earlier ones together: 64 never binds.
-  static constexpr std::size_t kMaxRanges = 64;
-  std::array<Range, kMaxRanges> ranges_;
-  std::atomic<std::size_t> range_count_{0};
+  AddressRanges ranges_;
   Tally tally_;
   LiveIndex live_;                      // entries inline: no trip to malloc on the hot path
   PageTable table_;                     // the pages under arenas_
   JobLedger ledger_;                    // each job's live blocks here
-  std::uint64_t epoch_ = 1;             // frees now belong to it (Block::freed_epoch)
-  std::uint64_t quiet_through_ = 0;     // free space of epochs up to this one is quiet
+  QuietEpochs epochs_;                  // which free space no queued work can touch
   std::uint64_t iterations_ended_ = 0;  // promote calls that found the job here
-  // Fences of ended epochs not yet seen complete, oldest first; at most kMaxEpochFences (an
-  // epoch whose fence would exceed that is merged into the next).
-  static constexpr std::size_t kMaxEpochFences = 8;
-  std::deque<std::pair<std::uint64_t, FencePtr>> epoch_fences_;
   // Blocks set aside because their addresses were still retiring (see carve); neither free nor
   // live until those pages settle.
   std::vector<std::pair<Arena*, Block*>> detours_;

@@ -151,32 +151,20 @@ void StreamHeap::end_epoch() {
     log::debug("device {}: no fence for an epoch: {}", device_.device(), e.what());
     return;
   }
-  if (own.get() == nullptr) {
-    // Nothing is queued: whatever was freed so far is quiet already.
-    epoch_fences_.clear();
-    quiet_through_ = epoch_;
-  } else if (epoch_fences_.size() < kMaxEpochFences) {
-    epoch_fences_.emplace_back(epoch_, own.get());
-  } else {
-    return;  // this epoch goes on: its frees wait for the next fence
-  }
-  ++epoch_;
-  for_each_arena([&](Arena& arena) { arena.set_epoch(epoch_); });
+  if (!epochs_.end(own.get())) return;
+  for_each_arena([&](Arena& arena) { arena.set_epoch(epochs_.current()); });
 }
 
 bool StreamHeap::quiet(const Block& free_block, OwnFence& own) {
   try {
     if (own.get() == nullptr) return true;
-    while (!epoch_fences_.empty() && epoch_fences_.front().second->done()) {
-      quiet_through_ = epoch_fences_.front().first;
-      epoch_fences_.pop_front();
-    }
+    epochs_.poll();
   } catch (const Error& e) {
     // Not known to be quiet, so not quiet: the page stays, a fresh one is made.
     log::debug("device {}: asking whether free space is quiet failed: {}", device_.device(),
                e.what());
   }
-  return free_block.freed_epoch <= quiet_through_;
+  return epochs_.quiet(free_block.freed_epoch);
 }
 
 std::size_t StreamHeap::reclaim_pages(std::size_t wanted, Take take) {
