@@ -23,6 +23,7 @@
 
 #include "remote/daemon_link.hpp"
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 #include "salus/sim.hpp"
 
 namespace {
@@ -95,7 +96,7 @@ void BM_TurnPair_inprocess(benchmark::State& state) {
 
 void BM_TurnPair_processes(benchmark::State& state) {
   Daemon daemon;
-  auto runtime = salus::Runtime::connect(daemon.socket());
+  auto runtime = salus::connect_runtime(daemon.socket());
   salus::Job a = runtime->add_job(job_named("A"));
   const pid_t b = spawn({SALUS_CLIENT_PATH, "--socket", daemon.socket(), "--name", "B",
                          "--empty", "1", "--iterations", "100000000", "--log", "/dev/null"});
@@ -175,7 +176,7 @@ void BM_AllocFreePair_inprocess(benchmark::State& state) {
 
 void BM_AllocFreePair_client(benchmark::State& state) {
   Daemon daemon;
-  auto runtime = salus::Runtime::connect(daemon.socket());
+  auto runtime = salus::connect_runtime(daemon.socket());
   alloc_free_pair(state, *runtime);
 }
 

@@ -208,12 +208,7 @@ class SALUS_API Runtime {
   // does, even past salus_default_runtime_shutdown (for bindings that own their references).
   static std::shared_ptr<Runtime> shared_default();
 
-  // A runtime whose jobs take turns with the jobs of every other process connected to the salusd
-  // at `socket_path` ("": $SALUS_SOCKET, else the per-user default), and whose GPU pages come from
-  // that daemon in batches. Allocation and free stay in this process. Every call has its
-  // in-process meaning; a daemon that is gone turns the next call that needs it into DeviceError.
-  // Throws DeviceError when the daemon cannot be reached or refuses the connection.
-  static std::shared_ptr<Runtime> connect(const std::string& socket_path = {});
+  // A runtime connected to salusd is made by connect_runtime (salus/remote.hpp).
 
   [[nodiscard]] Job add_job(JobSpec spec);
 

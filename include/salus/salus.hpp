@@ -10,6 +10,7 @@
 #include "salus/job_id.hpp"
 #include "salus/log.hpp"
 #include "salus/memory.hpp"
+#include "salus/remote.hpp"
 #include "salus/runtime.hpp"
 #include "salus/scheduler.hpp"
 #include "salus/sim.hpp"

@@ -20,6 +20,7 @@
 #include "salus/error.hpp"
 #include "salus/log.hpp"
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 #include "salus/sim.hpp"
 #include "bindings.hpp"
 #include "gil.hpp"
@@ -343,7 +344,7 @@ void bind_runtime(py::module_& m) {
         std::shared_ptr<Runtime> runtime;
         {
           ReleaseGil release;
-          runtime = Runtime::connect(path);
+          runtime = connect_runtime(path);
         }
         return std::make_unique<PyRuntime>(std::move(runtime));
       },

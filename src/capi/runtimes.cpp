@@ -11,6 +11,7 @@
 #include "capi/capi.hpp"
 #include "iteration_sched/default_runtime.hpp"
 #include "salus/cuda.hpp"
+#include "salus/remote.hpp"
 #include "salus/sim.hpp"
 
 using salus::capi::guarded;
@@ -199,7 +200,7 @@ salus_status salus_runtime_connect(const char* socket_path, salus_runtime** out)
   return guarded([&] {
     require(out, "salus_runtime_connect: out");
     *out = nullptr;
-    *out = salus::capi::wrap(salus::Runtime::connect(socket_path != nullptr ? socket_path : ""));
+    *out = salus::capi::wrap(salus::connect_runtime(socket_path != nullptr ? socket_path : ""));
   });
 }
 

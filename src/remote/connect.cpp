@@ -1,4 +1,4 @@
-// Runtime::connect: a runtime of this process whose turns and GPU pages come from salusd.
+// connect_runtime (salus/remote.hpp): a runtime of this process whose turns and GPU pages come from salusd.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include "remote/remote_backend.hpp"
 #include "remote/remote_turns.hpp"
 #include "salus/cuda.hpp"
+#include "salus/remote.hpp"
 #include "salus/runtime.hpp"
 #include "salus/sim.hpp"
 
@@ -65,7 +66,7 @@ void wait_for_reclaims_at_exit() {
 
 }  // namespace
 
-std::shared_ptr<Runtime> Runtime::connect(const std::string& socket_path) {
+std::shared_ptr<Runtime> connect_runtime(const std::string& socket_path) {
   static const bool registered = [] { return std::atexit(wait_for_reclaims_at_exit) == 0; }();
   (void)registered;
   auto link = std::make_shared<remote::DaemonLink>(

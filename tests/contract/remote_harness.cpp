@@ -61,7 +61,7 @@ class InProcessDaemon {
   std::thread serving_;
 };
 
-// This process's own simulated GPU, as Runtime::connect makes it from the daemon's welcome.
+// This process's own simulated GPU, as connect_runtime makes it from the daemon's welcome.
 std::shared_ptr<sim::SimBackend> local_sim(const remote::Welcome& welcome) {
   SimConfig config = SimConfig::uniform(static_cast<int>(welcome.device_count));
   for (std::size_t d = 0; d < config.devices.size(); ++d) {

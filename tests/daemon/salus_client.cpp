@@ -30,6 +30,7 @@
 #include <algorithm>
 
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 #include "salus/sim.hpp"
 
 namespace {
@@ -156,7 +157,7 @@ int main(int argc, char** argv) {
   if (g_log == nullptr) return 3;
   constexpr std::size_t MiB = 1 << 20;
   try {
-    auto rt = salus::Runtime::connect(a.socket);
+    auto rt = salus::connect_runtime(a.socket);
     note("connected");
     salus::JobSpec spec;
     spec.name = a.name;

@@ -18,6 +18,7 @@
 #include "remote/turn_channel.hpp"
 #include "remote/protocol.hpp"
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 
 #include "daemon/salusd_fixture.hpp"
 
@@ -195,7 +196,7 @@ TEST_F(Salusd, ATurnConnectionJoinsOnlyItsOwnProcessesJobs) {
 // leaves the job able to take its turn later.
 TEST_F(Salusd, ACancelFromAnotherThreadEndsAWaitForTheDaemonsTurn) {
   start_daemon({"--memory", "64MiB"});
-  auto runtime = salus::Runtime::connect(socket_);
+  auto runtime = salus::connect_runtime(socket_);
   salus::JobSpec a_spec, b_spec, c_spec;
   a_spec.name = "holder";
   b_spec.name = "cancelled";
@@ -247,7 +248,7 @@ TEST_F(Salusd, AnotherUserIsRefused) {
   if (child == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
     try {
-      (void)salus::Runtime::connect(socket_);
+      (void)salus::connect_runtime(socket_);
     } catch (const salus::DeviceError& e) {
       ::_exit(std::string(e.what()).find("not yours") != std::string::npos ? 0 : 11);
     } catch (...) {
@@ -341,7 +342,7 @@ TEST_F(Salusd, AClientRefusesADaemonOfAnotherUser) {
     std::this_thread::sleep_for(5ms);
   }
   try {
-    (void)salus::Runtime::connect(socket_);
+    (void)salus::connect_runtime(socket_);
     ADD_FAILURE() << "root's client used nobody's daemon";
   } catch (const salus::DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("runs as uid 65534"), std::string::npos) << e.what();
@@ -352,7 +353,7 @@ TEST_F(Salusd, AClientRefusesADaemonOfAnotherUser) {
 
 TEST_F(Salusd, ConnectingWithNoDaemonSaysSo) {
   try {
-    (void)salus::Runtime::connect(socket_);
+    (void)salus::connect_runtime(socket_);
     FAIL() << "connected to nothing";
   } catch (const salus::DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("is salusd running?"), std::string::npos) << e.what();

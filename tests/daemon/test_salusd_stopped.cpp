@@ -24,6 +24,7 @@
 #include "remote/protocol.hpp"
 #include "salus/error.hpp"
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 
 namespace salusd_test {
 namespace {
@@ -219,7 +220,7 @@ TEST_F(Salusd, AClientShortOfDescriptorsGetsOutOfMemoryAndKeepsItsLink) {
   if (child == 0) {
     int code = 0;
     try {
-      auto runtime = salus::Runtime::connect(socket_);
+      auto runtime = salus::connect_runtime(socket_);
       salus::Job job = runtime->add_job(salus::JobSpec{.name = "few-files"});
       rlimit files{};
       ::getrlimit(RLIMIT_NOFILE, &files);

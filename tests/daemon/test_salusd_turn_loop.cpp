@@ -15,6 +15,7 @@
 #include "remote/daemon_link.hpp"
 #include "remote/turn_channel.hpp"
 #include "salus/runtime.hpp"
+#include "salus/remote.hpp"
 
 namespace salusd_test {
 namespace {
@@ -66,7 +67,7 @@ struct RawTurns {
 // the job's turn; the loop serves them all from one thread.
 TEST_F(Salusd, JobsWaitingForTheirTurnHoldNoThreadOfTheDaemon) {
   start_daemon({"--policy", "fair", "--memory", "64MiB"});
-  auto runtime = salus::Runtime::connect(socket_);
+  auto runtime = salus::connect_runtime(socket_);
   salus::Job holder = runtime->add_job(named("holder"));
   (void)holder.begin_iteration();
   const std::size_t before = threads_of(daemon_);
@@ -103,7 +104,7 @@ TEST_F(Salusd, JobsWaitingForTheirTurnHoldNoThreadOfTheDaemon) {
 // of being woken through the kernel; the turn, once given, clears it.
 TEST_F(Salusd, AWaitingProcessIsToldWhenItsTurnIsDue) {
   start_daemon({"--policy", "fair", "--memory", "64MiB"});
-  auto runtime = salus::Runtime::connect(socket_);
+  auto runtime = salus::connect_runtime(socket_);
   salus::Job holder = runtime->add_job(named("holder"));
   RawTurns b(socket_, "b");
   for (int i = 0; i < 3; ++i) {  // its iterations' length becomes known
@@ -138,7 +139,7 @@ TEST_F(Salusd, AWaitingProcessIsToldWhenItsTurnIsDue) {
 // connection (its socket is closed), and the daemon and the other processes' turns go on.
 TEST_F(Salusd, AProcessThatScribblesOnItsTurnMemoryLosesOnlyItsTurnConnection) {
   start_daemon({"--policy", "fair", "--memory", "64MiB"});
-  auto runtime = salus::Runtime::connect(socket_);
+  auto runtime = salus::connect_runtime(socket_);
   salus::Job other = runtime->add_job(named("other"));
   RawTurns hostile(socket_, "hostile");
   void* p = ::mmap(nullptr, sizeof(TurnRings::Memory), PROT_READ | PROT_WRITE, MAP_SHARED,
