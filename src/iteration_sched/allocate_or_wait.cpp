@@ -15,6 +15,17 @@ namespace {
 // free memory in the middle too (a backward pass frees its activations).
 constexpr auto kRetryEvery = std::chrono::milliseconds(20);
 
+// Once it waits, a job is one of the device's memory waiters until its allocation returns or
+// throws.
+struct MemoryWaiter {
+  MemoryWaits& waits;
+  const JobId job;
+  bool on = false;
+  ~MemoryWaiter() {
+    if (on) waits.stop_waiting(job);
+  }
+};
+
 }  // namespace
 
 // While it lives, no new iteration starts on the device; its end lets the held ones start.
@@ -57,15 +68,7 @@ DevicePtr DeviceScheduler::allocate_or_wait(JobRecordState& job, const Allocatio
     }
     return OutOfMemory(std::move(info));
   };
-  // Once it waits, the job is one of the device's memory waiters until this returns or throws.
-  struct Waiting {
-    MemoryWaits& waits;
-    const JobId job;
-    bool on = false;
-    ~Waiting() {
-      if (on) waits.stop_waiting(job);
-    }
-  } waiting{waits_, job.id};
+  MemoryWaiter waiting{waits_, job.id};
   for (;;) {
     try {
       return memory_->allocate(request);
