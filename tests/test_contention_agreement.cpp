@@ -1,8 +1,12 @@
 // The contention model is one model: the simulated backend's streams (per kernel, on a wall clock)
 // and the discrete-event simulator (per iteration, on a virtual clock) must tell the same story.
 // Two training jobs under `pack` run in lanes of their own, side by side; their kernels keep more
-// than the whole device busy together, so processor sharing slows both. Each job's completion
-// time and GPU time on the real mechanism must be within 10% of the simulator's.
+// than the whole device busy together, so processor sharing slows both. Each job's GPU time on
+// the real mechanism must be within 10% of the simulator's. The backend integrates each kernel's
+// progress exactly (sim_compute.hpp), so a late wake-up on a loaded host does not move a
+// kernel's GPU time; it does delay the next kernel's start, so a job's completion on the host's
+// clock can only be later than the model says, never earlier: that bound alone is asserted
+// (issue 34: a busy machine's scheduler is not what Salus guarantees).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -111,7 +115,8 @@ TEST_P(ContentionAgreement, SimBackendStreamsMatchTheSimulatorOnTwoJobs) {
     std::printf("%s %s: completion %.3f s (simulator %.3f), GPU time %.3f s (simulator %.3f)\n",
                 GetParam().c_str(), sim.name.c_str(), measured[i].completion, sim_completion,
                 measured[i].attained, sim.attained_seconds);
-    EXPECT_NEAR(measured[i].completion, sim_completion, 0.10 * sim_completion);
+    EXPECT_GE(measured[i].completion, 0.90 * sim_completion)
+        << "a job finished before the work the model gives it could be done";
     EXPECT_NEAR(measured[i].attained, sim.attained_seconds, 0.10 * sim.attained_seconds);
     // And contention did slow them: each took clearly longer than its work alone.
     EXPECT_GT(sim.attained_seconds, 1.15 * sim.work_seconds);
