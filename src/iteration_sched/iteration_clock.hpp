@@ -3,10 +3,10 @@
 // An iteration is timed on the GPU with a pair of timing events on its stream (iteration_timers.hpp),
 // or on the host when its job computes on the host (RuntimeOptions::host_compute, which may change
 // while the runtime runs: each iteration asks as it begins). An ended iteration's pair waits here
-// until settle() finds its end event complete and reads it; the scheduler charges what it read.
+// until settle() finds its end event complete and reads it; the turn queue charges what it read.
 //
 // Lock rule: every public method takes mu_ (the pending timings) and calls the backend without
-// it (IterationTimers has its own lock), and nothing here calls the scheduler. So mu_ is a leaf.
+// it (IterationTimers has its own lock), and nothing here calls the turn queue. So mu_ is a leaf.
 #pragma once
 
 #include <atomic>

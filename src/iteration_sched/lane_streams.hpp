@@ -4,8 +4,8 @@
 // them), each running iteration takes a free slot: a lane stream no other running one uses.
 //
 // Lock rule: every public method takes mu_ and calls nothing outside this class but the backend,
-// to make a stream; so mu_ is a leaf, which the scheduler calls with its own lock held (a stream's
-// creation is the one backend call made under the scheduler's lock).
+// to make a stream; so mu_ is a leaf, which the turn queue (LocalTurns) calls with its own lock
+// held (a stream's creation is the one backend call made under the queue's lock).
 #pragma once
 
 #include <memory>

@@ -3,8 +3,8 @@
 // the job finishes.
 //
 // Lock rule: every public method takes mu_ and calls nothing outside this class. So mu_ is a
-// leaf: the scheduler updates the bindings with its own lock held, and an allocation asks whose
-// stream it is (job_on) without taking the scheduler's lock at all.
+// leaf: the turn queue (LocalTurns) updates the bindings with its own lock held, and an
+// allocation asks whose stream it is (job_on) without taking the queue's lock at all.
 #pragma once
 
 #include <atomic>
