@@ -113,3 +113,28 @@ echo "string comparisons that detect out of memory: $(grep -rnE '(==|!=) *"CUDA_
 core=$(ls python_bindings/salus/*.py | grep -vE '/(torch|__init__)\.py$')
 echo "Python core modules importing the glue, bench or ray at module level: $(grep -lE '^(from \. import torch|from \.torch |import salus\.torch|from \.(bench|ray)|from salus\.(bench|ray|torch))' $core | wc -l)"
 echo "benchmarks/RESULTS.md lines: $(wc -l <benchmarks/RESULTS.md)"
+# Classes over 600 lines across their files: a class's files are the header that declares it and
+# the .cpp files under src/ whose member definitions (`Name::f(`, at the start of a line) are mostly
+# its own. Nested and helper types count with their header. A scan, not a parser: approximate.
+python3 - <<'PY'
+import collections, pathlib, re
+src = pathlib.Path("src")
+lines = {p: sum(1 for _ in open(p)) for p in src.rglob("*.[ch]pp")}
+classes = {}
+for h in src.rglob("*.hpp"):
+    for m in re.finditer(r"^(?:class|struct) (\w+)(?: final)?\s*(?::(?!:)[^{;]*)?\{", open(h).read(), re.M):
+        classes.setdefault(m.group(1), h)
+files = collections.defaultdict(set)
+for name, h in classes.items():
+    files[name].add(h)
+for p in lines:
+    if p.suffix != ".cpp":
+        continue
+    defs = collections.Counter(m.group(1) for m in re.finditer(
+        r"^[\w:<>,*& ]*?\b(\w+)::~?\w+\(", open(p).read(), re.M) if m.group(1) in classes)
+    if defs:
+        files[defs.most_common(1)[0][0]].add(p)
+big = sorted(((sum(lines[f] for f in fs), name, len(fs)) for name, fs in files.items()), reverse=True)
+print("classes over 600 lines (header + the .cpp files that define mostly its members): " +
+      (", ".join(f"{name} {n} over {k} files" for n, name, k in big if n > 600) or "none"))
+PY

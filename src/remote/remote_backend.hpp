@@ -1,24 +1,15 @@
 // The device backend of a process connected to salusd: this process's own backend (its streams,
 // events, address space, copies and host memory) with the GPU's physical pages taken from the
-// daemon. A page arrives as a shared chunk (a descriptor) and is imported into the local backend,
-// so everything above sees an ordinary chunk handle. Pages come in batches and go back in
-// batches: most create_chunk and release_chunk calls make no round trip.
-//
-// Between processes, memory stays safe in stream order (DESIGN invariant 8): a page given back
-// behind work still queued here goes back at once with an interprocess event recorded after that
-// work (release_chunks_after); this process keeps its own reference to the page until the event
-// has completed, and the next process's streams wait for the event before the page's first use
-// (take_arrival hands it to the memory manager with the page).
+// daemon (DaemonPages, which owns them and their lock). Everything above sees ordinary chunk
+// handles. This class holds no state of its own beyond what it was built with: every call goes to
+// the local backend or to the pages.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "remote/daemon_link.hpp"
+#include "remote/daemon_pages.hpp"
 #include "remote/fence_pool.hpp"
 #include "salus/device.hpp"
 
@@ -33,61 +24,17 @@ class RemoteBackend final : public DeviceBackend {
   // and not yet handed out, and those released since the last batch). Returns the pages given.
   std::size_t give_back(int device);
   // Pages held from the daemon, on `device`: handed out plus waiting to be.
-  [[nodiscard]] std::size_t held_pages(int device) const;
+  [[nodiscard]] std::size_t held_pages(int device) const { return pages_.held(device); }
   // Of those, the pages handed out as chunks and not released: what the memory manager holds.
-  [[nodiscard]] std::size_t pages_in_use(int device) const;
+  [[nodiscard]] std::size_t pages_in_use(int device) const { return pages_.in_use(device); }
   [[nodiscard]] DaemonLink& link() const { return *link_; }
   // The events pages went back behind, and the opening of those that came with granted pages.
-  [[nodiscard]] const FencePool& fences() const { return fences_; }
-  [[nodiscard]] FencePool& fences() { return fences_; }
-  // Fences of granted pages that could not be opened (taken as passed: see import_fences).
-  [[nodiscard]] std::uint64_t unopened_fences() const;
+  [[nodiscard]] const FencePool& fences() const { return pages_.fences(); }
+  [[nodiscard]] FencePool& fences() { return pages_.fences(); }
+  // Fences of granted pages that could not be opened (taken as passed).
+  [[nodiscard]] std::uint64_t unopened_fences() const { return pages_.unopened_fences(); }
 
  private:
-  struct DevicePages {
-    std::vector<ChunkHandle> spare;        // fetched, not handed out yet
-    std::vector<std::uint64_t> returning;  // released with no work pending, not given back yet
-    std::size_t held = 0;                  // handed out, spare, or returning
-  };
-  // Pages to give back: released ones (nothing pending) and spare ones (never used here: the
-  // fence they came with, if any, still holds).
-  struct Returns {
-    std::vector<std::uint64_t> settled;
-    std::vector<std::uint64_t> untouched;
-  };
-  // Pages given back behind work: this process's references, kept until `fence` completes.
-  struct Deferred {
-    std::vector<ChunkHandle> chunks;
-    FencePool::Fence* fence = nullptr;  // recycled once complete
-  };
-  ChunkHandle take_page(int device);
-  void fetch(int device, DevicePages& pages, std::unique_lock<std::mutex>& lock);
-  // A batch of the daemon's pages imported here, each with its fence (null: none), in order.
-  struct Batch {
-    std::vector<std::pair<ChunkHandle, std::uint64_t>> pages;  // chunk here, page id there
-    std::vector<std::shared_ptr<const Event>> fences;
-  };
-  // The round trip of fetch, without mu_: gives `released` back, then takes and imports a batch.
-  // Pages it could not import go back; throws when it imported none.
-  Batch take_batch(int device, const std::vector<std::uint64_t>& released);
-  // A batch whose descriptors did not fit in this process (fds_cut): its pages go back, and it
-  // throws DeviceError EMFILE naming the descriptor limit.
-  [[noreturn]] void refuse_cut_batch(int device, const std::vector<PageEntry>& entries);
-  // The fences of a Pages reply as events of this process (null for one that could not be
-  // opened: its process has exited, and its work with it).
-  std::vector<std::shared_ptr<const Event>> import_fences(int device,
-                                                          const std::vector<FenceEntry>& fences,
-                                                          const std::vector<UniqueFd>& fds);
-  Returns collect_returns(DevicePages& pages);  // with mu_ held
-  void send_returns(int device, const std::vector<std::uint64_t>& ids, GiveFence mode, bool wait);
-  // Gives `ids` (pages of `device`) back behind `work`; false when this driver has no
-  // interprocess events (the caller then waits on the host).
-  bool give_back_fenced(int device, std::vector<ChunkHandle> chunks,
-                        const std::vector<std::uint64_t>& ids,
-                        std::span<const std::shared_ptr<const Event>> work);
-  StreamHandle fence_stream(int device);  // without mu_ held
-  void reap();  // releases the deferred references whose fence has completed
-
   std::string_view do_name() const noexcept override { return local_->name(); }
   int do_device_count() const override { return local_->device_count(); }
   DeviceProperties do_properties(int device) const override { return local_->properties(device); }
@@ -182,22 +129,7 @@ class RemoteBackend final : public DeviceBackend {
   const std::shared_ptr<DaemonLink> link_;
   const std::size_t address_granularity_;
   const std::size_t page_bytes_;
-  FencePool fences_;  // has its own lock
-
-  mutable std::mutex mu_;  // guards everything below; never held across a call to the daemon
-  std::vector<DevicePages> devices_;
-  struct HeldPage {
-    std::uint64_t id = 0;  // the daemon's
-    int device = 0;
-  };
-  std::unordered_map<std::uint64_t, HeldPage> page_of_chunk_;  // by local chunk handle
-  // Work of another process that fetched pages may still be under, until take_arrival.
-  std::unordered_map<std::uint64_t, std::shared_ptr<const Event>> arrivals_;
-  std::vector<Deferred> deferred_;
-  std::vector<StreamHandle> fence_streams_;  // per device, made on first use (0: none yet)
-  std::vector<bool> fetching_;  // a fetch for the device is under way (others wait for it)
-  std::uint64_t unopened_fences_ = 0;
-  std::condition_variable fetched_;
+  DaemonPages pages_;  // has its own lock
 };
 
 }  // namespace salus::remote
