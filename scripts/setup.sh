@@ -8,7 +8,9 @@ log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # Tool -> Debian package providing it, then libraries (checked as installed packages).
-declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config [clang++]=clang)
+# ccache: fuzz.sh and a developer's builds use it when present (CCACHE_BASEDIR lets worktrees share).
+declare -A TOOLS=([cmake]=cmake [g++]=g++ [make]=make [pkg-config]=pkg-config [clang++]=clang
+                  [ccache]=ccache)
 LIBS=(libtbb-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
       libbenchmark-dev
       libclang-rt-14-dev)  # libFuzzer for scripts/fuzz.sh (Debian 12's clang is 14)
