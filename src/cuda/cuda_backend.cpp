@@ -1,13 +1,10 @@
-// CudaBackend: construction, contexts, properties and topology. Memory and stream operations live
-// in cuda_backend_memory.cpp and cuda_backend_streams.cpp.
+// CudaBackend: construction and per-device queries. Memory and stream operations live in
+// cuda_backend_memory.cpp and cuda_backend_streams.cpp; contexts, capabilities and handles in
+// their own classes (primary_contexts.hpp, device_capabilities.hpp, handle_registry.hpp).
 #include "cuda/cuda_backend.hpp"
 
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <array>
-#include <string>
 #include <utility>
+#include <vector>
 
 #include "log/log.hpp"
 
@@ -15,279 +12,55 @@ namespace salus::cuda {
 
 namespace {
 
-std::string describe(const CUmemLocation& location) {
-  return location.type == CU_MEM_LOCATION_TYPE_HOST
-             ? std::string("HOST")
-             : fmt::format("HOST_NUMA:{}", location.id);
+// Initializes the driver and names its devices (index i is the driver's device i).
+std::vector<CUdevice> open_devices(const DriverApi& api) {
+  const CUresult init = api.cuInit(0);
+  if (init == CUDA_ERROR_NO_DEVICE) throw NotSupported("the CUDA driver reports no device");
+  check(api, "cuInit", init);
+
+  int count = 0;
+  SALUS_CU(api, cuDeviceGetCount, &count);
+  if (count <= 0) throw NotSupported("the CUDA driver reports no device");
+
+  std::vector<CUdevice> devices(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    SALUS_CU(api, cuDeviceGet, &devices[static_cast<std::size_t>(i)], i);
+  }
+  return devices;
 }
 
 }  // namespace
 
-CUmemLocation CudaBackend::cu_location(Location where) const {
-  CUmemLocation location{};
-  if (!where.is_host()) {
-    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    location.id = where.index;
-  } else if (where.index == 0 && host_location_) {
-    // Host node 0 means "the host" to the layers above: whichever form this driver accepts.
-    location = *host_location_;
-  } else {
-    location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    location.id = where.index;
-  }
-  return location;
-}
-
-CUmemAllocationProp CudaBackend::allocation_prop(Location where) const {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  prop.location = cu_location(where);
-  if (!where.is_host() && where.index >= 0 && where.index < device_count()) {
-    // Only what the device supports: the driver refuses a flag or handle type it cannot honour.
-    // File descriptors are what cross-process sharing will export; the RDMA flag lets NICs
-    // read the chunks directly.
-    const DeviceCaps& caps = devices_[static_cast<std::size_t>(where.index)];
-    if (caps.posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    if (caps.gpu_direct_rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
-  }
-  return prop;
-}
-
-// --- PrimaryContext ---------------------------------------------------------------------------
-
-CudaBackend::PrimaryContext::PrimaryContext(const DriverApi& api, CUdevice device)
-    : api_(&api), device_(device) {
-  SALUS_CU(api, cuDevicePrimaryCtxRetain, &context_, device_);
-}
-
-CudaBackend::PrimaryContext::PrimaryContext(PrimaryContext&& other) noexcept
-    : api_(other.api_), device_(other.device_), context_(std::exchange(other.context_, nullptr)) {}
-
-CudaBackend::PrimaryContext::~PrimaryContext() {
-  if (context_ == nullptr) return;
-  const CUresult rc = api_->cuDevicePrimaryCtxRelease(device_);
-  if (rc != CUDA_SUCCESS) {
-    // Destruction cannot fail; a context the driver refuses to release is leaked, not fatal.
-    log::warn("cuDevicePrimaryCtxRelease(device {}) failed: {}", device_, error_name(*api_, rc));
-  }
-}
-
-// --- ScopedContext ----------------------------------------------------------------------------
-
-CudaBackend::ScopedContext::ScopedContext(const DriverApi& api, CUcontext context) : api_(api) {
-  SALUS_CU(api, cuCtxGetCurrent, &previous_);
-  if (previous_ == context) return;  // the common case in a thread that only uses Salus
-  SALUS_CU(api, cuCtxSetCurrent, context);
-  restore_ = true;
-}
-
-CudaBackend::ScopedContext::~ScopedContext() {
-  if (!restore_) return;
-  const CUresult rc = api_.cuCtxSetCurrent(previous_);
-  if (rc != CUDA_SUCCESS) {
-    log::warn("restoring the caller's CUDA context failed: {}", error_name(api_, rc));
-  }
-}
-
-CUcontext CudaBackend::context(int device) const {
-  LazyContext& slot = contexts_.at(static_cast<std::size_t>(device));
-  if (CUcontext ready = slot.context()) return ready;
-  const std::scoped_lock lock(context_mu_);
-  if (slot.owner_ == nullptr) {
-    // A failed retain leaves the slot empty, so that the next use tries again.
-    slot.owner_ =
-        std::make_unique<PrimaryContext>(api_, devices_[static_cast<std::size_t>(device)].device);
-    slot.context_.store(slot.owner_->context(), std::memory_order_release);
-  }
-  return slot.owner_->context();
-}
-
-CudaBackend::ScopedContext CudaBackend::bind(int device) const {
-  return ScopedContext(api_, context(device));
-}
-
-int CudaBackend::any_device() const noexcept {
-  for (std::size_t d = 0; d < contexts_.size(); ++d) {
-    if (contexts_[d].context() != nullptr) return static_cast<int>(d);
-  }
-  return 0;
-}
-
 // --- construction -----------------------------------------------------------------------------
 
-CudaBackend::CudaBackend(DriverApi api) : api_(std::move(api)) {
-  const CUresult init = api_.cuInit(0);
-  if (init == CUDA_ERROR_NO_DEVICE) throw NotSupported("the CUDA driver reports no device");
-  check(api_, "cuInit", init);
-
-  int count = 0;
-  SALUS_CU(api_, cuDeviceGetCount, &count);
-  if (count <= 0) throw NotSupported("the CUDA driver reports no device");
-
-  devices_.resize(static_cast<std::size_t>(count));
-  contexts_ = std::vector<LazyContext>(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    SALUS_CU(api_, cuDeviceGet, &devices_[static_cast<std::size_t>(i)].device, i);
-  }
-  for (int i = 0; i < count; ++i) devices_[static_cast<std::size_t>(i)] = read_caps(i);
-  device_granularity_.reserve(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    std::size_t granularity = 0;
-    check(api_, "cuMemGetAllocationGranularity",
-          query_granularity(allocation_prop(Location::gpu(i)), i, &granularity));
-    if (granularity == 0) {
-      throw DeviceError("cuMemGetAllocationGranularity", "CUDA_SUCCESS", CUDA_SUCCESS,
-                        fmt::format("device {} reported a granularity of 0", i));
-    }
-    device_granularity_.push_back(granularity);
-  }
-  choose_host_location();
+CudaBackend::CudaBackend(DriverApi api)
+    : api_(std::move(api)),
+      contexts_(api_, open_devices(api_)),
+      caps_(api_, contexts_),
+      handles_(api_, contexts_) {
   // For the log only (what a first run on a machine reports): a failure here is no reason to stop.
   int version = 0;
   if (api_.cuDriverGetVersion(&version) == CUDA_SUCCESS) {
-    log::info("CUDA driver API {}.{}, {} device(s)", version / 1000, version % 1000 / 10, count);
+    log::info("CUDA driver API {}.{}, {} device(s)", version / 1000, version % 1000 / 10,
+              caps_.count());
   }
-
-  address_granularity_ = *std::min_element(device_granularity_.begin(), device_granularity_.end());
-  if (host_granularity_) address_granularity_ = std::min(address_granularity_, *host_granularity_);
-}
-
-int CudaBackend::attribute(CUdevice_attribute attribute, int device, int fallback) const {
-  if (api_.cuDeviceGetAttribute == nullptr) return fallback;
-  int value = 0;
-  const CUresult rc = api_.cuDeviceGetAttribute(
-      &value, attribute, devices_[static_cast<std::size_t>(device)].device);
-  // A driver older than the attribute answers CUDA_ERROR_INVALID_VALUE: it does not have it.
-  return rc == CUDA_SUCCESS ? value : fallback;
-}
-
-CudaBackend::DeviceCaps CudaBackend::read_caps(int device) const {
-  DeviceCaps caps = devices_[static_cast<std::size_t>(device)];
-  caps.gpu_direct_rdma =
-      attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device, 0) != 0;
-  caps.posix_fd =
-      attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device, 0) != 0;
-  // -1: the system has no NUMA; node 0 is then the only one.
-  caps.host_numa_id = std::max(attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device, 0), 0);
-  caps.ipc_events = attribute(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, device, 0) != 0;
-  return caps;
-}
-
-CUresult CudaBackend::query_granularity(const CUmemAllocationProp& prop, int device,
-                                        std::size_t* out) {
-  // The query concerns the location in `prop`, not a context; should a driver want one anyway,
-  // the device's is retained then (and only then).
-  CUresult rc = api_.cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  if (rc == CUDA_ERROR_INVALID_CONTEXT) {
-    const auto scope = bind(device);
-    rc = api_.cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  }
-  return rc;
-}
-
-void CudaBackend::choose_host_location() {
-  // Host VMM chunks: plain HOST needs a CUDA 13.0 driver (12.x refuses it with
-  // CUDA_ERROR_INVALID_VALUE), HOST_NUMA a 12.2+ one. Without either only device chunks are
-  // offered rather than failing the whole backend.
-  // HOST only where the driver says so (its attribute came with 13.0, and a 12.x driver may
-  // answer a granularity for HOST that its cuMemCreate then refuses). HOST_NUMA's attribute is
-  // younger than the location: unknown (-1 here), the granularity query decides.
-  std::vector<CUmemLocation> candidates;
-  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, 0) == 1) {
-    candidates.push_back({CU_MEM_LOCATION_TYPE_HOST, 0});
-  }
-  if (attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0, -1) != 0) {
-    candidates.push_back({CU_MEM_LOCATION_TYPE_HOST_NUMA, devices_.front().host_numa_id});
-  }
-  CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
-  for (const CUmemLocation& location : candidates) {
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = location;
-    std::size_t granularity = 0;
-    rc = query_granularity(prop, 0, &granularity);
-    if (rc == CUDA_SUCCESS && granularity != 0) {
-      host_location_ = location;
-      host_granularity_ = granularity;
-      log::info("host memory chunks as {}", describe(location));
-      return;
-    }
-  }
-  log::info("the CUDA driver offers no host memory chunks ({})", error_name(api_, rc));
 }
 
 CudaBackend::~CudaBackend() = default;
 
 // --- queries ----------------------------------------------------------------------------------
 
-DeviceProperties CudaBackend::do_properties(int device) const {
-  const DeviceCaps& caps = devices_[static_cast<std::size_t>(device)];
-  const CUdevice dev = caps.device;
-  DeviceProperties props;
-  std::array<char, 256> name{};
-  SALUS_CU(api_, cuDeviceGetName, name.data(), static_cast<int>(name.size()), dev);
-  name.back() = '\0';  // the driver truncates long names without promising a terminator
-  props.name = name.data();
-  SALUS_CU(api_, cuDeviceTotalMem, &props.total_memory, dev);
-  CUuuid uuid{};
-  SALUS_CU(api_, cuDeviceGetUuid, &uuid, dev);
-  std::memcpy(props.uuid.data(), uuid.bytes, props.uuid.size());
-  props.granularity = device_granularity_[static_cast<std::size_t>(device)];
-  props.host_chunks = host_location_.has_value();
-  if (host_location_) props.host_chunk_location = describe(*host_location_);
-  props.gpu_direct_rdma = caps.gpu_direct_rdma;
-  props.shareable_handles = caps.posix_fd;
-  return props;
-}
-
 std::size_t CudaBackend::do_free_memory(int device) const {
   // cuMemGetInfo answers for the current context's device.
-  const ScopedContext scope = bind(device);
+  const ScopedContext scope = contexts_.bind(device);
   std::size_t free = 0;
   std::size_t total = 0;
   SALUS_CU(api_, cuMemGetInfo, &free, &total);
   return free;
 }
 
-std::size_t CudaBackend::do_granularity(Location where) const {
-  if (where.is_host()) {
-    if (!host_granularity_) {
-      throw NotSupported("host memory chunks: the CUDA driver does not offer them here");
-    }
-    return *host_granularity_;
-  }
-  return device_granularity_[static_cast<std::size_t>(where.index)];
-}
-
-PeerLink CudaBackend::do_peer_link(int from, int to) const {
-  if (from == to) return {LinkKind::self, true, 0, 0.0};
-
-  const CUdevice src = devices_[static_cast<std::size_t>(from)].device;
-  const CUdevice dst = devices_[static_cast<std::size_t>(to)].device;
-  int access = 0;
-  SALUS_CU(api_, cuDeviceGetP2PAttribute, &access, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, src,
-           dst);
-  if (access == 0) return {LinkKind::none, false, 0, 0.0};
-
-  PeerLink link;
-  link.can_access = true;
-  SALUS_CU(api_, cuDeviceGetP2PAttribute, &link.performance_rank,
-           CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, src, dst);
-  // The driver does not name the link type. Native atomics are the best public signal: they work
-  // over NVLink (and C2C) but the driver does not offer them between peers across PCIe. A PCIe
-  // platform that does report them would be classified nvlink; NVML could tell for sure, but it
-  // is one more library to load for a hint that only orders harvesting candidates.
-  int atomics = 0;
-  SALUS_CU(api_, cuDeviceGetP2PAttribute, &atomics, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
-           src, dst);
-  link.kind = atomics != 0 ? LinkKind::nvlink : LinkKind::pcie;
-  link.bandwidth_gbps = 0.0;  // unknown: the driver does not report it
-  return link;
-}
-
 StreamPriorityRange CudaBackend::do_stream_priority_range(int device) const {
-  const auto scope = bind(device);
+  const auto scope = contexts_.bind(device);
   StreamPriorityRange range;
   SALUS_CU(api_, cuCtxGetStreamPriorityRange, &range.least, &range.greatest);
   return range;
