@@ -1,75 +1,33 @@
-// SimBackend: construction, teardown, topology and introspection. Memory lives in sim_memory.cpp,
-// streams and events in sim_streams.cpp.
+// SimBackend: construction, teardown, topology, introspection and the DeviceBackend calls, which
+// go to SimMemory (memory) or SimStreams (streams, events). Async copies and fills (which need
+// both) and simulated kernels live in sim_backend_work.cpp.
 #include "cuda/sim_backend.hpp"
-
-#include <fmt/format.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <string>
 
 #include "cuda/backend_checks.hpp"
 #include "cuda/sim_compute.hpp"
 
 namespace salus::sim {
-namespace {
 
-UniqueFd make_memfd(const std::string& name, std::size_t bytes) {
-  UniqueFd fd{::memfd_create(name.c_str(), MFD_CLOEXEC)};
-  if (fd.get() < 0) throw_errno("memfd_create", errno, name);
-  // ftruncate leaves the file sparse: untouched simulated memory costs no host memory.
-  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) throw_errno("ftruncate", errno, name);
-  return fd;
-}
-
-}  // namespace
-
-SimBackend::SimBackend(SimConfig config) : config_(std::move(config)) {
+SimBackend::SimBackend(SimConfig config)
+    : config_(std::move(config)),
+      memory_(config_),
+      streams_(static_cast<int>(config_.devices.size()), config_.priorities, birth_) {
   const auto count = config_.devices.size();
   links_.assign(count, std::vector<std::optional<SimLinkConfig>>(count));
   for (const auto& link : config_.links) {
     links_[static_cast<std::size_t>(link.a)][static_cast<std::size_t>(link.b)] = link;
     links_[static_cast<std::size_t>(link.b)][static_cast<std::size_t>(link.a)] = link;
   }
-  auto add_pool = [this](Location where, std::size_t capacity, std::size_t granularity) {
-    Pool pool;
-    pool.where = where;
-    pool.fd = make_memfd(fmt::format("salus-sim-{}", to_string(where)), capacity);
-    pool.capacity = capacity;
-    pool.granularity = granularity;
-    pool.free_extents.emplace(0, capacity);
-    pools_.push_back(std::move(pool));
-  };
-  for (std::size_t i = 0; i < count; ++i) {
-    add_pool(Location::gpu(static_cast<int>(i)), config_.devices[i].memory_bytes,
-             config_.devices[i].granularity);
-  }
-  add_pool(Location::host(), config_.host_memory_bytes, config_.host_granularity);
-  address_granularity_ = pools_.front().granularity;
-  for (const Pool& pool : pools_) {
-    address_granularity_ = std::min(address_granularity_, pool.granularity);
-  }
-  default_streams_.resize(count);
-  stream_tasks_ = std::make_unique<std::atomic<std::uint64_t>[]>(count);
   for (std::size_t i = 0; i < count; ++i) {
     engines_.push_back(std::make_unique<ComputeEngine>(config_.contention));
   }
 }
 
 SimBackend::~SimBackend() {
-  if (process::inherited(birth_)) {
-    // A forked child has none of the stream threads: joining them would wait forever. The
-    // streams are leaked; the child's copies of the mappings and descriptors go as usual.
-    auto* leaked = new std::vector<std::shared_ptr<Stream>>();
-    for (auto& [id, stream] : streams_) leaked->push_back(std::move(stream));
-    for (auto& stream : default_streams_) leaked->push_back(std::move(stream));
-    return;
-  }
-  // Workers may still touch mapped memory, so they go first; the reservations' and memfds' owners
-  // then unmap and close everything when the members are destroyed.
-  shutdown_streams();
+  // Workers may still touch mapped memory and run on the engines, so they go first (in a forked
+  // child, which has none of them, they are leaked); the reservations' and memfds' owners then
+  // unmap and close everything when the members are destroyed.
+  streams_.shutdown();
 }
 
 void SimBackend::check_process(const char* what) const {
@@ -99,27 +57,12 @@ DeviceProperties SimBackend::do_properties(int device) const {
   return props;
 }
 
-// A GPU location's device is in range (DeviceBackend checked it, or chunk_bytes did).
-std::size_t SimBackend::pool_index(Location where) const {
-  if (where.is_host()) {
-    // The simulator has one host memory pool; other NUMA nodes do not exist.
-    if (where.index != 0) {
-      throw InvalidArgument(
-          fmt::format("{}: the sim backend only has host NUMA node 0", to_string(where)));
-    }
-    return pools_.size() - 1;
-  }
-  return static_cast<std::size_t>(where.index);
-}
-
 std::size_t SimBackend::do_free_memory(int device) const {
-  std::lock_guard lock(mem_mutex_);
-  const Pool& pool = pools_[pool_index(Location::gpu(device))];
-  return pool.capacity - pool.used;
+  return memory_.free_memory(device);
 }
 
 std::size_t SimBackend::do_granularity(Location where) const {
-  return pools_[pool_index(where)].granularity;
+  return memory_.granularity(where);
 }
 
 PeerLink SimBackend::do_peer_link(int from, int to) const {
@@ -135,32 +78,146 @@ StreamPriorityRange SimBackend::do_stream_priority_range(int /*device*/) const {
 
 Access SimBackend::access_of(DevicePtr va, int device) const {
   check_device(device, "access_of");
-  std::lock_guard lock(mem_mutex_);
-  const Page* page = page_at(va);
-  return page ? page->access[static_cast<std::size_t>(device)] : Access::none;
+  return memory_.access_of(va, device);
 }
 
 std::optional<Location> SimBackend::location_of(DevicePtr va) const {
-  std::lock_guard lock(mem_mutex_);
-  return physical_location(va);
+  return memory_.location_of(va);
 }
 
 std::size_t SimBackend::chunk_bytes(Location where) const {
   if (!where.is_host()) check_device(where.index, "chunk_bytes");
-  std::lock_guard lock(mem_mutex_);
-  return pools_[pool_index(where)].used;
+  return memory_.chunk_bytes(where);
 }
 
 std::size_t SimBackend::mapped_bytes() const {
-  std::lock_guard lock(mem_mutex_);
-  return mapped_bytes_;
+  return memory_.mapped_bytes();
 }
 
 std::size_t SimBackend::reserved_bytes() const {
-  std::lock_guard lock(mem_mutex_);
-  std::size_t total = 0;
-  for (const auto& [base, range] : reservations_) total += range.bytes();
-  return total;
+  return memory_.reserved_bytes();
+}
+
+// --- memory: SimMemory's ---------------------------------------------------------------------
+
+ChunkHandle SimBackend::do_create_chunk(Location where, std::size_t bytes) {
+  check_process("this simulated GPU's memory");  // shared with the parent: not the child's to carve
+  return memory_.create_chunk(where, bytes);
+}
+
+void SimBackend::do_release_chunk(ChunkHandle chunk) {
+  memory_.release_chunk(chunk);
+}
+
+SharedChunk SimBackend::do_export_chunk(ChunkHandle chunk) {
+  check_process("this simulated GPU's memory");
+  return memory_.export_chunk(chunk);
+}
+
+ChunkHandle SimBackend::do_import_chunk(Location where, const SharedChunk& shared) {
+  // A forked child imports through a SimBackend of its own (this one's locks may be held).
+  check_process("this simulated GPU's memory");
+  return memory_.import_chunk(where, shared);
+}
+
+DevicePtr SimBackend::do_reserve_address(std::size_t bytes, std::size_t alignment) {
+  return memory_.reserve_address(bytes, alignment);
+}
+
+void SimBackend::do_free_address(DevicePtr base, std::size_t bytes) {
+  memory_.free_address(base, bytes);
+}
+
+void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
+                        std::size_t chunk_offset) {
+  memory_.map(va, bytes, chunk, chunk_offset);
+}
+
+void SimBackend::do_unmap(DevicePtr va, std::size_t bytes) {
+  memory_.unmap(va, bytes);
+}
+
+void SimBackend::do_set_access(DevicePtr va, std::size_t bytes,
+                               std::span<const AccessGrant> grants) {
+  memory_.set_access(va, bytes, grants);
+}
+
+// --- streams and events: SimStreams' ---------------------------------------------------------
+
+StreamHandle SimBackend::do_create_stream(int device, int priority) {
+  return streams_.create_stream(device, priority);
+}
+
+void SimBackend::do_destroy_stream(StreamHandle stream) {
+  streams_.destroy_stream(stream);
+}
+
+void SimBackend::do_synchronize_stream(StreamHandle stream) {
+  streams_.stream(stream, 0)->synchronize();
+}
+
+void SimBackend::do_validate_stream(StreamHandle stream, int device) {
+  streams_.validate_stream(stream, device);
+}
+
+bool SimBackend::do_query_stream(StreamHandle stream, int device) {
+  return streams_.stream(stream, device)->idle();
+}
+
+bool SimBackend::do_stream_known_idle(StreamHandle stream, int device) {
+  return streams_.stream(stream, device)->idle_now();
+}
+
+void SimBackend::do_launch_host_func(StreamHandle stream, std::function<void()> fn) {
+  streams_.stream(stream, 0)->push([fn = std::move(fn)](std::stop_token) { fn(); });
+}
+
+EventHandle SimBackend::do_create_event(int device) {
+  return streams_.create_event(device, false);
+}
+
+EventHandle SimBackend::do_create_timing_event(int device) {
+  return streams_.create_event(device, true);
+}
+
+void SimBackend::do_destroy_event(EventHandle event) {
+  streams_.destroy_event(event);
+}
+
+void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
+  (void)streams_.record_event(event, stream);
+}
+
+bool SimBackend::do_record_pending(EventHandle event, StreamHandle stream) {
+  return streams_.record_event(event, stream);
+}
+
+bool SimBackend::do_query_event(EventHandle event) {
+  return streams_.query_event(event);
+}
+
+void SimBackend::do_synchronize_event(EventHandle event) {
+  streams_.synchronize_event(event);
+}
+
+void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+  streams_.stream_wait_event(stream, event, device);
+}
+
+EventHandle SimBackend::do_create_shareable_event(int device) {
+  return streams_.create_shareable_event(device);
+}
+
+SharedEvent SimBackend::do_export_event(EventHandle event) {
+  return streams_.export_event(event);
+}
+
+EventHandle SimBackend::do_import_event(int device, const SharedEvent& shared) {
+  return streams_.import_event(device, shared);
+}
+
+double SimBackend::do_elapsed_seconds(EventHandle start, EventHandle end) {
+  return streams_.elapsed_seconds(start, end);
 }
 
 }  // namespace salus::sim

@@ -1,44 +1,33 @@
 // Internal: the simulated-GPU backend behind salus::make_sim_backend (see salus/sim.hpp).
 //
-// Physical memory of each simulated device (and of the host) is one sparse memfd; chunks are
-// page-granular extents of it. Virtual ranges are PROT_NONE reservations; mapping a chunk is
-// mmap(MAP_SHARED | MAP_FIXED) of its file extent, so remapping a range onto another chunk keeps
-// the pointer while real bytes live in the new chunk. Streams are worker threads.
-//
-// Sharing (export_chunk, import_chunk; sim_sharing.cpp): an exported chunk is a duplicate of its
-// pool's memfd plus the extent's offset; an importer maps that file instead of its own pool. The
-// exporter still owns the extent: releasing it frees it under any importer (CUDA would keep it
-// until the last importer let go), so whoever hands chunks out takes them back before releasing.
+// A facade over two parts, each with its own lock: SimMemory (sim_memory.hpp: physical pools,
+// chunks, reservations, mappings, access, chunk sharing) and SimStreams (sim_streams.hpp: stream
+// threads, events, shareable events, the shutdown). SimBackend keeps the config, the links, the
+// compute engines and the fork check of memory calls, and joins the parts where one operation
+// needs both: an async copy or fill asks SimMemory whether its ranges are usable (and where they
+// lie, to time the copy) and only then, with SimMemory's lock released, enqueues on a stream.
+// Neither part's lock is ever held while calling into the other.
 //
 // Tests and the layers above may downcast the DeviceBackend to SimBackend for introspection.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
-#include <stop_token>
 #include <string_view>
-#include <unordered_map>
-#include <utility>
 #include <vector>
 
-#include "cuda/os_handles.hpp"
 #include "cuda/process_fork.hpp"
+#include "cuda/sim_memory.hpp"
+#include "cuda/sim_status.hpp"
+#include "cuda/sim_streams.hpp"
 #include "salus/device.hpp"
 #include "salus/sim.hpp"
 
 namespace salus::sim {
-
-// CUDA driver status codes mirrored by the simulator so both backends raise the same errors.
-inline constexpr int kCudaErrorInvalidValue = 1;
-inline constexpr int kCudaErrorOutOfMemory = DeviceError::kOutOfMemoryCode;
-inline constexpr int kCudaErrorNotReady = 600;
 
 // Throws InvalidArgument naming the first inconsistency in `config`.
 void validate_config(const SimConfig& config);
@@ -76,7 +65,7 @@ class SimBackend final : public DeviceBackend {
   [[nodiscard]] std::size_t do_free_memory(int device) const override;
   [[nodiscard]] std::size_t do_granularity(Location where) const override;
   [[nodiscard]] std::size_t do_address_granularity() const noexcept override {
-    return address_granularity_;
+    return memory_.address_granularity();
   }
   [[nodiscard]] PeerLink do_peer_link(int from, int to) const override;
 
@@ -118,118 +107,24 @@ class SimBackend final : public DeviceBackend {
   EventHandle do_create_timing_event(int device) override;
   [[nodiscard]] double do_elapsed_seconds(EventHandle start, EventHandle end) override;
 
-  // One memfd: a device's (or the host's) physical memory, carved into extents.
-  struct Pool {
-    Location where;
-    UniqueFd fd;
-    std::size_t capacity = 0;
-    std::size_t granularity = 0;
-    std::size_t used = 0;
-    std::map<std::size_t, std::size_t> free_extents;  // file offset -> length, coalesced
-  };
-  // A file whose chunks were imported (another backend's pool), held open once for all of them:
-  // importing hundreds of pages of one pool costs one descriptor, not hundreds. Closed when the
-  // last chunk of it is gone.
-  struct ImportedFile {
-    UniqueFd fd;
-    std::uint64_t device = 0;  // st_dev and st_ino: what tells two descriptors of one file apart
-    std::uint64_t inode = 0;
-  };
-  struct Chunk {
-    std::size_t pool = 0;    // index into pools_ (an imported chunk's: its location's, for its
-                             // granularity; the pool's extents and usage are never touched)
-    std::size_t offset = 0;  // in the pool's file, or in the imported file
-    std::size_t bytes = 0;
-    std::size_t mapped_pages = 0;
-    bool released = false;  // the handle is dead; the memory goes when the last page is unmapped
-    std::shared_ptr<ImportedFile> imported;  // set: map from this file, and free nothing
-  };
-  struct Page {
-    std::uint64_t chunk = 0;
-    std::size_t bytes = 0;  // granularity of the chunk's location
-    Location where;
-    std::vector<Access> access;  // per device
-  };
-  struct Stream;
-  struct Event;
-  struct EventCapture;
-  struct SharedEventMemory;
-  using Task = std::function<void(std::stop_token)>;
-
-  using PageIt = std::map<DevicePtr, Page>::iterator;
-
-  // Memory helpers; all expect mem_mutex_ held.
-  [[nodiscard]] std::size_t pool_index(Location where) const;
-  [[nodiscard]] std::map<DevicePtr, Page>::const_iterator find_page(DevicePtr va) const;
-  [[nodiscard]] const Page* page_at(DevicePtr va) const;
-  [[nodiscard]] const AddressRange* reservation_at(DevicePtr va) const;
-  // The pages covering exactly [va, va + bytes), or InvalidArgument naming `what`.
-  std::pair<PageIt, PageIt> covering_pages(DevicePtr va, std::size_t bytes, const char* what);
-  // Forgets the pages (their mapping is already gone) and frees chunks released meanwhile.
-  void drop_pages(PageIt first, PageIt last);
-  // Erases a chunk: returns a created chunk's extent to its pool, lets go of an imported one.
-  void free_chunk(std::uint64_t chunk);
-  // The ImportedFile for the file `fd` refers to (fstat's st_dev, st_ino), opened on first use.
-  std::shared_ptr<ImportedFile> imported_file(int fd, std::uint64_t device, std::uint64_t inode);
-  // Drops an imported chunk's hold on its file, and the table entry once nothing holds it.
-  void drop_import(std::shared_ptr<ImportedFile> file);
-  [[nodiscard]] bool range_usable(DevicePtr lo, std::size_t bytes, bool write) const;
-  [[nodiscard]] std::optional<Location> physical_location(DevicePtr va) const;
   [[nodiscard]] double copy_bandwidth_gbps(std::optional<Location> dst,
                                            std::optional<Location> src) const;
-
   // For the introspection and compute calls below DeviceBackend (whose own calls it checked).
   void check_device(int device, const char* what) const;
-  // `device` (whose default stream handle 0 is) is in range.
-  std::shared_ptr<Stream> stream_for(StreamHandle stream, int device);
-  std::shared_ptr<Stream> stream_locked(StreamHandle stream, int device);  // stream_mutex_ held
-  std::shared_ptr<Event> event_for(EventHandle event) const;
-  std::shared_ptr<Event> event_locked(EventHandle event) const;  // stream_mutex_ held
-  // Both at once, under one lock (a record's hot path): `stream` of the event's device.
-  std::pair<std::shared_ptr<Event>, std::shared_ptr<Stream>> event_and_stream(EventHandle event,
-                                                                               StreamHandle stream);
-  EventHandle make_event(int device, bool timing);  // `device` is in range
-  EventHandle add_event(std::shared_ptr<Event> event);
-  // The newest completed record of a timing event, or the error elapsed_seconds raises; `role`
-  // ("start" or "end") names the event in messages.
-  static EventCapture timing_capture(const std::shared_ptr<Event>& ev, EventHandle handle,
-                                     const char* role);
-  void enqueue(StreamHandle stream, int device, Task task);
-  void shutdown_streams() noexcept;
-  // Throws NotSupported in a forked child: the stream threads are the parent's (nothing would
-  // run what is enqueued), and the memory is shared with it.
+  // Throws NotSupported in a forked child: the memory is shared with the parent, not the
+  // child's to carve (SimStreams checks its own calls).
   void check_process(const char* what) const;
 
   const SimConfig config_;
   const process::Birth birth_ = process::birth_now();
   std::vector<std::vector<std::optional<SimLinkConfig>>> links_;  // [from][to]
 
-  mutable std::mutex mem_mutex_;
-  std::vector<Pool> pools_;  // devices 0..n-1, then the host
-  std::size_t address_granularity_ = 0;  // the smallest pool granularity
-  std::unordered_map<std::uint64_t, Chunk> chunks_;
-  std::uint64_t next_chunk_ = 1;
-  // (st_dev, st_ino) -> the file imported chunks map from; the chunks hold it (imported_file).
-  std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ImportedFile>> imported_files_;
-  std::map<DevicePtr, AddressRange> reservations_;  // base -> range
-  std::map<DevicePtr, Page> pages_;                 // page base -> mapped page
-  std::size_t mapped_bytes_ = 0;
-
+  SimMemory memory_;
   // One compute engine per device (sim_compute.hpp), each with its own lock; the vector itself
   // is fixed at construction.
   std::vector<std::unique_ptr<ComputeEngine>> engines_;
-  // Per device: tasks handed to its stream threads (SimDeviceActivity::stream_tasks). Fixed size.
-  std::unique_ptr<std::atomic<std::uint64_t>[]> stream_tasks_;
-  [[nodiscard]] std::atomic<std::uint64_t>& tasks_of(int device) const {
-    return stream_tasks_[static_cast<std::size_t>(device)];
-  }
-
-  mutable std::mutex stream_mutex_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<Stream>> streams_;
-  std::vector<std::shared_ptr<Stream>> default_streams_;  // per device, started on first use
-  std::unordered_map<std::uint64_t, std::shared_ptr<Event>> events_;
-  std::uint64_t next_stream_ = 1;
-  std::uint64_t next_event_ = 1;
+  // Last: the destructor shuts it down first, as stream tasks touch mapped memory and engines.
+  SimStreams streams_;
 };
 
 }  // namespace salus::sim

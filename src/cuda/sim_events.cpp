@@ -1,4 +1,4 @@
-// SimBackend events: records (markers on a stream that capture its busy clock and the time),
+// SimStreams' events: records (markers on a stream that capture its busy clock and the time),
 // queries, waits and the elapsed time between timing events.
 #include <fmt/format.h>
 
@@ -6,12 +6,14 @@
 #include <chrono>
 #include <mutex>
 
-#include "cuda/sim_stream.hpp"
+#include "cuda/sim_status.hpp"
+#include "cuda/sim_streams.hpp"
+#include "salus/error.hpp"
 
 namespace salus::sim {
 
-SimBackend::EventCapture SimBackend::timing_capture(const std::shared_ptr<Event>& ev,
-                                                    EventHandle handle, const char* role) {
+EventCapture SimStreams::timing_capture(const std::shared_ptr<SimEvent>& ev, EventHandle handle,
+                                        const char* role) {
   std::lock_guard lock(ev->mutex);
   if (!ev->timing) {
     throw InvalidArgument(fmt::format(
@@ -29,13 +31,13 @@ SimBackend::EventCapture SimBackend::timing_capture(const std::shared_ptr<Event>
   return *ev->last;
 }
 
-std::shared_ptr<SimBackend::Event> SimBackend::event_for(EventHandle event) const {
+std::shared_ptr<SimEvent> SimStreams::event_for(EventHandle event) const {
   check_process("this simulated GPU's event");
-  std::lock_guard lock(stream_mutex_);
+  std::lock_guard lock(mutex_);
   return event_locked(event);
 }
 
-std::shared_ptr<SimBackend::Event> SimBackend::event_locked(EventHandle event) const {
+std::shared_ptr<SimEvent> SimStreams::event_locked(EventHandle event) const {
   auto it = events_.find(event.value);
   if (it == events_.end()) {
     throw InvalidArgument(
@@ -44,56 +46,70 @@ std::shared_ptr<SimBackend::Event> SimBackend::event_locked(EventHandle event) c
   return it->second;
 }
 
-std::pair<std::shared_ptr<SimBackend::Event>, std::shared_ptr<SimBackend::Stream>>
-SimBackend::event_and_stream(EventHandle event, StreamHandle stream) {
+std::pair<std::shared_ptr<SimEvent>, std::shared_ptr<SimStream>> SimStreams::event_and_stream(
+    EventHandle event, StreamHandle stream) {
   check_process("this simulated GPU's event");
-  std::lock_guard lock(stream_mutex_);
+  std::lock_guard lock(mutex_);
   auto ev = event_locked(event);
   auto target = stream_locked(stream, ev->device);
   return {std::move(ev), std::move(target)};
 }
 
-EventHandle SimBackend::make_event(int device, bool timing) {
-  return add_event(std::make_shared<Event>(device, timing));
-}
-
-EventHandle SimBackend::add_event(std::shared_ptr<Event> event) {
+EventHandle SimStreams::add_event(std::shared_ptr<SimEvent> event) {
   check_process("this simulated GPU");
-  std::lock_guard lock(stream_mutex_);
+  std::lock_guard lock(mutex_);
   const std::uint64_t id = next_event_++;
   events_.emplace(id, std::move(event));
   return EventHandle{id};
 }
 
-EventHandle SimBackend::do_create_event(int device) {
-  return make_event(device, false);
+EventHandle SimStreams::create_event(int device, bool timing) {
+  return add_event(std::make_shared<SimEvent>(device, timing));
 }
 
-EventHandle SimBackend::do_create_timing_event(int device) {
-  return make_event(device, true);
+EventHandle SimStreams::create_shareable_event(int device) {
+  check_process("this simulated GPU");
+  auto event = std::make_shared<SimEvent>(device, false);
+  event->shared = SharedEventMemory::create();
+  return add_event(std::move(event));
 }
 
-void SimBackend::do_destroy_event(EventHandle event) {
+SharedEvent SimStreams::export_event(EventHandle event) {
+  const auto ev = event_for(event);
+  if (!ev->shared) {
+    throw InvalidArgument(
+        fmt::format("export_event: event {} is not shareable (make it with create_shareable_event)",
+                    event.value));
+  }
+  return ev->shared->exported();
+}
+
+EventHandle SimStreams::import_event(int device, const SharedEvent& shared) {
+  check_process("this simulated GPU");
+  auto memory = SharedEventMemory::open(shared);
+  auto event = std::make_shared<SimEvent>(device, false);
+  event->shared = std::move(memory);
+  event->imported = true;
+  return add_event(std::move(event));
+}
+
+void SimStreams::destroy_event(EventHandle event) {
   // Pending records and waits hold their own reference, so they still complete.
-  std::lock_guard lock(stream_mutex_);
+  std::lock_guard lock(mutex_);
   if (events_.erase(event.value) == 0) {
     throw InvalidArgument(fmt::format("destroy_event: unknown event {}", event.value));
   }
 }
 
-void SimBackend::do_record_event(EventHandle event, StreamHandle stream) {
-  (void)do_record_pending(event, stream);
-}
-
-bool SimBackend::do_record_pending(EventHandle event, StreamHandle stream) {
+bool SimStreams::record_event(EventHandle event, StreamHandle stream) {
   // Named, not bound: a lambda below captures the event (clang 14 refuses structured bindings).
   auto found = event_and_stream(event, stream);
-  std::shared_ptr<Event> ev = std::move(found.first);
+  std::shared_ptr<SimEvent> ev = std::move(found.first);
   auto target = std::move(found.second);
   if (ev->imported) {
-    throw InvalidArgument(fmt::format(
-        "record_event: event {} was imported: only the process that made it records it",
-        event.value));
+    throw InvalidArgument(
+        fmt::format("record_event: event {} was imported: only the process that made it records it",
+                    event.value));
   }
   // Holding the event lock across push keeps generations in record order and lets a refused
   // push leave the event untouched.
@@ -133,13 +149,13 @@ bool SimBackend::do_record_pending(EventHandle event, StreamHandle stream) {
   return true;
 }
 
-bool SimBackend::do_query_event(EventHandle event) {
+bool SimStreams::query_event(EventHandle event) {
   auto ev = event_for(event);
   std::lock_guard lock(ev->mutex);
   return ev->done();
 }
 
-void SimBackend::do_synchronize_event(EventHandle event) {
+void SimStreams::synchronize_event(EventHandle event) {
   auto ev = event_for(event);
   if (ev->imported) {
     ev->shared->wait(ev->shared->recorded(), std::stop_token{});
@@ -150,7 +166,7 @@ void SimBackend::do_synchronize_event(EventHandle event) {
   ev->cv.wait(lock, [&] { return ev->reached(target); });
 }
 
-void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, int device) {
+void SimStreams::stream_wait_event(StreamHandle stream, EventHandle event, int device) {
   auto ev = event_for(event);
   auto waiter = stream_for(stream, device);
   if (ev->imported) {
@@ -171,7 +187,7 @@ void SimBackend::do_stream_wait_event(StreamHandle stream, EventHandle event, in
   });
 }
 
-double SimBackend::do_elapsed_seconds(EventHandle start, EventHandle end) {
+double SimStreams::elapsed_seconds(EventHandle start, EventHandle end) {
   const EventCapture from = timing_capture(event_for(start), start, "start");
   const EventCapture to = timing_capture(event_for(end), end, "end");
   if (from.device == to.device && from.stream == to.stream) {

@@ -1,14 +1,20 @@
-// SimBackend physical memory (memfd extents), virtual reservations, map/unmap and access.
+// SimMemory: physical memory (memfd extents), virtual reservations, map/unmap and access.
+// Sharing chunks between processes lives in sim_sharing.cpp.
+#include "cuda/sim_memory.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <iterator>
+#include <string>
 
 #include "cuda/backend_checks.hpp"
-#include "cuda/sim_backend.hpp"
+#include "cuda/sim_status.hpp"
+#include "salus/error.hpp"
 
 namespace salus::sim {
 namespace {
@@ -43,29 +49,53 @@ int unback(DevicePtr va, std::size_t bytes) {
 
 }  // namespace
 
-ChunkHandle SimBackend::do_create_chunk(Location where, std::size_t bytes) {
-  check_process("this simulated GPU's memory");  // shared with the parent: not the child's to carve
-  std::lock_guard lock(mem_mutex_);
-  const std::size_t index = pool_index(where);
-  Pool& pool = pools_[index];
-  auto fit = std::find_if(pool.free_extents.begin(), pool.free_extents.end(),
-                          [bytes](const auto& extent) { return extent.second >= bytes; });
-  if (fit == pool.free_extents.end()) {
-    throw DeviceError::out_of_memory(
-        "cuMemCreate", fmt::format("{}: {} bytes requested, {} of {} bytes in use",
-                                   to_string(where), bytes, pool.used, pool.capacity));
+SimMemory::SimMemory(const SimConfig& config) : device_count_(config.devices.size()) {
+  for (std::size_t i = 0; i < device_count_; ++i) {
+    pools_.emplace_back(Location::gpu(static_cast<int>(i)), config.devices[i].memory_bytes,
+                        config.devices[i].granularity);
   }
-  const auto [offset, length] = *fit;
-  pool.free_extents.erase(fit);
-  if (length > bytes) pool.free_extents.emplace(offset + bytes, length - bytes);
-  pool.used += bytes;
+  pools_.emplace_back(Location::host(), config.host_memory_bytes, config.host_granularity);
+  address_granularity_ = pools_.front().granularity();
+  for (const SimPool& pool : pools_) {
+    address_granularity_ = std::min(address_granularity_, pool.granularity());
+  }
+}
+
+// A GPU location's device is in range (DeviceBackend checked it, or chunk_bytes' caller did).
+std::size_t SimMemory::pool_index(Location where) const {
+  if (where.is_host()) {
+    // The simulator has one host memory pool; other NUMA nodes do not exist.
+    if (where.index != 0) {
+      throw InvalidArgument(
+          fmt::format("{}: the sim backend only has host NUMA node 0", to_string(where)));
+    }
+    return pools_.size() - 1;
+  }
+  return static_cast<std::size_t>(where.index);
+}
+
+std::size_t SimMemory::free_memory(int device) const {
+  std::lock_guard lock(mutex_);
+  const SimPool& pool = pools_[pool_index(Location::gpu(device))];
+  return pool.capacity() - pool.used();
+}
+
+// Granularities are fixed at construction: no lock.
+std::size_t SimMemory::granularity(Location where) const {
+  return pools_[pool_index(where)].granularity();
+}
+
+ChunkHandle SimMemory::create_chunk(Location where, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  const std::size_t index = pool_index(where);
+  const std::size_t offset = pools_[index].allocate(bytes);
   const std::uint64_t id = next_chunk_++;
   chunks_.emplace(id, Chunk{index, offset, bytes, 0, false, nullptr});
   return ChunkHandle{id};
 }
 
-void SimBackend::do_release_chunk(ChunkHandle chunk) {
-  std::lock_guard lock(mem_mutex_);
+void SimMemory::release_chunk(ChunkHandle chunk) {
+  std::lock_guard lock(mutex_);
   auto it = chunks_.find(chunk.value);
   if (it == chunks_.end() || it->second.released) {
     throw InvalidArgument(fmt::format(
@@ -79,40 +109,22 @@ void SimBackend::do_release_chunk(ChunkHandle chunk) {
   free_chunk(chunk.value);
 }
 
-void SimBackend::free_chunk(std::uint64_t id) {
+void SimMemory::free_chunk(std::uint64_t id) {
   auto it = chunks_.find(id);
   Chunk chunk = std::move(it->second);
   chunks_.erase(it);
   // The exporter's memory: neither this pool's extent nor ours to punch.
   if (chunk.imported) {
-    drop_import(std::move(chunk.imported));
+    imported_files_.drop(std::move(chunk.imported));
     return;
   }
-  Pool& pool = pools_[chunk.pool];
-  // Punching the hole hands the pages back to the OS, as freeing device memory would.
-  const int failed = ::fallocate(pool.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                 static_cast<off_t>(chunk.offset), static_cast<off_t>(chunk.bytes));
-  const int err = failed ? errno : 0;
-  pool.used -= chunk.bytes;
-  auto [pos, inserted] = pool.free_extents.emplace(chunk.offset, chunk.bytes);
-  if (auto next = std::next(pos);
-      next != pool.free_extents.end() && pos->first + pos->second == next->first) {
-    pos->second += next->second;
-    pool.free_extents.erase(next);
-  }
-  if (pos != pool.free_extents.begin()) {
-    if (auto prev = std::prev(pos); prev->first + prev->second == pos->first) {
-      prev->second += pos->second;
-      pool.free_extents.erase(pos);
-    }
-  }
-  // The bookkeeping is already consistent; only the memory's return to the OS failed.
-  if (err != 0) throw_errno("fallocate", err, "cuMemRelease");
+  pools_[chunk.pool].release(chunk.offset, chunk.bytes);
 }
 
-DevicePtr SimBackend::do_reserve_address(std::size_t bytes, std::size_t alignment) {
+DevicePtr SimMemory::reserve_address(std::size_t bytes, std::size_t alignment) {
   std::size_t max_granularity = 0;
-  for (const Pool& pool : pools_) max_granularity = std::max(max_granularity, pool.granularity);
+  for (const SimPool& pool : pools_)
+    max_granularity = std::max(max_granularity, pool.granularity());
   // Aligning to the largest granularity lets a chunk from any location map at the base.
   const std::size_t align = std::max(alignment, max_granularity);
   if (bytes > SIZE_MAX - align) {
@@ -127,13 +139,13 @@ DevicePtr SimBackend::do_reserve_address(std::size_t bytes, std::size_t alignmen
   if (base > raw) ::munmap(p, base - raw);
   if (raw + total > base + bytes) ::munmap(as_ptr(base + bytes), raw + total - (base + bytes));
   AddressRange range(base, bytes);
-  std::lock_guard lock(mem_mutex_);
+  std::lock_guard lock(mutex_);
   reservations_.emplace(base, std::move(range));
   return base;
 }
 
-void SimBackend::do_free_address(DevicePtr base, std::size_t bytes) {
-  std::lock_guard lock(mem_mutex_);
+void SimMemory::free_address(DevicePtr base, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
   auto it = reservations_.find(base);
   if (it == reservations_.end() || it->second.bytes() != bytes) {
     throw InvalidArgument(
@@ -145,35 +157,34 @@ void SimBackend::do_free_address(DevicePtr base, std::size_t bytes) {
   drop_pages(pages_.lower_bound(base), pages_.lower_bound(base + bytes));
 }
 
-const AddressRange* SimBackend::reservation_at(DevicePtr va) const {
+const AddressRange* SimMemory::reservation_at(DevicePtr va) const {
   auto it = reservations_.upper_bound(va);
   if (it == reservations_.begin()) return nullptr;
   --it;
   return va < it->second.end() ? &it->second : nullptr;
 }
 
-std::map<DevicePtr, SimBackend::Page>::const_iterator SimBackend::find_page(DevicePtr va) const {
+std::map<DevicePtr, SimMemory::Page>::const_iterator SimMemory::find_page(DevicePtr va) const {
   auto it = pages_.upper_bound(va);
   if (it == pages_.begin()) return pages_.end();
   --it;
   return va < it->first + it->second.bytes ? it : pages_.end();
 }
 
-const SimBackend::Page* SimBackend::page_at(DevicePtr va) const {
+const SimMemory::Page* SimMemory::page_at(DevicePtr va) const {
   auto it = find_page(va);
   return it == pages_.end() ? nullptr : &it->second;
 }
 
-void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
-                        std::size_t chunk_offset) {
-  std::lock_guard lock(mem_mutex_);
+void SimMemory::map(DevicePtr va, std::size_t bytes, ChunkHandle chunk, std::size_t chunk_offset) {
+  std::lock_guard lock(mutex_);
   auto cit = chunks_.find(chunk.value);
   if (cit == chunks_.end() || cit->second.released) {
     throw InvalidArgument(fmt::format("map: unknown chunk {}", chunk.value));
   }
   Chunk& c = cit->second;
-  const Pool& pool = pools_[c.pool];
-  const std::size_t g = pool.granularity;
+  const SimPool& pool = pools_[c.pool];
+  const std::size_t g = pool.granularity();
   detail::check_map_in_chunk(va, bytes, chunk, chunk_offset, c.bytes, g);
   const AddressRange* range = reservation_at(va);
   if (range == nullptr || bytes > range->end() - va) {
@@ -185,7 +196,7 @@ void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
     throw InvalidArgument(fmt::format("map: [{:#x}, +{}) overlaps mapped pages", va, bytes));
   }
   // Like cuMemMap, the new mapping is inaccessible until set_access.
-  const int fd = c.imported ? c.imported->fd.get() : pool.fd.get();
+  const int fd = c.imported ? c.imported->fd.get() : pool.fd();
   void* p = ::mmap(as_ptr(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, fd,
                    static_cast<off_t>(c.offset + chunk_offset));
   if (p == MAP_FAILED) {
@@ -195,18 +206,18 @@ void SimBackend::do_map(DevicePtr va, std::size_t bytes, ChunkHandle chunk,
   }
   auto hint = pages_.lower_bound(va);
   for (DevicePtr page = va; page < va + bytes; page += g) {
-    hint = pages_.emplace_hint(hint, page,
-                               Page{chunk.value, g, pool.where,
-                                    std::vector<Access>(config_.devices.size(), Access::none)});
+    hint = pages_.emplace_hint(
+        hint, page,
+        Page{chunk.value, g, pool.where(), std::vector<Access>(device_count_, Access::none)});
     ++hint;
   }
   c.mapped_pages += bytes / g;
   mapped_bytes_ += bytes;
 }
 
-std::pair<SimBackend::PageIt, SimBackend::PageIt> SimBackend::covering_pages(DevicePtr va,
-                                                                             std::size_t bytes,
-                                                                             const char* what) {
+std::pair<SimMemory::PageIt, SimMemory::PageIt> SimMemory::covering_pages(DevicePtr va,
+                                                                          std::size_t bytes,
+                                                                          const char* what) {
   const auto first = pages_.find(va);
   if (first == pages_.end()) {
     throw InvalidArgument(fmt::format("{}: {:#x} is not the start of a mapped page", what, va));
@@ -229,14 +240,14 @@ std::pair<SimBackend::PageIt, SimBackend::PageIt> SimBackend::covering_pages(Dev
   return {first, it};
 }
 
-void SimBackend::do_unmap(DevicePtr va, std::size_t bytes) {
-  std::lock_guard lock(mem_mutex_);
+void SimMemory::unmap(DevicePtr va, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
   const auto [first, last] = covering_pages(va, bytes, "unmap");
   if (const int err = unback(va, bytes); err != 0) throw_errno("mmap", err, "cuMemUnmap");
   drop_pages(first, last);
 }
 
-void SimBackend::drop_pages(PageIt first, PageIt last) {
+void SimMemory::drop_pages(PageIt first, PageIt last) {
   std::vector<std::uint64_t> freed;
   for (auto it = first; it != last; ++it) {
     mapped_bytes_ -= it->second.bytes;
@@ -248,9 +259,8 @@ void SimBackend::drop_pages(PageIt first, PageIt last) {
   for (std::uint64_t id : freed) free_chunk(id);
 }
 
-void SimBackend::do_set_access(DevicePtr va, std::size_t bytes,
-                               std::span<const AccessGrant> grants) {
-  std::lock_guard lock(mem_mutex_);
+void SimMemory::set_access(DevicePtr va, std::size_t bytes, std::span<const AccessGrant> grants) {
+  std::lock_guard lock(mutex_);
   const auto [first, last] = covering_pages(va, bytes, "set_access");
   std::vector<std::vector<Access>> updated;
   for (auto it = first; it != last; ++it) {
@@ -277,7 +287,7 @@ void SimBackend::do_set_access(DevicePtr va, std::size_t bytes,
   for (auto it = first; it != last; ++it) it->second.access = std::move(updated[i++]);
 }
 
-bool SimBackend::range_usable(DevicePtr lo, std::size_t bytes, bool write) const {
+bool SimMemory::range_usable(DevicePtr lo, std::size_t bytes, bool write) const {
   if (bytes == 0) return true;
   if (lo == 0 || bytes > UINTPTR_MAX - lo) return false;
   const DevicePtr hi = lo + bytes;
@@ -301,10 +311,60 @@ bool SimBackend::range_usable(DevicePtr lo, std::size_t bytes, bool write) const
   return cursor >= hi;
 }
 
-std::optional<Location> SimBackend::physical_location(DevicePtr va) const {
+std::optional<Location> SimMemory::physical_location(DevicePtr va) const {
   const Page* page = page_at(va);
   if (page == nullptr) return std::nullopt;
   return page->where;
+}
+
+SimMemory::CopyEnds SimMemory::check_copy(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                                          bool locate) const {
+  std::lock_guard lock(mutex_);
+  const bool src_ok = range_usable(src, bytes, false);
+  if (!src_ok || !range_usable(dst, bytes, true)) {
+    throw DeviceError(
+        "cuMemcpyAsync", "CUDA_ERROR_INVALID_VALUE", kCudaErrorInvalidValue,
+        fmt::format("{} [{:#x}, +{}) is not {} memory", src_ok ? "destination" : "source",
+                    src_ok ? dst : src, bytes, src_ok ? "writable" : "readable"));
+  }
+  if (!locate) return {};
+  return {physical_location(dst), physical_location(src)};
+}
+
+void SimMemory::check_fill(DevicePtr dst, std::size_t bytes) const {
+  std::lock_guard lock(mutex_);
+  if (!range_usable(dst, bytes, true)) {
+    throw DeviceError("cuMemsetD8Async", "CUDA_ERROR_INVALID_VALUE", kCudaErrorInvalidValue,
+                      fmt::format("[{:#x}, +{}) is not writable memory", dst, bytes));
+  }
+}
+
+Access SimMemory::access_of(DevicePtr va, int device) const {
+  std::lock_guard lock(mutex_);
+  const Page* page = page_at(va);
+  return page ? page->access[static_cast<std::size_t>(device)] : Access::none;
+}
+
+std::optional<Location> SimMemory::location_of(DevicePtr va) const {
+  std::lock_guard lock(mutex_);
+  return physical_location(va);
+}
+
+std::size_t SimMemory::chunk_bytes(Location where) const {
+  std::lock_guard lock(mutex_);
+  return pools_[pool_index(where)].used();
+}
+
+std::size_t SimMemory::mapped_bytes() const {
+  std::lock_guard lock(mutex_);
+  return mapped_bytes_;
+}
+
+std::size_t SimMemory::reserved_bytes() const {
+  std::lock_guard lock(mutex_);
+  std::size_t total = 0;
+  for (const auto& [base, range] : reservations_) total += range.bytes();
+  return total;
 }
 
 }  // namespace salus::sim

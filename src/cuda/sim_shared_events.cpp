@@ -1,5 +1,5 @@
-// SimBackend: events another process can wait for (create_shareable_event, export_event,
-// import_event).
+// SharedEventMemory: the page of shared memory behind an event another process can wait for
+// (SimStreams::create_shareable_event, export_event, import_event).
 //
 // A shareable event's generation counters live in a page of shared memory (a memfd) as well as in
 // the event: recording publishes `recorded`, the marker's task publishes `completed`. Exporting
@@ -15,9 +15,9 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +28,7 @@
 #include <new>
 #include <thread>
 
+#include "cuda/os_handles.hpp"
 #include "cuda/sim_stream.hpp"
 
 namespace salus::sim {
@@ -38,30 +39,30 @@ constexpr std::size_t kBytes = 4096;
 
 }  // namespace
 
-struct SimBackend::SharedEventMemory::State {
+struct SharedEventMemory::State {
   std::uint64_t magic = kMagic;
   std::atomic<std::uint64_t> recorded{0};
   std::atomic<std::uint64_t> completed{0};
   std::int32_t exporter_pid = 0;
   std::uint64_t serial = 0;  // the exporter's count of shareable events: with the pid, its name
 };
-SimBackend::SharedEventMemory::SharedEventMemory(int fd_value, void* mapping)
+SharedEventMemory::SharedEventMemory(int fd_value, void* mapping)
     : fd(fd_value), state(static_cast<State*>(mapping)) {
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
                 "the shared counters must be address-free atomics");
   static_assert(sizeof(State) <= kBytes);
 }
 
-SimBackend::SharedEventMemory::~SharedEventMemory() {
+SharedEventMemory::~SharedEventMemory() {
   ::munmap(state, kBytes);
   ::close(fd);
 }
 
-void SimBackend::SharedEventMemory::publish_recorded(std::uint64_t generation) {
+void SharedEventMemory::publish_recorded(std::uint64_t generation) {
   state->recorded.store(generation, std::memory_order_release);
 }
 
-void SimBackend::SharedEventMemory::publish_completed(std::uint64_t generation) {
+void SharedEventMemory::publish_completed(std::uint64_t generation) {
   // Records on different streams may complete out of order; the newest one counts.
   std::uint64_t now = state->completed.load(std::memory_order_relaxed);
   while (now < generation &&
@@ -69,11 +70,11 @@ void SimBackend::SharedEventMemory::publish_completed(std::uint64_t generation) 
   }
 }
 
-std::uint64_t SimBackend::SharedEventMemory::recorded() const {
+std::uint64_t SharedEventMemory::recorded() const {
   return state->recorded.load(std::memory_order_acquire);
 }
 
-bool SimBackend::SharedEventMemory::reached(std::uint64_t generation) const {
+bool SharedEventMemory::reached(std::uint64_t generation) const {
   if (state->completed.load(std::memory_order_acquire) >= generation) return true;
   const pid_t exporter = state->exporter_pid;
   if (exporter <= 0 || exporter == ::getpid()) return false;
@@ -85,12 +86,7 @@ bool SimBackend::SharedEventMemory::reached(std::uint64_t generation) const {
   return exited;
 }
 
-std::pair<std::uint64_t, std::uint64_t> SimBackend::SharedEventMemory::name() const {
-  return {static_cast<std::uint64_t>(state->exporter_pid), state->serial};
-}
-
-void SimBackend::SharedEventMemory::wait(std::uint64_t generation,
-                                         const std::stop_token& st) const {
+void SharedEventMemory::wait(std::uint64_t generation, const std::stop_token& st) const {
   auto pause = std::chrono::microseconds(20);
   while (!reached(generation) && !st.stop_requested()) {
     std::this_thread::sleep_for(pause);
@@ -98,13 +94,12 @@ void SimBackend::SharedEventMemory::wait(std::uint64_t generation,
   }
 }
 
-EventHandle SimBackend::do_create_shareable_event(int device) {
-  check_process("this simulated GPU");
+std::shared_ptr<SharedEventMemory> SharedEventMemory::create() {
   const int fd = ::memfd_create("salus-sim-event", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) throw_errno("memfd_create", errno, "cuEventCreate");
   // Sealed at its size: a process that imports it maps it, and a sender that could shrink it
-  // afterwards would kill that process with SIGBUS (issue 34, item 7). import_event refuses an
-  // event without these seals.
+  // afterwards would kill that process with SIGBUS (issue 34, item 7). open refuses an event
+  // without these seals.
   if (::ftruncate(fd, kBytes) != 0 ||
       ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int err = errno;
@@ -117,35 +112,26 @@ EventHandle SimBackend::do_create_shareable_event(int device) {
     ::close(fd);
     throw_errno("mmap", err, "cuEventCreate");
   }
-  auto* state = new (mapping) SharedEventMemory::State;
+  auto* state = new (mapping) State;
   state->exporter_pid = ::getpid();
   static std::atomic<std::uint64_t> serials{0};
   state->serial = ++serials;
-  auto event = std::make_shared<Event>(device, false);
-  event->shared = std::make_shared<SharedEventMemory>(fd, mapping);
-  return add_event(std::move(event));
+  return std::make_shared<SharedEventMemory>(fd, mapping);
 }
 
-SharedEvent SimBackend::do_export_event(EventHandle event) {
-  const auto ev = event_for(event);
-  if (!ev->shared) {
-    throw InvalidArgument(fmt::format(
-        "export_event: event {} is not shareable (make it with create_shareable_event)",
-        event.value));
-  }
+SharedEvent SharedEventMemory::exported() const {
   SharedEvent out;
   // The descriptor is the event; the handle's bytes name it (as CUDA's do), so that a process
-  // can tell its own fences when they come back to it.
-  const auto [pid, serial] = ev->shared->name();
-  const std::uint64_t name[3] = {kMagic, pid, serial};
+  // can tell its own fences when they come back to it: the exporter's pid and its serial.
+  const std::uint64_t name[3] = {kMagic, static_cast<std::uint64_t>(state->exporter_pid),
+                                 state->serial};
   std::memcpy(out.handle.data(), name, sizeof(name));
-  out.fd = ::fcntl(ev->shared->fd, F_DUPFD_CLOEXEC, 0);
+  out.fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (out.fd < 0) throw_errno("fcntl", errno, "cuIpcGetEventHandle");
   return out;
 }
 
-EventHandle SimBackend::do_import_event(int device, const SharedEvent& shared) {
-  check_process("this simulated GPU");
+std::shared_ptr<SharedEventMemory> SharedEventMemory::open(const SharedEvent& shared) {
   struct stat st {};
   if (shared.fd < 0 || ::fstat(shared.fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       st.st_size != static_cast<off_t>(kBytes)) {
@@ -174,10 +160,7 @@ EventHandle SimBackend::do_import_event(int device, const SharedEvent& shared) {
     throw InvalidArgument(
         fmt::format("import_event: descriptor {} is no exported simulated event", shared.fd));
   }
-  auto event = std::make_shared<Event>(device, false);
-  event->shared = std::move(memory);
-  event->imported = true;
-  return add_event(std::move(event));
+  return memory;
 }
 
 }  // namespace salus::sim

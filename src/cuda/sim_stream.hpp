@@ -1,6 +1,11 @@
-// Internal: the sim backend's streams and events, shared by sim_streams.cpp and sim_events.cpp.
+// Internal: the sim backend's stream and event objects (SimStreams keeps the tables of them).
+//
+// SimStream (sim_stream.cpp) is one worker thread running a queue in order; SimEvent is an
+// event's generation counters; SharedEventMemory (sim_shared_events.cpp) is a shareable event's
+// counters in shared memory. Each guards its own state with its own mutex. Lock order, where two
+// are held at once: an event's mutex, then a stream's (a record or a wait pushes its task while
+// holding the event's). A stream's worker runs its tasks without its own lock.
 #pragma once
-
 
 #include <algorithm>
 #include <atomic>
@@ -8,6 +13,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stop_token>
@@ -15,27 +22,31 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/sim_backend.hpp"
+#include "salus/device.hpp"
 
 namespace salus::sim {
 
+// What a stream runs: a stop request means shutdown (waits give up, sleeps end early).
+using SimTask = std::function<void(std::stop_token)>;
+
 // Where and when a stream reached an event's record.
-struct SimBackend::EventCapture {
+struct EventCapture {
   int device = 0;
-  std::uint64_t stream = 0;   // Stream::id
+  std::uint64_t stream = 0;   // SimStream::id
   double busy_seconds = 0.0;  // the stream's busy clock then
   std::chrono::steady_clock::time_point at{};
 };
 
 // One worker thread running the stream's tasks in order.
-struct SimBackend::Stream {
+class SimStream {
+ public:
   // `id` is the stream's handle value (0 for a device's default stream); ids are never reused.
   // `tasks` counts what push hands to the worker (the device's SimDeviceActivity::stream_tasks).
-  Stream(int device_index, int priority_value, std::uint64_t id_value,
-         std::atomic<std::uint64_t>& tasks);
+  SimStream(int device_index, int priority_value, std::uint64_t id_value,
+            std::atomic<std::uint64_t>& tasks);
 
   // Throws when the stream is being destroyed: its worker may already have left.
-  void push(Task task);
+  void push(SimTask task);
   [[nodiscard]] bool idle();
   // As idle(), without the stream's lock (one atomic read): what fences ask on a free.
   [[nodiscard]] bool idle_now() const { return pending.load(std::memory_order_acquire) == 0; }
@@ -64,7 +75,7 @@ struct SimBackend::Stream {
   std::mutex mutex;
   std::condition_variable_any work_cv;
   std::condition_variable done_cv;
-  std::deque<Task> queue;
+  std::deque<SimTask> queue;
   std::uint64_t enqueued = 0;
   std::uint64_t completed = 0;
   std::atomic<std::uint64_t> pending{0};  // enqueued - completed, readable without the lock
@@ -76,11 +87,20 @@ struct SimBackend::Stream {
 
 // A shareable event's state, in shared memory (sim_shared_events.cpp): the generation counters
 // as another process sees them, and who records them.
-struct SimBackend::SharedEventMemory {
+class SharedEventMemory {
+ public:
+  // A fresh page, sealed at its size, naming this process (create_shareable_event).
+  static std::shared_ptr<SharedEventMemory> create();
+  // Maps what another process exported; InvalidArgument when `shared` is no such page, or one
+  // its sender could still shrink (import_event).
+  static std::shared_ptr<SharedEventMemory> open(const SharedEvent& shared);
+
   SharedEventMemory(int fd, void* mapping);
   ~SharedEventMemory();
   SharedEventMemory(const SharedEventMemory&) = delete;
   SharedEventMemory& operator=(const SharedEventMemory&) = delete;
+  // What export_event hands out: a duplicate of the descriptor, and handle bytes naming it.
+  [[nodiscard]] SharedEvent exported() const;
   void publish_recorded(std::uint64_t generation);
   void publish_completed(std::uint64_t generation);
   [[nodiscard]] std::uint64_t recorded() const;
@@ -88,11 +108,9 @@ struct SimBackend::SharedEventMemory {
   [[nodiscard]] bool reached(std::uint64_t generation) const;
   // Polls until reached(generation) or a stop request.
   void wait(std::uint64_t generation, const std::stop_token& st) const;
-  // What export_event's handle bytes carry: the exporter's pid and its serial of the event.
-  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> name() const;
 
   struct State;  // sim_shared_events.cpp
-  const int fd;  // owned: export_event duplicates it
+  const int fd;  // owned: exported() duplicates it
 
  private:
   State* const state;
@@ -105,8 +123,8 @@ struct SimBackend::SharedEventMemory {
 // event re-recorded must not release the waits of its last use). A shareable event also
 // publishes both counts to its shared memory; an imported one has only that memory (another
 // process records it), which every query and wait reads.
-struct SimBackend::Event {
-  Event(int device_index, bool timing_event) : device(device_index), timing(timing_event) {}
+struct SimEvent {
+  SimEvent(int device_index, bool timing_event) : device(device_index), timing(timing_event) {}
   [[nodiscard]] bool done() const {
     return imported ? shared->reached(shared->recorded()) : reached(recorded);
   }
