@@ -28,7 +28,7 @@ struct Block {
   Block* prev = nullptr;  // address-order neighbours within the arena, free or live
   Block* next = nullptr;
   bool free = true;
-  // Meaningful while free: the heap's epoch (StreamHeap::end_epoch) of the newest free merged
+  // Meaningful while free: the heap's epoch (PageSupply::end_epoch) of the newest free merged
   // into it. Work enqueued before the end of that epoch may still touch it.
   std::uint64_t freed_epoch = 0;
 
@@ -119,7 +119,7 @@ class Arena {
   [[nodiscard]] std::size_t cost(DevicePtr addr, std::size_t size,
                                  std::size_t stop = std::numeric_limits<std::size_t>::max()) const;
   // Whether page `index` once gave its page to another address of its own heap instead of a
-  // fresh chunk being made (StreamHeap::allocate). Such an address is never stripped that way
+  // fresh chunk being made (PageSupply::gather). Such an address is never stripped that way
   // again, and gets a fresh page when it needs one: an address that keeps needing its page back
   // would otherwise trade it back and forth every iteration.
   [[nodiscard]] bool gave_spare(std::size_t index) const { return gave_spare_[index]; }

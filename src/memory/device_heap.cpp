@@ -93,7 +93,7 @@ StreamHeap& DeviceHeap::heap_for(StreamHandle stream) {
 }
 
 StreamHeap& DeviceHeap::make_heap(StreamHandle stream) {
-  // Address space is cheap: generous first ranges make growing another (StreamHeap::grow) rare.
+  // Address space is cheap: generous first ranges make growing another (HeapArenas::grow) rare.
   const std::size_t page = granularity();
   const std::size_t limit_pages = (limit() + page - 1) / page;
   const std::size_t large = std::max<std::size_t>(limit_pages * va_factor_, 1) * page;

@@ -37,8 +37,8 @@ class DeviceHeap {
   // Where this device's fences get their events.
   [[nodiscard]] EventPool& events() const { return *events_; }
   // The device's own pages. PagePool, not PageSource: stream heaps ask it on the allocation path
-  // (StreamHeap::place, gather_pages), where no virtual call goes; pages of other sources come
-  // through tiers(), whose pools are PageSources.
+  // (HeapArenas::place, PageSupply::gather), where no virtual call goes; pages of other sources
+  // come through tiers(), whose pools are PageSources.
   [[nodiscard]] PagePool& pool() { return pool_; }
   [[nodiscard]] const PagePool& pool() const { return pool_; }
   [[nodiscard]] DeviceCounters& counters() { return counters_; }

@@ -53,7 +53,7 @@ struct JobRecord {
   // The stream heaps it has had blocks in, each once, on any device (one it no longer uses may
   // stay listed: a visit finds nothing there), so that release, promote, statistics and page
   // moves visit those and not every heap. A heap is added under its own lock when its ledger
-  // makes the job's entry, before the allocation checks `alive` (see StreamHeap::carve); the
+  // makes the job's entry, before the allocation checks `alive` (see StreamHeap::allocate); the
   // readers copy the list. Guarded by heaps_mu, a leaf lock like streams_mu. Heaps live as
   // long as the manager, so the pointers stay valid.
   mutable std::mutex heaps_mu;

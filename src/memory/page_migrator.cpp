@@ -1,6 +1,6 @@
 // PageMigrator: moving pages between tiers behind fixed addresses for one stream heap. The
-// allocator itself is in stream_heap.cpp; borrowed pages going home after a free stay there
-// (stream_heap_moves.cpp), as they are handed off like any free page.
+// allocator itself is in stream_heap.cpp; borrowed pages going home after a free are the heap's
+// PageSupply's (page_supply.cpp), as they are handed off like any free page.
 #include "memory/page_migrator.hpp"
 
 #include <fmt/format.h>

@@ -24,6 +24,8 @@ class QuietEpochs {
   // Fences of ended epochs not yet seen complete, at most: an epoch that would exceed it goes on
   // instead (its frees wait for a later fence).
   static constexpr std::size_t kMaxFences = 8;
+  // The epoch a new QuietEpochs starts in (and a new Arena's frees belong to).
+  static constexpr std::uint64_t kFirst = 1;
 
   // The epoch frees belong to now.
   [[nodiscard]] std::uint64_t current() const { return epoch_; }
@@ -39,7 +41,7 @@ class QuietEpochs {
   [[nodiscard]] std::size_t pending() const { return fences_.size(); }
 
  private:
-  std::uint64_t epoch_ = 1;          // frees now belong to it (Block::freed_epoch)
+  std::uint64_t epoch_ = kFirst;     // frees now belong to it (Block::freed_epoch)
   std::uint64_t quiet_through_ = 0;  // free space of epochs up to this one is quiet
   std::deque<std::pair<std::uint64_t, FencePtr>> fences_;  // oldest first
 };

@@ -17,45 +17,12 @@ int StreamHeap::device() const {
 StreamHeap::StreamHeap(DeviceHeap& device, StreamHandle stream, std::size_t small_bytes,
                        std::size_t large_bytes)
     : device_(device),
-      stream_(stream.value),
-      first_bytes_{small_bytes, large_bytes},
+      stream_(device.backend(), device.events(), device.device(), stream),
+      arenas_(device.backend(), device.granularity(), device.device(), small_bytes, large_bytes,
+              QuietEpochs::kFirst),
       table_({device.backend(), device.counters(), device.access_grants(), device.device()}),
-      ledger_(device.jobs(), *this) {
-  try {
-    grow(kSmall, small_bytes);  // the first range of a class throws when refused
-    grow(kLarge, large_bytes);
-  } catch (...) {
-    for_each_arena([&](Arena& arena) {
-      try {
-        device_.backend().free_address(arena.base(), arena.bytes());
-      } catch (const Error&) {  // the reservation just made: nothing else can hold it
-      }
-    });
-    throw;
-  }
-}
-
-Arena* StreamHeap::grow(SizeClass c, std::size_t bytes) {
-  if (ranges_.full()) return nullptr;
-  const std::size_t page = device_.granularity();
-  // At least the class's first range, and at least as much as the class has already: a class
-  // that keeps running out doubles its address space each time.
-  std::size_t size = std::max(first_bytes_[c], (bytes + page - 1) / page * page);
-  for (const auto& arena : arenas_[c]) size = std::max(size, arena->bytes());
-  DevicePtr base = 0;
-  try {
-    base = device_.backend().reserve_address(size, page);
-  } catch (const Error& e) {
-    if (arenas_[c].empty()) throw;  // the heap cannot exist without its first ranges
-    log::warn("device {}: reserving another {} bytes of address space failed: {}", device_.device(),
-              size, e.what());
-    return nullptr;
-  }
-  Arena* arena = arenas_[c].emplace_back(std::make_unique<Arena>(base, size, page)).get();
-  arena->set_epoch(epochs_.current());
-  ranges_.add(base, size);
-  return arena;
-}
+      ledger_(device.jobs(), *this),
+      pages_({arenas_, table_, live_, stream_, device.pool(), device.tiers(), device.device()}) {}
 
 StreamHeap::~StreamHeap() {
   // Live blocks at this point belong to a caller that never freed them; their pages go anyway.
@@ -65,7 +32,7 @@ StreamHeap::~StreamHeap() {
   }
   // Nothing may still touch a page when its address goes: wait for this stream's work so far.
   try {
-    OwnFence own(*this);
+    OwnFence own(stream_);
     if (const FencePtr& fence = own.get()) fence->wait();
   } catch (const Error& e) {
     // Its owner destroyed the stream first (a destroyed stream drains on its own, or the owner
@@ -73,39 +40,20 @@ StreamHeap::~StreamHeap() {
     log::debug("device {} stream {:#x}: not waiting for its work at shutdown: {}", device_.device(),
                stream().value, e.what());
   }
-  settle_retiring(true);
-  std::vector<Page> pages;
-  for_each_arena([&](Arena& arena) {
-    for (std::size_t i = 0; i < arena.page_count(); ++i) {
-      if (!arena.page(i).owned()) continue;
-      try {
-        if (arena.page(i).fence) arena.page(i).fence->wait();
-        pages.push_back(table_.unmap_page(arena, i));
-      } catch (const Error& e) {
-        log::error("unmapping at shutdown failed: {}", e.what());
-      }
-    }
-  });
-  device_.tiers().give_back(device_.device(), pages);
-  for_each_arena([&](Arena& arena) {
-    try {
-      device_.backend().free_address(arena.base(), arena.bytes());
-    } catch (const Error& e) {
-      log::error("freeing an address range at shutdown failed: {}", e.what());
-    }
-  });
+  pages_.unmap_all();
+  // arenas_ frees the address ranges as it goes.
 }
 
 CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId job,
                                  Lifetime lifetime, std::vector<Page>& stash, bool fresh_chunks) {
   std::lock_guard lock(mu_);
-  if (retired_) {
+  if (stream_.retired()) {
     throw InvalidArgument(
         fmt::format("allocate: the stream was retired on device {}", device_.device()));
   }
-  if (table_.retiring()) settle_retiring(false);
+  if (table_.retiring()) pages_.settle_retiring(false);
   Arena* where = nullptr;
-  Block* block = place(bytes, where);
+  Block* block = arenas_.place(bytes, where, device_.pool(), pages_);
   if (block == nullptr) return {.out_of_address_space = true};
   Arena& arena = *where;
   auto [first, last] = arena.pages_touched(*block);
@@ -134,7 +82,7 @@ CarveResult StreamHeap::allocate(std::size_t bytes, std::size_t requested, JobId
   try {
     table_.adopt_page_fences(arena, first, last, stream());
   } catch (...) {
-    release_block(block);  // fences not yet adopted stay on their pages
+    pages_.release_block(block);  // fences not yet adopted stay on their pages
     throw;
   }
   block->requested = requested;
@@ -152,7 +100,7 @@ std::size_t StreamHeap::map_missing(Arena& arena, Block* block, std::size_t firs
                                     std::size_t missing, std::vector<Page>& pages,
                                     std::vector<Page>& stash, bool fresh_chunks) {
   if (const std::size_t short_by =
-          gather_pages(arena, first, last, missing, pages, stash, fresh_chunks)) {
+          pages_.gather(arena, first, last, missing, pages, stash, fresh_chunks)) {
     // Pages taken keep their fences: whoever takes them next waits for the same work.
     device_.tiers().give_back(device_.device(), pages);
     arena.release(block, false);
@@ -165,80 +113,8 @@ std::size_t StreamHeap::map_missing(Arena& arena, Block* block, std::size_t firs
 CarveResult StreamHeap::drop_for_gone_job(JobBlocks& owner, JobId job, Block* block) {
   // Blocks linked before are the walk's to come (it waits for this lock); an empty entry goes.
   if (owner.empty()) ledger_.forget_jobs(job);
-  release_block(block);
+  pages_.release_block(block);
   return {.job_gone = true};
-}
-
-Block* StreamHeap::place(std::size_t bytes, Arena*& where) {
-  const SizeClass c = class_of(bytes);
-  // The steady state: a spot on mapped pages in the class's first range, found with one lookup.
-  Arena& first = *arenas_[c].front();
-  const Arena::Spot spot = first.cheapest(bytes);
-  if (spot.block != nullptr && spot.cost == 0) {
-    where = &first;
-    return first.carve_from(spot, bytes);
-  }
-  if (c == kSmall && spot.block != nullptr &&
-      first.unmapped_pages(spot.addr, bytes) > device_.pool().kept_pages()) {
-    if (Block* block = overflow(bytes, where)) return block;
-  }
-  std::size_t cost = 0;
-  return carve(bytes, where, cost);
-}
-
-Block* StreamHeap::overflow(std::size_t bytes, Arena*& where) {
-  // A small block whose page would be a fresh chunk. The classes peak at different times (a
-  // recurrent model's small per-step tensors in the forward pass, its large gradients in the
-  // backward pass): free space the large class has mapped, such as the partly used last page of
-  // a large block, holds it at no cost, and the choice is the same in every iteration, so the
-  // steady state maps nothing. (Large blocks stay in their class: a small range holds few, and
-  // the large class's own pages would then go unused in every iteration.)
-  for (const auto& arena : arenas_[kLarge]) {
-    if (const Arena::Spot spot = arena->cheapest(bytes, true); spot.block != nullptr) {
-      where = arena.get();
-      return arena->carve_from(spot, bytes);
-    }
-  }
-  return nullptr;
-}
-
-Block* StreamHeap::carve(std::size_t bytes, Arena*& where, std::size_t& cost) {
-  const SizeClass c = class_of(bytes);
-  for (const auto& arena : arenas_[c]) {
-    if (Block* block = carve_in(*arena, bytes, cost)) {
-      where = arena.get();
-      return block;
-    }
-  }
-  Arena* fresh = grow(c, bytes);
-  if (fresh == nullptr) return nullptr;
-  where = fresh;
-  return fresh->carve(bytes, &cost);
-}
-
-Block* StreamHeap::carve_in(Arena& arena, std::size_t bytes, std::size_t& cost) {
-  // A block over addresses still retiring could be mapped only after waiting on the host; a few
-  // detours elsewhere in the (generous) address space usually find one that need not wait.
-  constexpr int kMaxDetours = 4;
-  for (int detour = 0;; ++detour) {
-    Block* block = arena.carve(bytes, &cost);
-    if (block == nullptr) {
-      if (std::none_of(detours_.begin(), detours_.end(),
-                       [&](const auto& d) { return d.first == &arena; })) {
-        return nullptr;
-      }
-      // Out of addresses: the set-aside blocks come back, and the wait is the way forward.
-      std::erase_if(detours_, [&](const auto& d) {
-        if (d.first == &arena) release_block(d.second);
-        return d.first == &arena;
-      });
-      return arena.carve(bytes, &cost);
-    }
-    if (!table_.retiring() || detour == kMaxDetours || !PageTable::awaits_retiring(arena, *block)) {
-      return block;
-    }
-    detours_.emplace_back(&arena, block);
-  }
 }
 
 Block* StreamHeap::live_block(DevicePtr ptr, const char* what) {
@@ -296,14 +172,14 @@ FreedBlock StreamHeap::free_block(Block* block) {
   device_.counters().on_free(block->lifetime, block->size);
   block->fence.reset();
   if (fence != nullptr) {
-    Arena& arena = arena_of(*block);
+    Arena& arena = arenas_.arena_of(*block);
     auto [first, last] = arena.pages_touched(*block);
     for (std::size_t i = first; i < last; ++i) {
       arena.page(i).fence = Fence::join(arena.page(i).fence, fence);
     }
   }
-  release_block(block);
-  if (retired_) {
+  pages_.release_block(block);
+  if (stream_.retired()) {
     try {
       drain_retired();
     } catch (const Error& e) {
@@ -356,23 +232,11 @@ void StreamHeap::record_stream_use(DevicePtr ptr, StreamHandle other) {
   block->other_streams.push_back(other);
 }
 
-void StreamHeap::release_block(Block* block) {
-  Arena& arena = arena_of(*block);
-  if (table_.remote_pages() == 0) {
-    arena.release(block);
-    return;
-  }
-  auto [first, last] = arena.pages_touched(*block);
-  const Block* merged = arena.release(block);
-  return_remote_pages(arena, first, last, *merged);
-}
-
 std::pair<std::size_t, std::size_t> StreamHeap::promote(JobId job) {
   std::lock_guard lock(mu_);
   JobBlocks* owner = ledger_.find(job);
   if (owner == nullptr) return {0, 0};
-  ++iterations_ended_;
-  end_epoch();
+  pages_.end_iteration();
   const auto [bytes, blocks] = JobLedger::promote(*owner);
   if (blocks == 0) return {0, 0};
   tally_.blocks[static_cast<std::size_t>(Lifetime::persistent)] += blocks;

@@ -1,7 +1,6 @@
 // StreamHeap: the doors to its PageMigrator (remap, demote, recall, fetch, prefetch and the
-// per-tier view of a job's blocks, all under this heap's lock), and borrowed pages going home
-// after a free. The allocator itself is in stream_heap.cpp.
-#include "log/log.hpp"
+// per-tier view of a job's blocks) and to its PageSupply (free pages going to another user, old
+// addresses settling), all under this heap's lock. The allocator itself is in stream_heap.cpp.
 #include "memory/device_heap.hpp"
 #include "memory/stream_heap.hpp"
 
@@ -17,7 +16,8 @@ HeapView StreamHeap::view() {
                               .device = device_.device(),
                               .page_bytes = device_.granularity(),
                               .limit_bytes = device_.limit()};
-  return {device, stream(), retire_fence_, arenas_, live_, ledger_, table_.remote_pages()};
+  return {device, stream(), stream_.retire_fence(), arenas_.set(),
+          live_,  ledger_,  table_.remote_pages()};
 }
 
 void StreamHeap::remap(DevicePtr ptr, Location where) {
@@ -51,61 +51,28 @@ bool StreamHeap::has_job(JobId job) {
   return ledger_.has_job(job);
 }
 
-void StreamHeap::return_stray_remote_pages(OwnFence& own) {
-  if (table_.remote_pages() == 0) return;
+std::size_t StreamHeap::reclaim_pages(std::size_t wanted, Take take) {
+  std::lock_guard lock(mu_);
+  if (table_.retiring()) pages_.settle_retiring(false);
+  OwnFence own(stream_);
+  // Work enqueued on this stream before its blocks were freed may still touch their pages.
+  if (take == Take::idle && own.get() != nullptr) return 0;
+  if (take == Take::any) pages_.return_stray_remote_pages(own);
   std::vector<Page> pages;
+  std::size_t taken = 0;
   try {
-    for_each_arena([&](Arena& arena) {
-      arena.for_each_free_holding_pages([&](const Block& free_block) {
-        auto [first, last] = arena.pages_inside(free_block);
-        last = std::min(last, arena.mapped_high());
-        for (std::size_t i = first; i < last; ++i) {
-          const PageSlot& slot = arena.page(i);
-          if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local) {
-            pages.push_back(table_.hand_off(arena, i, own.get()));
-          }
-        }
-        return true;
-      });
-    });
-  } catch (const Error& e) {
-    log::warn("device {}: returning borrowed pages failed: {}", device_.device(), e.what());
+    taken = pages_.reclaim(wanted, pages, own, take);
+  } catch (...) {
+    device_.pool().put(pages);  // those taken before the failure
+    throw;
   }
-  device_.tiers().give_back(device_.device(), pages);
+  device_.pool().put(pages);
+  return taken;
 }
 
-void StreamHeap::return_remote_pages(Arena& arena, std::size_t first, std::size_t last,
-                                     const Block& merged) {
-  std::vector<Page> pages;
-  OwnFence own(*this);
-  try {
-    for (std::size_t i = first; i < last; ++i) {
-      const PageSlot& slot = arena.page(i);
-      if (slot.owned() && tier_of(slot.where, device_.device()) != Tier::local &&
-          !live_touches(arena, i, merged)) {
-        pages.push_back(table_.hand_off(arena, i, own.get()));
-      }
-    }
-  } catch (const Error& e) {
-    // The free is done; handing borrowed pages back early is not part of it. A page whose fence
-    // could not be recorded stays here as free space, and a later free, trim or recall returns it.
-    log::warn("device {}: returning borrowed pages after a free failed: {}", device_.device(),
-              e.what());
-  }
-  device_.tiers().give_back(device_.device(), pages);
-}
-
-bool StreamHeap::live_touches(Arena& arena, std::size_t index, const Block& from) const {
-  // Blocks set aside by carve hold addresses, not data: only live blocks keep a page.
-  const DevicePtr lo = arena.page_addr(index);
-  const DevicePtr hi = lo + arena.page_bytes();
-  for (const Block* b = &from; b != nullptr && b->end() > lo; b = b->prev) {
-    if (b->addr < hi && live_.contains(b->addr)) return true;
-  }
-  for (const Block* b = from.next; b != nullptr && b->addr < hi; b = b->next) {
-    if (b->end() > lo && live_.contains(b->addr)) return true;
-  }
-  return false;
+void StreamHeap::settle(bool wait) {
+  std::lock_guard lock(mu_);
+  pages_.settle_retiring(wait);
 }
 
 }  // namespace salus::memory

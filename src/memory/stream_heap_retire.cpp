@@ -13,18 +13,16 @@ namespace salus::memory {
 
 FencePtr StreamHeap::retire() {
   std::lock_guard lock(mu_);
-  if (retired_) return nullptr;
+  if (stream_.retired()) return nullptr;
   // The stream is still alive here: one fence after its work so far, taken before the heap
   // stops recording on it.
   FencePtr fence;
   {
-    OwnFence own(*this);
+    OwnFence own(stream_);
     fence = own.get();
   }
-  retire_fence_ = fence;
-  retired_ = true;
   // Lookups stop finding the heap: the handle may name a new stream once this one is destroyed.
-  stream_.store(kRetiredStream, std::memory_order_release);
+  stream_.retire(fence);
   drain_retired();
   return fence;
 }
@@ -33,24 +31,22 @@ void StreamHeap::drain_retired() {
   // Pages go to the pool fenced: the taker waits for the retired stream's work on the GPU, and
   // the old addresses stay mapped here until that work has finished (PageTable::hand_off).
   std::vector<Page> pages;
-  OwnFence own(*this);
-  return_stray_remote_pages(own);
-  reclaim_locked(std::numeric_limits<std::size_t>::max(), pages, own, Take::any);
+  OwnFence own(stream_);
+  pages_.return_stray_remote_pages(own);
+  pages_.reclaim(std::numeric_limits<std::size_t>::max(), pages, own, Take::any);
   device_.pool().put(pages);
 }
 
 bool StreamHeap::rebind(StreamHandle stream) {
   std::lock_guard lock(mu_);
-  if (!retired_) return false;
-  settle_retiring(false);
-  if (!live_.empty() || table_.retiring() || !detours_.empty()) return false;
+  if (!stream_.retired()) return false;
+  pages_.settle_retiring(false);
+  if (!live_.empty() || table_.retiring() || pages_.has_detours()) return false;
   // Free space may still hold pages when an earlier drain failed: they go now.
   drain_retired();
   if (table_.retiring()) return false;
-  retired_ = false;
-  retire_fence_.reset();
   ledger_.forget_jobs();
-  stream_.store(stream.value, std::memory_order_release);
+  stream_.bind(stream);
   return true;
 }
 
@@ -66,7 +62,7 @@ void StreamHeap::forget_stream(StreamHandle stream, const std::function<const Fe
 
 FencePtr StreamHeap::retire_fence() {
   std::lock_guard lock(mu_);
-  return retired_ && !settled(retire_fence_) ? retire_fence_ : nullptr;
+  return stream_.retired() && !settled(stream_.retire_fence()) ? stream_.retire_fence() : nullptr;
 }
 
 }  // namespace salus::memory
