@@ -2,7 +2,6 @@
 #include "daemon/session.hpp"
 #include "iteration_sched/runtime_access.hpp"
 
-#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -18,8 +17,6 @@ namespace salus::daemon {
 using remote::MessageType;
 
 namespace {
-
-constexpr std::size_t kMaxJobsPerProcess = 256;
 
 RuntimeOptions runtime_options(const CoordinatorOptions& o) {
   RuntimeOptions r;
@@ -39,15 +36,17 @@ Coordinator::Coordinator(std::shared_ptr<DeviceBackend> backend, CoordinatorOpti
                                    {.gate = nullptr, .memory_profiles = MemoryProfiles::reported})),
       page_bytes_(backend_->granularity(Location::gpu(0))),
       trace_(RuntimeAccess::trace(*runtime_)),
-      scrubber_(backend_) {
-  stop_ = remote::UniqueFd(::eventfd(0, EFD_CLOEXEC));
-  if (stop_.get() < 0) sim::throw_errno("eventfd", errno, "salusd");
+      pages_(backend_, trace_, page_bytes_, devices(), options_),
+      exits_(backend_, options_.exit_wait),
+      turns_(backend_, pages_, options_.fence_wait, options_.spill) {}
+
+std::vector<PageLedger::Device> Coordinator::devices() const {
+  std::vector<PageLedger::Device> out;
   for (int d = 0; d < backend_->device_count(); ++d) {
     const std::size_t free = backend_->free_memory(d);
-    const std::size_t capacity = device_capacity(d, free);
-    free_at_start_.push_back(free);
-    banks_.push_back(std::make_unique<PageBank>(*backend_, d, page_bytes_, capacity));
+    out.push_back({free, device_capacity(d, free)});
   }
+  return out;
 }
 
 // What the daemon hands out of device `d`: what is free less the reserve, and at most the limit.
@@ -71,12 +70,7 @@ std::size_t Coordinator::device_capacity(int d, std::size_t free) const {
 
 Coordinator::~Coordinator() {
   stop();  // no process's exit is waited for now
-  std::vector<SessionId> ids;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, s] : sessions_) ids.push_back(id);
-  }
-  for (const SessionId id : ids) close_session(id);
+  for (const SessionId id : sessions_.ids()) close_session(id);
 }
 
 SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender send,
@@ -91,28 +85,18 @@ SessionId Coordinator::open_session(const remote::PeerCredentials& peer, Sender 
     };
   }
   s->send = std::move(send);
-  s->hint = std::move(hint);
   if (peer.pid != ::getpid()) {
     // Fails (ESRCH) when the process is gone already: wait_for_exit then finds it gone.
     s->pidfd = remote::UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0)));
   }
-  std::lock_guard lock(mu_);
-  s->id = next_session_++;
-  sessions_.emplace(s->id, s);
-  return s->id;
+  const SessionId id = sessions_.add(s);
+  // Before its id is returned: no record can reach the session until then.
+  pages_.open(id, peer.pid, peer.uid, std::move(hint));
+  turns_.open(id);
+  return id;
 }
 
-void Coordinator::stop() {
-  const std::uint64_t one = 1;
-  (void)!::write(stop_.get(), &one, sizeof(one));
-}
-
-std::shared_ptr<Coordinator::Session> Coordinator::session(SessionId id) const {
-  std::lock_guard lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) throw InvalidArgument(fmt::format("no session {}", id));
-  return it->second;
-}
+void Coordinator::stop() { exits_.stop(); }
 
 void Coordinator::reply(Session& s, MessageType type, std::uint64_t seq,
                         std::span<const std::byte> body, std::span<const int> fds) {
@@ -133,15 +117,9 @@ void Coordinator::fail(Session& s, std::uint64_t seq, const std::exception& e) {
 }
 
 void Coordinator::handle(SessionId id, remote::Received received) {
-  const std::shared_ptr<Session> s = session(id);
+  const std::shared_ptr<Session> s = sessions_.find(id);
   const remote::Record& record = received.record;
-  {
-    std::lock_guard lock(mu_);
-    if (!s->greeted && record.type() != MessageType::hello) {
-      throw remote::ProtocolError(
-          fmt::format("{} before hello", to_string(record.type())));
-    }
-  }
+  sessions_.check_greeted(*s, record.type());
   if (!received.fds.empty() && record.type() != MessageType::give_pages) {
     throw remote::ProtocolError(fmt::format("a client's {} carried {} descriptors",
                                             to_string(record.type()), received.fds.size()));
@@ -186,20 +164,16 @@ void Coordinator::dispatch(const std::shared_ptr<Session>& s, const remote::Reco
 
 void Coordinator::on_hello(Session& s, const remote::Record& record) {
   const auto hello = remote::body_as<remote::Hello>(record);
-  {
-    std::lock_guard lock(mu_);
-    if (s.greeted) throw remote::ProtocolError("a second hello");
-    s.greeted = true;
-    s.name = remote::name_of(hello.name, "hello name");
-  }
+  pages_.name(s.id, sessions_.greet(s, hello));
   remote::Welcome w;
-  w.device_count = static_cast<std::uint32_t>(banks_.size());
+  w.device_count = static_cast<std::uint32_t>(pages_.device_count());
   w.backend = backend_->name() == "cuda" ? remote::BackendKind::cuda : remote::BackendKind::sim;
   w.page_bytes = page_bytes_;
   w.process_limit_bytes = options_.process_limit_bytes;
   w.spill = options_.spill;
-  for (std::size_t d = 0; d < banks_.size() && d < remote::kMaxDevices; ++d) {
-    w.device_bytes[d] = banks_[d]->capacity_pages() * page_bytes_;
+  for (std::size_t d = 0; d < static_cast<std::size_t>(pages_.device_count()) &&
+                          d < remote::kMaxDevices; ++d) {
+    w.device_bytes[d] = pages_.capacity_bytes(static_cast<int>(d));
     w.device_uuids[d] = backend_->properties(static_cast<int>(d)).uuid;
   }
   remote::set_name(w.policy, runtime_->policy());
@@ -223,60 +197,37 @@ void Coordinator::on_add_job(Session& s, const remote::Record& record) {
   spec.expected_iterations = a.expected_iterations;
   spec.hints = {a.persistent_hint, a.ephemeral_hint, a.iteration_seconds_hint};
   if (a.limit_total != 0) spec.limits.total = a.limit_total;
-  {
-    // Each job costs the daemon a record for good: one process may not make it keep unbounded.
-    std::lock_guard lock(mu_);
-    if (s.jobs.size() >= kMaxJobsPerProcess) {
-      throw InvalidArgument(fmt::format("add_job: a process may have {} jobs at once",
-                                        kMaxJobsPerProcess));
-    }
-  }
+  sessions_.check_job_room(s);
   auto job = std::make_shared<Job>(runtime_->add_job(std::move(spec)));
   // Its turn connection's waits have no thread in them: the turn loop hears of their changes.
   RuntimeAccess::on_wake(*job, [this, key = job.get()] {
     if (turn_listener_) turn_listener_(key);
   });
   const remote::JobAdded added{job->id().value};
-  {
-    std::lock_guard lock(mu_);
-    s.jobs.emplace(added.job, job);
-    s.job_limits.emplace(added.job, a.limit_total);
-  }
+  // Its limit first: the ledger's grants see it once its turns can ask (they need the job).
+  pages_.job_added(s.id, added.job, a.limit_total);
+  sessions_.add_job(s, added.job, job);
   spdlog::info("session {}: job '{}' (id {}) added", s.id, job->name(), added.job);
   reply(s, MessageType::job_added, record.header.seq, std::as_bytes(std::span(&added, 1)));
-}
-
-std::shared_ptr<Job> Coordinator::job_of(Session& s, std::uint64_t id) const {
-  std::lock_guard lock(mu_);
-  auto it = s.jobs.find(id);
-  // Another process's job is as unknown to this one as a job that never was.
-  if (it == s.jobs.end()) throw UnknownJob(JobId{static_cast<std::uint32_t>(id)});
-  return it->second;
 }
 
 void Coordinator::on_job_call(Session& s, const remote::Record& record) {
   const bool end = record.type() == MessageType::end_iteration;
   const auto call = end ? remote::body_as<remote::EndIteration>(record).call
                         : remote::body_as<remote::JobCall>(record);
-  std::shared_ptr<Job> job = job_of(s, call.job);
+  std::shared_ptr<Job> job = sessions_.job_of(s, call.job);
   switch (record.type()) {
     case MessageType::end_iteration:
-      // On the session's connection an end carries no fence (descriptors travel with give_pages
-      // only there): the lane's next turn has nothing to wait for.
-      give_turn(s, *job, record.type(), end_report(record), nullptr, false);
-      break;
     case MessageType::withdraw:
-      give_turn(s, *job, record.type(), {}, nullptr, false);
+      turns_.end(s.id, *job, record);
       break;
     default:  // finish_job
       if (call.flag != 0) {
         job->cancel();
       } else {
         job->leave();
-        std::lock_guard lock(mu_);
-        s.in_turn.erase(job.get());
-        s.jobs.erase(call.job);
-        s.job_limits.erase(call.job);
+        sessions_.remove_job(s, call.job);
+        pages_.job_left(s.id, call.job, job.get());
       }
       break;
   }

@@ -1,7 +1,7 @@
 // Which processes map a file's pages now, read from /proc/<pid>/maps. On the simulated device a
 // page is a range of a memory file, mapped as ordinary memory, so a forked child keeps its
 // parent's pages mapped after the parent has exited; salusd hands such a page on only once no
-// process maps it (Coordinator::wait_until_unmapped). A CUDA page is mapped by the driver in a
+// process maps it (ExitWatch::wait_until_unmapped). A CUDA page is mapped by the driver in a
 // context that no forked child has, and shows in no maps file.
 //
 // What this cannot see: processes whose maps file the daemon may not read (another user's, when

@@ -27,6 +27,12 @@ PageBank::~PageBank() {
   }
 }
 
+DeviceUse PageBank::use() const {
+  return {granted_ * page_bytes_,       peak_granted_ * page_bytes_,
+          capacity_pages_ * page_bytes_, pages_.size() * page_bytes_,
+          released_idle_ * page_bytes_, withheld_ * page_bytes_};
+}
+
 std::vector<std::uint64_t> PageBank::grant(SessionId owner, std::size_t count) {
   std::vector<std::uint64_t> out;
   while (out.size() < count && !free_.empty()) {

@@ -1,7 +1,7 @@
 // The daemon's physical pages: one bank per device. A page is a chunk of the device granularity,
 // made on demand up to the bank's capacity; each is free or held by one session (a connected
 // process). A free page unused for a while goes back to the driver (take_idle), so that memory
-// no client needs is left to the other programs on the GPU. Lock story: the bank has no lock of its own; the coordinator
+// no client needs is left to the other programs on the GPU. Lock story: the bank has no lock of its own; the PageLedger
 // calls it under its lock (and it calls only down, into the backend).
 #pragma once
 
@@ -22,6 +22,15 @@ namespace salus::daemon {
 
 using SessionId = std::uint64_t;
 
+struct DeviceUse {
+  std::size_t granted_bytes = 0;
+  std::size_t peak_granted_bytes = 0;
+  std::size_t capacity_bytes = 0;
+  std::size_t made_bytes = 0;  // of the driver's memory now: granted, free or fenced
+  std::size_t released_idle_bytes = 0;  // given back to the driver as idle, since the start
+  std::size_t withheld_bytes = 0;  // behind another process's work that did not complete in time
+};
+
 class PageBank {
  public:
   PageBank(DeviceBackend& backend, int device, std::size_t page_bytes, std::size_t capacity_bytes);
@@ -40,7 +49,7 @@ class PageBank {
     remote::FenceEntry entry;
     remote::UniqueFd fd;  // the simulated event's memory; empty on CUDA
     SessionId from = 0;
-    // The event as the daemon opened it (Coordinator::check_fence), which it asks whether the
+    // The event as the daemon opened it (check_fence, job_turns.hpp), which it asks whether the
     // work has completed, and when it came (a give-back, or an iteration's end).
     std::shared_ptr<const Event> opened;
     std::chrono::steady_clock::time_point given_at{};
@@ -94,6 +103,8 @@ class PageBank {
   [[nodiscard]] std::size_t granted_pages() const { return granted_; }
   [[nodiscard]] std::size_t peak_granted_pages() const { return peak_granted_; }
   [[nodiscard]] std::size_t capacity_pages() const { return capacity_pages_; }
+  // Those counts in bytes.
+  [[nodiscard]] DeviceUse use() const;
   // Pages made of the driver's memory now (held, free, fenced), and those released as idle since
   // the daemon started.
   [[nodiscard]] std::size_t made_pages() const { return pages_.size(); }

@@ -146,6 +146,32 @@ std::optional<std::string> Server::refusal(const remote::PeerCredentials& peer) 
                      options_.group ? fmt::format(" and gid {}", *options_.group) : "");
 }
 
+void Server::refuse(remote::Channel& channel, const std::string& why) {
+  spdlog::warn("refused a connection: {}", why);
+  try {
+    // The answer goes to its hello, so that the client reports the reason.
+    if (auto first = channel.receive()) {
+      const remote::Failure f = remote::failure_of(Errc::invalid_argument, why);
+      channel.send(remote::encode(remote::MessageType::failure, first->record.header.seq, f));
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+void Server::drop_at_first(remote::Channel& channel, const std::exception& e) {
+  // Said and hung up at once (another protocol version, most often): a client that waited for
+  // an answer would otherwise wait until the connection is reaped.
+  spdlog::warn("a connection was dropped at its first record: {}", e.what());
+  try {
+    channel.send(remote::encode(
+        remote::MessageType::failure, 0,
+        remote::failure_of(Errc::invalid_argument,
+                           fmt::format("salusd refused the connection: {}", e.what()))));
+  } catch (const std::exception&) {
+  }
+  channel.shutdown();
+}
+
 void Server::serve(std::shared_ptr<remote::Channel> channel) {
   remote::PeerCredentials peer;
   try {
@@ -154,18 +180,7 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
     spdlog::warn("a connection without credentials was dropped: {}", e.what());
     return;
   }
-  if (auto why = refusal(peer)) {
-    spdlog::warn("refused a connection: {}", *why);
-    try {
-      // The answer goes to its hello, so that the client reports the reason.
-      if (auto first = channel->receive()) {
-        const remote::Failure f = remote::failure_of(Errc::invalid_argument, *why);
-        channel->send(remote::encode(remote::MessageType::failure, first->record.header.seq, f));
-      }
-    } catch (const std::exception&) {
-    }
-    return;
-  }
+  if (auto why = refusal(peer)) return refuse(*channel, *why);
   std::optional<remote::Received> first;
   try {
     first = channel->receive();
@@ -173,18 +188,7 @@ void Server::serve(std::shared_ptr<remote::Channel> channel) {
       return serve_turns(channel, peer, first->record);
     }
   } catch (const std::exception& e) {
-    // Said and hung up at once (another protocol version, most often): a client that waited for
-    // an answer would otherwise wait until the connection is reaped.
-    spdlog::warn("a connection was dropped at its first record: {}", e.what());
-    try {
-      channel->send(remote::encode(
-          remote::MessageType::failure, 0,
-          remote::failure_of(Errc::invalid_argument,
-                             fmt::format("salusd refused the connection: {}", e.what()))));
-    } catch (const std::exception&) {
-    }
-    channel->shutdown();
-    return;
+    return drop_at_first(*channel, e);
   }
   if (!first) return;
   const SessionId id = coordinator_.open_session(

@@ -49,6 +49,10 @@ class Server {
   void serve_turns(const std::shared_ptr<remote::Channel>& channel,
                    const remote::PeerCredentials& peer, const remote::Record& attach);
   [[nodiscard]] std::optional<std::string> refusal(const remote::PeerCredentials& peer) const;
+  // A peer refused (`why`): told at its first record. A first record that broke the protocol
+  // (`e`): told, and hung up.
+  static void refuse(remote::Channel& channel, const std::string& why);
+  static void drop_at_first(remote::Channel& channel, const std::exception& e);
 
   Coordinator& coordinator_;
   const ServerOptions options_;

@@ -1,5 +1,5 @@
 // One connected process, as the coordinator sees it: who it is, how to reach it, its jobs, and
-// the worker threads that run its blocking requests.
+// the worker threads that run its blocking requests. The SessionTable keeps them.
 #pragma once
 
 #include <fmt/format.h>
@@ -16,7 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/coordinator.hpp"
+#include "daemon/page_bank.hpp"
+#include "remote/channel.hpp"
+#include "remote/protocol.hpp"
+#include "salus/runtime.hpp"
 
 namespace salus::daemon {
 
@@ -84,36 +87,24 @@ class Workers {
   bool stopping_ = false;
 };
 
-struct Coordinator::Session {
+struct Session {
+  // Delivers a record (and descriptors) to the process; may throw when it is gone.
+  using Sender = std::function<void(std::span<const std::byte>, std::span<const int>)>;
+
   SessionId id = 0;
   std::uint64_t token = 0;  // what its turn connections name (Welcome, AttachTurns)
   remote::PeerCredentials peer;
   Sender send;
-  Hinter hint;  // reclaims: a process that reads nothing must not hold up the one that asks
-  std::uint64_t hints_dropped = 0;  // guarded by mu_: reclaims its full queue refused
   std::string name;
   // The process, held from its first record (a pid may name another process by the time it hung
-  // up): its exit is what frees its pages (Coordinator::wait_for_exit). Empty for the daemon's
+  // up): its exit is what frees its pages (ExitWatch::wait_for_exit). Empty for the daemon's
   // own process (a coordinator in a test) and when it could not be opened.
   remote::UniqueFd pidfd;
-  // Guarded by the coordinator's mu_.
+  // Guarded by the SessionTable's lock. What the page waits read of the process (its jobs' limits
+  // and turns, its hang-up) is the PageLedger's, under the ledger's lock.
   bool greeted = false;
   bool closing = false;
-  std::optional<std::chrono::steady_clock::time_point> closed_at;  // when it hung up
   std::map<std::uint64_t, std::shared_ptr<Job>> jobs;  // by the daemon's job id
-  // Each job's byte limit (AddJob.limit_total; 0: none). While every job has one, the process
-  // may hold no more pages than their sum: the daemon's bound on what a process's jobs take,
-  // whatever the process itself counts.
-  std::map<std::uint64_t, std::size_t> job_limits;
-  // What the page waits read (grant_or_wait): its jobs holding a turn now, its page asks waiting
-  // now, and when an ask of its was refused as the one that gives way (cleared at a grant).
-  std::set<const Job*> in_turn;
-  int asking = 0;
-  std::optional<std::chrono::steady_clock::time_point> gave_way;
-  // The turn fences of this process as they opened here (Coordinator::check_turn_fence), by file
-  // identity or handle bytes: its fence pool sends the same few again and again. The daemon asks
-  // them whether their work has completed before it hands one on.
-  std::map<std::string, std::shared_ptr<const Event>> checked_fences;
   // Each turn connection's hang-up, run when the session closes.
   std::vector<std::function<void()>> hang_ups;
 
