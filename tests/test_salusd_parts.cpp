@@ -1,8 +1,8 @@
 // The parts salusd's coordinator composes, each alone, without sockets or a coordinator:
 // PageLedger (the pages, their limits, reclaim waits, pages behind work, a process's exit),
-// SessionTable (the sessions, their hello, jobs and turn connections) and ExitWatch (the wait for
-// a hung-up process's exit). Over the CUDA backend on the fake driver, whose events can be held
-// pending (a busy GPU).
+// SessionTable (the sessions, their hello, jobs and turn connections), ExitWatch (the wait for a
+// hung-up process's exit), over the CUDA backend on the fake driver, whose events can be held
+// pending (a busy GPU); and JobTurns (a turn connection's calls) over a simulated runtime.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "daemon/exit_watch.hpp"
+#include "daemon/job_turns.hpp"
 #include "daemon/page_ledger.hpp"
 #include "daemon/session.hpp"
 #include "daemon/session_table.hpp"
@@ -24,6 +25,7 @@
 #include "remote/protocol.hpp"
 #include "support/expect_throw.hpp"
 #include "support/fake_driver.hpp"
+#include "support/sim_runtime.hpp"
 
 namespace salus {
 namespace {
@@ -349,6 +351,107 @@ TEST(SalusdExitWatch, AWaitEndsAtTheProcessExitAndStopEndsEveryWait) {
   watch.wait_until_unmapped(3, stays, {});
   ::close(pipe_fds[1]);
   ::waitpid(stays, nullptr, 0);
+}
+
+
+// --- JobTurns ----------------------------------------------------------------------------------
+
+template <class T>
+remote::Received record_of(remote::MessageType type, std::uint64_t seq, const T& body) {
+  remote::Received r;
+  const std::vector<std::byte> bytes = remote::encode(type, seq, body);
+  r.record.header = remote::decode_header(bytes);
+  r.record.body.assign(bytes.begin() + sizeof(remote::Header), bytes.end());
+  return r;
+}
+
+remote::Turn turn_of(const daemon::JobTurns::Reply& reply) {
+  remote::Record r;
+  r.header = remote::decode_header(reply.record);
+  r.body.assign(reply.record.begin() + sizeof(remote::Header), reply.record.end());
+  EXPECT_EQ(r.type(), remote::MessageType::turn);
+  return remote::body_as<remote::Turn>(r);
+}
+
+// A runtime whose jobs' peaks do not fit side by side: one lane, one turn at a time.
+struct Turns {
+  Turns() { turns.open(1); }
+  Job add(const std::string& name) {
+    return runtime.add_job(testing::job_named(
+        name, {.persistent_bytes = 16 * MiB, .ephemeral_peak_bytes = 300 * MiB,
+               .iteration_seconds = 0.002}));
+  }
+  daemon::JobTurns::TurnResult call(Job& job, remote::MessageType type, std::int64_t timeout_ns,
+                                    std::uint64_t named = 0) {
+    const remote::JobCall c{named != 0 ? named : job.id().value, timeout_ns, 0, 0};
+    remote::EndIteration end{};
+    end.call = c;
+    remote::Received r = type == remote::MessageType::end_iteration ? record_of(type, ++seq, end)
+                                                                     : record_of(type, ++seq, c);
+    return turns.call(1, job, job.id().value, r, {});
+  }
+
+  std::shared_ptr<DeviceBackend> backend = testing::one_sim_gpu(512 * MiB);
+  std::size_t page = backend->granularity(Location::gpu(0));
+  PageLedger ledger{backend, std::make_shared<TraceRecorder>(), page,
+                    std::vector<PageLedger::Device>{{backend->free_memory(0), 8 * page}},
+                    daemon::CoordinatorOptions{}};
+  daemon::JobTurns turns{backend, ledger, std::chrono::milliseconds(20), remote::Spill::none};
+  Runtime runtime{backend, [] {
+                    RuntimeOptions o;
+                    o.policy = "fair";
+                    return o;
+                  }()};
+  std::uint64_t seq = 0;
+};
+
+TEST(SalusdJobTurns, ATurnConnectionCarriesOnlyItsOwnJobsTurnCalls) {
+  Turns t;
+  Job a = t.add("a");
+  expect_throw_with<remote::ProtocolError>(
+      [&] { (void)t.call(a, remote::MessageType::finish_job, -1); },
+      "a turn connection may not carry finish_job");
+  expect_throw_with<remote::ProtocolError>(
+      [&] { (void)t.call(a, remote::MessageType::begin_iteration, -1, a.id().value + 7); },
+      "named job");
+  remote::Received withdraw = record_of(remote::MessageType::withdraw, 9,
+                                        remote::JobCall{a.id().value, -1, 0, 0});
+  withdraw.fds.emplace_back(::dup(0));
+  expect_throw_with<remote::ProtocolError>(
+      [&] { (void)t.turns.call(1, a, a.id().value, withdraw, {}); }, "carried 1 descriptors");
+}
+
+TEST(SalusdJobTurns, ABeginWaitsWithoutAThreadAndOnePastItsDeadlineIsNotAdmitted) {
+  Turns t;
+  Job a = t.add("a");
+  Job b = t.add("b");
+  Job c = t.add("c");
+  daemon::JobTurns::TurnResult first = t.call(a, remote::MessageType::begin_iteration, -1);
+  ASSERT_TRUE(first.reply);
+  EXPECT_EQ(turn_of(*first.reply).admitted, 1u);
+
+  daemon::JobTurns::TurnResult waits = t.call(b, remote::MessageType::begin_iteration, -1);
+  ASSERT_FALSE(waits.reply) << "no turn yet, and no thread waits for it";
+  ASSERT_TRUE(waits.waiting);
+  EXPECT_FALSE(waits.waiting->deadline) << "untimed";
+  EXPECT_FALSE(t.turns.retry(1, b, *waits.waiting)) << "asked again: still a's turn";
+
+  daemon::JobTurns::TurnResult late = t.call(c, remote::MessageType::begin_iteration, 0);
+  ASSERT_TRUE(late.reply) << "its deadline has passed: answered at once";
+  EXPECT_EQ(turn_of(*late.reply).admitted, 0u);
+  ASSERT_TRUE(t.call(c, remote::MessageType::withdraw, -1).reply);
+
+  daemon::JobTurns::TurnResult ended = t.call(a, remote::MessageType::end_iteration, -1);
+  ASSERT_TRUE(ended.reply);
+  EXPECT_EQ(remote::decode_header(ended.reply->record).type,
+            static_cast<std::uint16_t>(remote::MessageType::done));
+  const std::optional<daemon::JobTurns::Reply> granted = t.turns.retry(1, b, *waits.waiting);
+  ASSERT_TRUE(granted) << "a's end handed b the turn";
+  const remote::Turn turn = turn_of(*granted);
+  EXPECT_EQ(turn.admitted, 1u);
+  EXPECT_EQ(turn.job, b.id().value);
+  EXPECT_EQ(turn.fenced, 0u) << "a's end named no fence";
+  ASSERT_TRUE(t.call(b, remote::MessageType::end_iteration, -1).reply);
 }
 
 }  // namespace
