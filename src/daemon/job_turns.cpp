@@ -249,7 +249,7 @@ JobTurns::TurnResult JobTurns::call(SessionId session, Job& job, std::uint64_t j
   const std::uint64_t seq = record.header.seq;
   if (type == MessageType::begin_iteration) {
     const WaitingTurn waiting{seq, call, deadline_of(call)};
-    std::optional<Reply> reply = retry(session, job, waiting);
+    std::optional<Reply> reply = try_turn(session, job, waiting);
     if (reply) return {std::move(reply), std::nullopt};
     return {std::nullopt, waiting};
   }
@@ -269,6 +269,11 @@ JobTurns::TurnResult JobTurns::call(SessionId session, Job& job, std::uint64_t j
 
 std::optional<JobTurns::Reply> JobTurns::retry(SessionId session, Job& job,
                                                const WaitingTurn& waiting) {
+  return try_turn(session, job, waiting);
+}
+
+std::optional<JobTurns::Reply> JobTurns::try_turn(SessionId session, Job& job,
+                                                  const WaitingTurn& waiting) {
   try {
     // Asks without waiting: a job whose turn is not there yet stays in its place in the queue.
     const std::optional<StreamHandle> lane = job.try_begin_iteration({});

@@ -79,6 +79,8 @@ class JobTurns {
     std::optional<GpuTime> gpu;
   };
   [[nodiscard]] EndReport end_report(const remote::Record& end) const;
+  // A begin asked without waiting (call's first ask, retry's later ones).
+  std::optional<Reply> try_turn(SessionId session, Job& job, const WaitingTurn& waiting);
   // The turn for `call` once its begin returned `lane` (nullopt: not admitted in time).
   Granted granted(SessionId session, Job& job, const remote::JobCall& call,
                   std::optional<StreamHandle> lane);

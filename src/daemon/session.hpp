@@ -95,7 +95,6 @@ struct Session {
   std::uint64_t token = 0;  // what its turn connections name (Welcome, AttachTurns)
   remote::PeerCredentials peer;
   Sender send;
-  std::string name;
   // The process, held from its first record (a pid may name another process by the time it hung
   // up): its exit is what frees its pages (ExitWatch::wait_for_exit). Empty for the daemon's
   // own process (a coordinator in a test) and when it could not be opened.
@@ -103,6 +102,7 @@ struct Session {
   // Guarded by the SessionTable's lock. What the page waits read of the process (its jobs' limits
   // and turns, its hang-up) is the PageLedger's, under the ledger's lock.
   bool greeted = false;
+  std::string name;  // its hello's (also read unlocked by its own connection's thread)
   bool closing = false;
   std::map<std::uint64_t, std::shared_ptr<Job>> jobs;  // by the daemon's job id
   // Each turn connection's hang-up, run when the session closes.
