@@ -54,6 +54,21 @@ struct Ledger {
     o.exit_wait = std::chrono::milliseconds(20);
     return o;
   }
+  // As quick, but a short ask waits as long as another process may still give pages back.
+  static daemon::CoordinatorOptions patient() {
+    daemon::CoordinatorOptions o = quick();
+    o.short_wait_limit = std::chrono::seconds(30);
+    return o;
+  }
+  // Processes 1 and 2 are open; 1 holds one page and is inside a turn of `job` (it may give
+  // pages back at the turn's end). Returns the page it holds.
+  std::vector<std::uint64_t> holder_in_turn(int* job) {
+    open(1);
+    open(2);
+    std::vector<std::uint64_t> held = take(1, 1);
+    ledger.turn_began(1, job);
+    return held;
+  }
   // A process that counts the reclaims it is sent.
   void open(SessionId id, pid_t pid = 100, uid_t uid = 1000) {
     ledger.open(id, pid + static_cast<pid_t>(id), uid, [this](std::span<const std::byte>) {
@@ -212,14 +227,9 @@ TEST(SalusdPageLedger, WithoutReclaimsAnAskGetsOnePageAndAsksNobody) {
 // --- Concurrent: short asks wait for the pages others give back ------------------------------
 
 TEST(ConcurrentSalusdPageLedger, AShortAskWaitsForTheTurnOfAHolderAndGetsWhatItGivesBack) {
-  daemon::CoordinatorOptions o = Ledger::quick();
-  o.short_wait_limit = std::chrono::seconds(30);
-  Ledger l(1, o);
-  l.open(1);
-  l.open(2);
-  const std::vector<std::uint64_t> held = l.take(1, 1);
+  Ledger l(1, Ledger::patient());
   int job = 0;
-  l.ledger.turn_began(1, &job);  // inside a turn: it may give pages back at its end
+  const std::vector<std::uint64_t> held = l.holder_in_turn(&job);
   auto asked = std::async(std::launch::async, [&] { return l.take(2, 1); });
   // Well past reclaim_wait: the ask still waits, since the holder is inside a turn.
   while (l.reclaims.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -231,14 +241,10 @@ TEST(ConcurrentSalusdPageLedger, AShortAskWaitsForTheTurnOfAHolderAndGetsWhatItG
 }
 
 TEST(ConcurrentSalusdPageLedger, AHangUpEndsTheWaitOfItsOwnAsk) {
-  daemon::CoordinatorOptions o = Ledger::quick();
-  o.short_wait_limit = std::chrono::seconds(30);
-  Ledger l(1, o);
-  l.open(1);
-  l.open(2);
-  ASSERT_EQ(l.take(1, 1).size(), 1u);
+  Ledger l(1, Ledger::patient());
   int job = 0;
-  l.ledger.turn_began(1, &job);  // the asker would wait for it as long as it holds the turn
+  // The asker would wait for the holder as long as it holds the turn.
+  ASSERT_EQ(l.holder_in_turn(&job).size(), 1u);
   auto asked = std::async(std::launch::async, [&] { return l.take(2, 1); });
   while (l.reclaims.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   l.ledger.hung_up(2);
