@@ -13,7 +13,7 @@ echo "StreamHeap lines: $(cat $heap_files | wc -l)"
 # Declarations in the class header: a line ending in ';' with a parameter list.
 echo "StreamHeap declared functions: $(grep -cE '^\s+[^/].*\(.*\).*;\s*$' src/memory/stream_heap.hpp)"
 echo "StreamHeap mutexes: $(grep -cE 'std::mutex \w+;' src/memory/stream_heap.hpp)"
-for f in job_ledger page_migrator page_table page_source quiet_epochs address_ranges heap_stream heap_arenas page_supply; do
+for f in job_ledger page_migrator page_table page_source quiet_epochs address_ranges heap_stream heap_arenas page_supply heap_tally; do
   [[ -f src/memory/$f.hpp ]] && echo "  split out: $f $(cat src/memory/$f.* | wc -l) lines"
 done
 echo "for_each_stream_heap loops: $(grep -rn 'for_each_stream_heap(' src | grep -vc 'void for_each_stream_heap')"

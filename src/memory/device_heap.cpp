@@ -160,6 +160,18 @@ void DeviceHeap::settle(bool wait) {
   for_each_stream_heap([&](StreamHeap& heap) { heap.settle(wait); });
 }
 
+MigratorDevice DeviceHeap::migrator_device() {
+  return {.backend = backend_,
+          .counters = counters_,
+          .tiers = tiers_,
+          .jobs = jobs_,
+          .mover = mover_,
+          .grants = grants_,
+          .device = device_,
+          .page_bytes = granularity(),
+          .limit_bytes = limit()};
+}
+
 DeviceMemoryStats DeviceHeap::stats() const {
   DeviceMemoryStats s;
   s.device = device_;
@@ -171,7 +183,7 @@ DeviceMemoryStats DeviceHeap::stats() const {
   s.peak_reserved = pool_.peak_held_bytes();
   s.mapped = counters_.mapped.load(std::memory_order_relaxed);
   s.cached = s.mapped > s.allocated ? s.mapped - s.allocated : 0;
-  StreamHeap::Tally tally;
+  HeapTally tally;
   for_each_stream_heap([&](StreamHeap& heap) { tally += heap.tally(); });
   for (std::size_t c = 0; c < kLifetimeCount; ++c) {
     s.by_class[c] = {counters_.by_class[c].value(), counters_.by_class[c].peak(), tally.blocks[c]};

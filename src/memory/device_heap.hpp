@@ -51,6 +51,8 @@ class DeviceHeap {
     return grants_.of(where);
   }
   [[nodiscard]] const AccessGrants& access_grants() const { return grants_; }
+  // The parts of this device a stream heap's PageMigrator uses, for one call.
+  [[nodiscard]] MigratorDevice migrator_device();
 
   // The heap of `stream`, made on first use (the backend checks the stream then, so the hot path
   // never does): a retired heap ready for reuse is re-bound, else a new one is made. Throws

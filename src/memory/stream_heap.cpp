@@ -253,13 +253,6 @@ std::optional<BlockInfo> StreamHeap::find(DevicePtr ptr) {
   return BlockInfo{b.addr, b.size, b.requested, device_.device(), stream(), b.job, b.lifetime};
 }
 
-StreamHeap::Tally& StreamHeap::Tally::operator+=(const Tally& other) {
-  allocations += other.allocations;
-  frees += other.frees;
-  for (std::size_t c = 0; c < kLifetimeCount; ++c) blocks[c] += other.blocks[c];
-  return *this;
-}
-
 StreamHeap::Tally StreamHeap::tally() {
   std::lock_guard lock(mu_);
   return tally_;

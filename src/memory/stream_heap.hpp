@@ -20,6 +20,7 @@
 #include "memory/arena.hpp"
 #include "memory/heap_arenas.hpp"
 #include "memory/heap_stream.hpp"
+#include "memory/heap_tally.hpp"
 #include "memory/job_ledger.hpp"
 #include "memory/live_index.hpp"
 #include "memory/page_migrator.hpp"
@@ -133,12 +134,7 @@ class StreamHeap {
   [[nodiscard]] bool has_job(JobId job);
   void add_tier_usage(JobId job, std::size_t (&bytes)[kTierCount]);
   // Operation and block counts, kept under this heap's lock.
-  struct Tally {
-    std::uint64_t allocations = 0;
-    std::uint64_t frees = 0;
-    std::size_t blocks[kLifetimeCount] = {};
-    Tally& operator+=(const Tally& other);
-  };
+  using Tally = HeapTally;
   [[nodiscard]] Tally tally();
   // Live bytes and blocks of `job` here, by class.
   using JobUsage = memory::JobUsage;

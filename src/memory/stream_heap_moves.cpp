@@ -7,17 +7,8 @@
 namespace salus::memory {
 
 HeapView StreamHeap::view() {
-  const MigratorDevice device{.backend = device_.shared_backend(),
-                              .counters = device_.counters(),
-                              .tiers = device_.tiers(),
-                              .jobs = device_.jobs(),
-                              .mover = device_.mover(),
-                              .grants = device_.access_grants(),
-                              .device = device_.device(),
-                              .page_bytes = device_.granularity(),
-                              .limit_bytes = device_.limit()};
-  return {device, stream(), stream_.retire_fence(), arenas_.set(),
-          live_,  ledger_,  table_.remote_pages()};
+  return {device_.migrator_device(), stream(), stream_.retire_fence(), arenas_.set(),
+          live_, ledger_, table_.remote_pages()};
 }
 
 void StreamHeap::remap(DevicePtr ptr, Location where) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -55,6 +56,11 @@ class Salusd : public ::testing::Test {
   }
   void TearDown() override {
     stop_daemon();
+    // A failure keeps the logs of the daemon and every client: a rare one may not come back.
+    if (HasFailure()) {
+      std::fprintf(stderr, "salusd test: logs kept in %s\n", dir_.c_str());
+      return;
+    }
     std::system(("rm -rf " + dir_).c_str());
   }
 
