@@ -142,7 +142,7 @@ TEST(FrameworkStreamsScheduler, LaneStreamsRetireWithTheScheduler) {
   {
     DeviceScheduler scheduler(backend, memory, std::make_shared<TraceRecorder>(), 0,
                               PolicyRegistry::with_builtins().make("fifo"),
-                              std::make_shared<std::atomic<bool>>(false),
+                              make_site_choice(/*host_compute=*/false),
                               std::chrono::milliseconds(0));
     JobSpec spec;
     spec.name = "j";

@@ -119,8 +119,8 @@ class IterationClockOnFake : public ::testing::Test {
  protected:
   test::FakeDriver fake_{test::FakeDriverConfig::uniform(1, 256 * MiB)};
   std::shared_ptr<cuda::CudaBackend> backend_ = std::make_shared<cuda::CudaBackend>(fake_.api());
-  std::shared_ptr<std::atomic<bool>> host_compute_ = std::make_shared<std::atomic<bool>>(false);
-  IterationClock clock_{backend_, 0, host_compute_};
+  std::shared_ptr<SiteChoice> site_ = make_site_choice(/*host_compute=*/false);
+  IterationClock clock_{backend_, 0, site_};
   StreamHandle stream_ = backend_->create_stream(0, 0);
 
   void TearDown() override { backend_->destroy_stream(stream_); }
@@ -183,10 +183,51 @@ TEST_F(IterationClockOnFake, AnIterationWhoseEventsFailGoesUnmeasuredAndItsTimin
   EXPECT_TRUE(clock_.settle().empty()) << "and not read again";
 }
 
-TEST_F(IterationClockOnFake, ComputeOnTheHostIsAskedOfTheRuntimeEachTime) {
-  EXPECT_FALSE(clock_.on_host());
-  host_compute_->store(true);  // RuntimeOptions::host_compute may change while it runs
-  EXPECT_TRUE(clock_.on_host());
+TEST_F(IterationClockOnFake, TheComputeSiteIsAskedOfTheRuntimeEachTime) {
+  EXPECT_EQ(&clock_.site(), &ComputeSite::gpu());
+  site_->store(&ComputeSite::host());  // RuntimeOptions::host_compute may change while it runs
+  EXPECT_EQ(&clock_.site(), &ComputeSite::host());
+}
+
+// --- ComputeSite: what computing on the host changes, each consequence asked of the site ---
+
+TEST(ComputeSite, OnTheGpuBlocksFollowTheLaneAndPlansUseTheMeasuredCurve) {
+  const ComputeSite& gpu = ComputeSite::gpu();
+  const MemoryCurve curve{0.01, {1, 2, 3}};
+  EXPECT_FALSE(gpu.timed_on_host());
+  EXPECT_EQ(gpu.block_stream(StreamHandle{7}), StreamHandle{7});
+  EXPECT_FALSE(gpu.host_access());
+  EXPECT_EQ(gpu.plan_curve(curve), &curve);
+  EXPECT_TRUE(gpu.pages_rest_while_waiting());
+  EXPECT_TRUE(gpu.may_spin());
+}
+
+TEST(ComputeSite, OnTheHostBlocksShareTheDefaultStreamAndNothingMovesOrSpins) {
+  const ComputeSite& host = ComputeSite::host();
+  const MemoryCurve curve{0.01, {1, 2, 3}};
+  EXPECT_TRUE(host.timed_on_host());
+  EXPECT_EQ(host.block_stream(StreamHandle{7}), StreamHandle{}) << "one heap for every job";
+  EXPECT_TRUE(host.host_access());
+  EXPECT_EQ(host.plan_curve(curve), nullptr) << "plans count the flat peak";
+  EXPECT_FALSE(host.pages_rest_while_waiting()) << "other threads may touch its memory";
+  EXPECT_FALSE(host.may_spin());
+}
+
+// The runtime's switch chooses the site every device scheduler asks, and its blocks say so.
+TEST(ComputeSite, TheRuntimesSwitchChoosesTheSiteOfTheNextAllocation) {
+  Runtime runtime(make_sim_backend(SimConfig::uniform(1, 64 * MiB)));
+  EXPECT_FALSE(runtime.host_compute());
+  Job job = runtime.add_job({.name = "a"});
+  job.begin_iteration();
+  const DevicePtr on_lane = job.allocate(MiB);
+  runtime.set_host_compute(true);
+  EXPECT_TRUE(runtime.host_compute());
+  const DevicePtr on_default = job.allocate(MiB);
+  EXPECT_NE(runtime.memory().find(on_lane)->stream, StreamHandle{});
+  EXPECT_EQ(runtime.memory().find(on_default)->stream, StreamHandle{});
+  job.deallocate(on_lane);
+  job.deallocate(on_default);
+  job.end_iteration();
 }
 
 // --- LaneStreams: a lane keeps its stream; slots are reused once free ---
@@ -369,7 +410,7 @@ struct QueueAlone : ::testing::Test {
   std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
   std::shared_ptr<MemoryManager> memory = std::make_shared<MemoryManager>(backend);
   std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, std::make_shared<std::atomic<bool>>(false)};
+  IterationClock clock{backend, 0, make_site_choice(false)};
   StreamBindings streams;
   MemoryWaits waits;
   LaneStreams lanes{backend, 0, false};

@@ -12,7 +12,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
                                  std::shared_ptr<MemoryManager> memory,
                                  std::shared_ptr<TraceRecorder> trace, int device,
                                  std::unique_ptr<Policy> policy,
-                                 std::shared_ptr<const std::atomic<bool>> host_compute,
+                                 std::shared_ptr<const SiteChoice> site,
                                  std::chrono::milliseconds allocation_wait_limit,
                                  std::chrono::microseconds turn_spin, const RuntimeParts& parts)
     : backend_(std::move(backend)),
@@ -20,7 +20,7 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       device_(device),
       policy_(std::move(policy)),
       allocation_wait_limit_(allocation_wait_limit),
-      clock_(backend_, device, std::move(host_compute)),
+      clock_(backend_, device, std::move(site)),
       lanes_(backend_, device, policy_->lanes() == LanePlan::memory_aware),
       local_(memory_, std::move(trace), device, *policy_,
              TurnParts{.clock = clock_, .streams = streams_, .waits = waits_, .lanes = lanes_},
@@ -48,19 +48,17 @@ DevicePtr DeviceScheduler::allocate(JobRecordState& job, std::size_t bytes,
   const Lifetime life =
       lifetime.value_or(placed.running ? Lifetime::ephemeral : Lifetime::persistent);
   // A block lives on the stream that uses it first: the one named (the block is then ordered
-  // against the job's lanes too, see add_job_stream), else the job's last lane stream (or the
-  // device default), which also orders its memory outside an iteration. Blocks of jobs that
-  // compute on the host use no stream: they all live on the device's default stream, one heap
-  // whose partly used pages serve every job, not one heap per lane.
-  const bool host = clock_.on_host();
-  const StreamHandle stream = on_stream.value_or(host ? StreamHandle{} : placed.stream);
+  // against the job's lanes too, see add_job_stream), else where the site puts it (ComputeSite::
+  // block_stream).
+  const ComputeSite& site = clock_.site();
+  const StreamHandle stream = on_stream.value_or(site.block_stream(placed.stream));
   try {
     return allocate_or_wait(job, {.bytes = bytes,
                                   .device = device_,
                                   .stream = stream,
                                   .job = job.id,
                                   .lifetime = life,
-                                  .host_access = host});
+                                  .host_access = site.host_access()});
   } catch (const UnknownJob&) {
     local_.check_usable(job, "memory call");  // cancelled by another thread meanwhile
     throw;

@@ -28,11 +28,12 @@ namespace salus {
 // states the queue's), and it calls them one after the other, never one inside another.
 class DeviceScheduler {
  public:
-  // `host_compute`: the runtime's RuntimeOptions::host_compute, which may change while it runs;
+  // `site`: where the runtime's iterations compute (RuntimeOptions::host_compute), which may
+  // change while it runs;
   // `allocation_wait_limit`: RuntimeOptions::allocation_wait_limit.
   DeviceScheduler(std::shared_ptr<DeviceBackend> backend, std::shared_ptr<MemoryManager> memory,
                   std::shared_ptr<TraceRecorder> trace, int device, std::unique_ptr<Policy> policy,
-                  std::shared_ptr<const std::atomic<bool>> host_compute,
+                  std::shared_ptr<const SiteChoice> site,
                   std::chrono::milliseconds allocation_wait_limit,
                   std::chrono::microseconds turn_spin = {}, const RuntimeParts& parts = {});
   ~DeviceScheduler();

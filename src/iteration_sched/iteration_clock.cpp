@@ -9,8 +9,8 @@
 namespace salus {
 
 IterationClock::IterationClock(std::shared_ptr<DeviceBackend> backend, int device,
-                               std::shared_ptr<const std::atomic<bool>> host_compute)
-    : host_compute_(std::move(host_compute)), timers_(std::move(backend), device) {}
+                               std::shared_ptr<const SiteChoice> site)
+    : site_(std::move(site)), timers_(std::move(backend), device) {}
 
 std::optional<IterationClock::Timer> IterationClock::start(std::string_view job,
                                                            StreamHandle stream) {

@@ -1,8 +1,8 @@
 // How one device's iterations are timed, and the timings that wait for their work to finish.
 //
 // An iteration is timed on the GPU with a pair of timing events on its stream (iteration_timers.hpp),
-// or on the host when its job computes on the host (RuntimeOptions::host_compute, which may change
-// while the runtime runs: each iteration asks as it begins). An ended iteration's pair waits here
+// or on the host where the site in force says so (compute_site.hpp: RuntimeOptions::host_compute,
+// which may change while the runtime runs; each iteration asks as it begins). An ended iteration's pair waits here
 // until settle() finds its end event complete and reads it; the turn queue charges what it read.
 //
 // Lock rule: every public method takes mu_ (the pending timings) and calls the backend without
@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "iteration_sched/compute_site.hpp"
 #include "iteration_sched/iteration_timers.hpp"
 
 namespace salus {
@@ -27,11 +28,11 @@ class IterationClock {
   using Timer = IterationTimers::Pair;
 
   IterationClock(std::shared_ptr<DeviceBackend> backend, int device,
-                 std::shared_ptr<const std::atomic<bool>> host_compute);
+                 std::shared_ptr<const SiteChoice> site);
 
-  // Whether iterations compute on the host now: they are timed on the host, and their memory
-  // does not follow the GPU's schedule.
-  [[nodiscard]] bool on_host() const { return host_compute_->load(std::memory_order_relaxed); }
+  // Where iterations compute now (lock-free).
+  [[nodiscard]] const ComputeSite& site() const { return *site_->load(std::memory_order_relaxed); }
+  [[nodiscard]] bool on_host() const { return site().timed_on_host(); }  // TEMPORARY
 
   // A timer whose start is recorded on `stream`; none when the backend refused (the iteration of
   // `job` then goes unmeasured, and the log says so).
@@ -58,7 +59,7 @@ class IterationClock {
     Timer timer;
   };
 
-  const std::shared_ptr<const std::atomic<bool>> host_compute_;
+  const std::shared_ptr<const SiteChoice> site_;
   IterationTimers timers_;
   std::mutex mu_;                 // guards pending_
   std::vector<Pending> pending_;  // ended iterations whose GPU time is not read yet

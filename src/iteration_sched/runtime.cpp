@@ -47,7 +47,7 @@ struct Runtime::Impl {
         memory(std::make_shared<MemoryManager>(backend, options.memory)),
         trace(std::make_shared<TraceRecorder>()),
         policy(options.policy),
-        host_compute(std::make_shared<std::atomic<bool>>(options.host_compute)) {
+        site(make_site_choice(options.host_compute)) {
     // Validate the name once, with the registry's message listing the known policies.
     (void)options.policies.make(policy);
     // Page moves join the timeline. The manager is shared and may outlive the recorder, so it
@@ -63,7 +63,7 @@ struct Runtime::Impl {
         });
     for (int d = 0; d < memory->device_count(); ++d) {
       schedulers.push_back(std::make_shared<DeviceScheduler>(
-          backend, memory, trace, d, options.policies.make(policy), host_compute,
+          backend, memory, trace, d, options.policies.make(policy), site,
           options.allocation_wait_limit, options.turn_spin, parts));
     }
   }
@@ -112,8 +112,9 @@ struct Runtime::Impl {
   std::shared_ptr<MemoryManager> memory;
   std::shared_ptr<TraceRecorder> trace;
   std::string policy;
-  // RuntimeOptions::host_compute: read by every device scheduler, set by set_host_compute.
-  std::shared_ptr<std::atomic<bool>> host_compute;
+  // Where iterations compute (RuntimeOptions::host_compute): read by every device scheduler,
+  // chosen by set_host_compute.
+  std::shared_ptr<SiteChoice> site;
   std::vector<std::shared_ptr<DeviceScheduler>> schedulers;
   const process::Birth birth = process::birth_now();
   // Tells this runtime's thread-local current job from another's (an address could be reused).
@@ -259,15 +260,15 @@ DevicePtr Runtime::allocate(std::size_t bytes, int device, StreamHandle stream, 
                                   .stream = stream,
                                   .job = kUnattributedJob,
                                   .lifetime = lifetime.value_or(Lifetime::persistent),
-                                  .host_access = host_compute()});
+                                  .host_access = impl_->site->load(std::memory_order_relaxed)->host_access()});
 }
 
 void Runtime::set_host_compute(bool on) {
-  impl_->host_compute->store(on, std::memory_order_relaxed);
+  impl_->site->store(on ? &ComputeSite::host() : &ComputeSite::gpu(), std::memory_order_relaxed);
 }
 
 bool Runtime::host_compute() const {
-  return impl_->host_compute->load(std::memory_order_relaxed);
+  return impl_->site->load(std::memory_order_relaxed) == &ComputeSite::host();
 }
 
 void Runtime::deallocate(DevicePtr ptr) {
