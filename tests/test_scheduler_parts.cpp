@@ -414,8 +414,13 @@ struct QueueAlone : ::testing::Test {
   StreamBindings streams;
   MemoryWaits waits;
   LaneStreams lanes{backend, 0, false};
+  JobProfiles profiles;
   LocalTurns turns{memory, std::make_shared<TraceRecorder>(), 0, *policy,
-                   TurnParts{.clock = clock, .streams = streams, .waits = waits, .lanes = lanes},
+                   TurnParts{.clock = clock,
+                             .streams = streams,
+                             .waits = waits,
+                             .lanes = lanes,
+                             .profiles = profiles},
                    std::chrono::microseconds(0), false};
 
   ~QueueAlone() override {

@@ -23,9 +23,13 @@ DeviceScheduler::DeviceScheduler(std::shared_ptr<DeviceBackend> backend,
       clock_(backend_, device, std::move(site)),
       lanes_(backend_, device, policy_->lanes() == LanePlan::memory_aware),
       local_(memory_, std::move(trace), device, *policy_,
-             TurnParts{.clock = clock_, .streams = streams_, .waits = waits_, .lanes = lanes_},
+             TurnParts{.clock = clock_,
+                       .streams = streams_,
+                       .waits = waits_,
+                       .lanes = lanes_,
+                       .profiles = profiles_},
              turn_spin, parts.memory_profiles == MemoryProfiles::reported),
-      gated_(parts.gate ? std::make_unique<GatedTurns>(parts.gate, local_) : nullptr) {}
+      gated_(parts.gate ? std::make_unique<GatedTurns>(parts.gate, local_, profiles_) : nullptr) {}
 
 DeviceScheduler::~DeviceScheduler() {
   // Lane streams drain here (Stream's destructor). Their heaps retire first: nothing may record
@@ -114,6 +118,7 @@ JobStats DeviceScheduler::stats(const JobRecordState& job) {
 JobStats DeviceScheduler::read_stats(const JobRecordState& job) {
   JobStats s;
   local_.fill_stats(job, s);
+  profiles_.fill_stats(job, s);
   s.memory = memory_->job_stats(job.id);
   return s;
 }

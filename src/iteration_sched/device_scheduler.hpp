@@ -1,8 +1,8 @@
 // The mechanism around a policy on one device, as the runtime sees it: a facade over the device's
-// turn queue (LocalTurns, local_turns.hpp: its jobs, their turns and profiles) and the memory
-// side of its jobs (allocations that may wait for other iterations' memory, frees, the streams
-// a framework binds to a job, statistics). Where its jobs' turns come from is turns(): the queue
-// itself, or salusd's gate in front of it.
+// turn queue (LocalTurns, local_turns.hpp: its jobs and their turns), what it learns of them
+// (JobProfiles) and the memory side of its jobs (allocations that may wait for other iterations'
+// memory, frees, the streams a framework binds to a job, statistics). Where its jobs' turns come
+// from is turns(): the queue itself, or salusd's gate in front of it.
 #pragma once
 
 #include <chrono>
@@ -12,6 +12,7 @@
 
 #include "cuda/process_fork.hpp"
 #include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/job_profiles.hpp"
 #include "iteration_sched/job_record.hpp"
 #include "iteration_sched/lane_streams.hpp"
 #include "iteration_sched/local_turns.hpp"
@@ -96,6 +97,7 @@ class DeviceScheduler {
   StreamBindings streams_;   // whose stream an allocation is on
   MemoryWaits waits_;        // allocations waiting for memory, holds
   LaneStreams lanes_;        // the lanes' streams and slots
+  JobProfiles profiles_;     // what the device learns of its jobs
   LocalTurns local_;                         // its jobs and their turns (its own lock)
   const std::unique_ptr<GatedTurns> gated_;  // salusd's turn in front of local_; null in-process
 };

@@ -2,8 +2,8 @@
 // holds between iterations, and how its ephemeral memory rises and falls within one (its curve).
 // The policies plan with it (JobView). It starts from the job's hints.
 //
-// A value with no lock: its owner guards it (a job's profile is its turn queue's, under the
-// queue's mutex: local_turns.hpp). Nothing here calls out.
+// A value with no lock: its owner guards it (a job's profile is its device's JobProfiles', under
+// that one's mutex: job_profiles.hpp). Nothing here calls out.
 #pragma once
 
 #include <array>

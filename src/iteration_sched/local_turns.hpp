@@ -1,51 +1,50 @@
-// The turn queue of one device: its jobs, the decision core that says whose iteration runs next,
-// and the waits for those turns. Jobs block in begin on their own condition variable until the
-// core starts them; end decides at once and wakes exactly the jobs that start (no polling).
-// Lanes are streams (LaneStreams); jobs in one lane share its stream, so the next job's work is
-// ordered behind the previous one's on the GPU while its host thread is already enqueueing.
+// The turn queue of one device: its jobs' turns and the waits for them. Jobs block in begin on
+// their own condition variable until the decisions start them; end decides at once and wakes
+// exactly the jobs that start (no polling). Lanes are streams (LaneStreams); jobs in one lane
+// share its stream, so the next job's work is ordered behind the previous one's on the GPU while
+// its host thread is already enqueueing.
 //
-// It owns every JobRecordState's mutable part (job_record.hpp) and what it learns of its jobs
-// (their profiles: local_turns_profile.cpp). The facade in front of it, DeviceScheduler, adds the
-// memory side: allocations, frees, stream bindings and statistics.
+// It owns every JobRecordState's turn state (job_record.hpp) and the parts it is made of: the
+// jobs present and their history (TurnJobs), the decisions (TurnDecisions: the policy's core, and
+// what it is shown of each job), a job's wait for its turn and its taking (TurnWaits), and the
+// memory side of a turn (TurnMemory: the memory manager's calls and the trace's counters). What
+// it learns of its jobs is the device's JobProfiles (job_profiles.hpp), which it shares with the
+// facade in front of it, DeviceScheduler; that one adds allocations, frees, stream bindings and
+// statistics.
 //
-// Lock rule: every public method takes mu_ itself, and none calls another public one. With mu_
-// held it calls only leaves, which take a lock of their own (or none) and call nothing back: the
-// parts it shares with the facade (TurnParts; LaneStreams makes a lane's stream under it), the
-// decision core, the harvester's prefetch queue and a job's on_wake. Everything else (the memory
-// manager, timing events, the trace) is called with mu_ released.
+// Lock rule: every public method takes mu_ itself, and none calls another public one. mu_ guards
+// the turn state of every job, and TurnJobs, TurnDecisions and TurnWaits (parts with no lock of
+// their own, called with mu_ held). With mu_ held it calls only those and leaves, which take a
+// lock of their own (or none) and call nothing back: TurnParts (among them JobProfiles;
+// LaneStreams makes a lane's stream under it), the harvester's prefetch queue
+// (TurnMemory::prefetch) and a job's on_wake. Everything else (the rest of TurnMemory, timing
+// events, the trace) is called with mu_ released.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
-#include "iteration_sched/decision.hpp"
-#include "iteration_sched/iteration_clock.hpp"
+#include "iteration_sched/job_profiles.hpp"
 #include "iteration_sched/job_record.hpp"
-#include "iteration_sched/lane_streams.hpp"
-#include "iteration_sched/memory_waits.hpp"
-#include "iteration_sched/stream_bindings.hpp"
 #include "iteration_sched/trace.hpp"
+#include "iteration_sched/turn_decisions.hpp"
+#include "iteration_sched/turn_jobs.hpp"
+#include "iteration_sched/turn_memory.hpp"
+#include "iteration_sched/turn_parts.hpp"
 #include "iteration_sched/turn_source.hpp"
+#include "iteration_sched/turn_waits.hpp"
 #include "salus/memory.hpp"
 #include "salus/runtime.hpp"
 
 namespace salus {
 
-// The parts a device's turn queue shares with its facade, each with a lock of its own (a leaf).
-struct TurnParts {
-  IterationClock& clock;     // timers, pending timings, host compute
-  StreamBindings& streams;   // whose stream an allocation is on
-  MemoryWaits& waits;        // allocations waiting for memory; holds on new starts
-  LaneStreams& lanes;        // the lanes' streams and slots
-};
-
 // Where a job's next block goes and what it is, as the facade's allocate asks.
 struct Placement {
-  bool running = false;  // inside an iteration: its blocks are ephemeral by default
+  bool running = false;   // inside an iteration: its blocks are ephemeral by default
   StreamHandle stream{};  // its last lane stream (the device's default before its first)
 };
 
@@ -54,8 +53,8 @@ class LocalTurns final : public TurnSource {
   // `policy` must outlive it. `memory_reported`: RuntimeParts::memory_profiles is reported.
   // `turn_spin`: RuntimeOptions::turn_spin (0: off).
   LocalTurns(std::shared_ptr<MemoryManager> memory, std::shared_ptr<TraceRecorder> trace,
-             int device, const Policy& policy, TurnParts parts,
-             std::chrono::microseconds turn_spin, bool memory_reported);
+             int device, const Policy& policy, TurnParts parts, std::chrono::microseconds turn_spin,
+             bool memory_reported);
   LocalTurns(const LocalTurns&) = delete;
   LocalTurns& operator=(const LocalTurns&) = delete;
 
@@ -77,7 +76,8 @@ class LocalTurns final : public TurnSource {
   // When the waiting `job`'s turn is expected: it is next in its lane, behind an iteration whose
   // host time is known (as the lane's iterations have lately lasted). Nullopt otherwise, and
   // under memory-aware plans, whose extras are not the lane's order.
-  [[nodiscard]] std::optional<SteadyClock::time_point> expected_turn(const JobRecordState& job) const;
+  [[nodiscard]] std::optional<SteadyClock::time_point> expected_turn(
+      const JobRecordState& job) const;
   // The job is about to wait for the gate's turn: as while it waits for this queue's, a safe
   // point at which its pages may move (to make room for another process).
   void before_gate_wait(JobRecordState& job);
@@ -89,7 +89,7 @@ class LocalTurns final : public TurnSource {
   [[nodiscard]] std::shared_ptr<JobRecordState> job_by_id(JobId id) const;
   // Throws JobCancelled when `id` is a job of this device that was cancelled.
   void throw_if_cancelled(JobId id) const;
-  // Every job present, and the last that left (kFinishedJobsKept), in arrival order.
+  // Every job present, and the last that left (TurnJobs::kFinishedJobsKept), in arrival order.
   [[nodiscard]] std::vector<std::shared_ptr<JobRecordState>> history() const;
   // Throws JobCancelled when the job was cancelled, InvalidArgument naming `what` when it left.
   void check_usable(const JobRecordState& job, const char* what) const;
@@ -107,18 +107,16 @@ class LocalTurns final : public TurnSource {
   // job itself is inside an iteration.
   [[nodiscard]] int others_running(const JobRecordState& job, bool& running) const;
   [[nodiscard]] StreamHandle stream_of(const JobRecordState& job) const;
-  // The turn-side fields of the job's statistics (the rest is the memory manager's).
+  // The turn-side fields of the job's statistics (the profile's are JobProfiles', the rest the
+  // memory manager's).
   void fill_stats(const JobRecordState& job, JobStats& stats) const;
 
-  // --- what it learns of its jobs (local_turns_profile.cpp) ---
+  // --- what it learns of its jobs, in the device's JobProfiles ---
   // Charges the GPU time of the iterations whose work the clock found finished (polled without
   // mu_, then charged under it).
   void settle_timings();
   // Under MemoryProfiles::reported, what the job's process measured.
   void report_memory(JobRecordState& job, const MeasuredMemory& measured);
-  // What the job's profile says of its memory; nullopt while nothing is known (no iteration
-  // ended and no hint).
-  [[nodiscard]] std::optional<MeasuredMemory> measured_memory(const JobRecordState& job) const;
   // The GPU time measured of the job's iterations whose work has finished (polled now) since the
   // previous call: what its process reports to salusd at an iteration's end. Nullopt when its
   // last iteration was timed on the host (RuntimeOptions::host_compute).
@@ -128,59 +126,12 @@ class LocalTurns final : public TurnSource {
   void report_gpu_time(JobRecordState& job, GpuTime gpu);
 
  private:
-  using Wakes = std::vector<std::shared_ptr<JobRecordState>>;
   [[nodiscard]] double seconds_since_start(SteadyClock::time_point t) const;
-  [[nodiscard]] JobView view_of(const JobRecordState& job) const;  // with mu_ held
-  // Throws OutOfMemory when the spec's hints exceed what the device can ever give one job.
-  void refuse_if_never_fits(const JobSpec& spec) const;
-  // With mu_ held: see check_usable.
-  void check_usable_locked(const JobRecordState& job, const char* what) const;
-  // With mu_ held: check_usable, and the job must be inside an iteration.
-  void check_running(const JobRecordState& job, const char* what) const;
-  // Live block bytes of `job` on this device (0 once it is gone). Takes no lock of its own.
-  [[nodiscard]] std::size_t bytes_on_device(JobId job) const;
-  // With mu_ held: drops the oldest finished jobs from history_ once twice the kept number have
-  // gathered (amortized: one pass per kFinishedJobsKept jobs).
-  void forget_old_jobs();
+  // settle_timings, for the public methods that begin with it.
+  void settle();
   // begin and begin_until: no deadline waits until the turn comes (or the job is cancelled).
   std::optional<StreamHandle> begin_turn(JobRecordState& job,
                                          std::optional<SteadyClock::time_point> deadline);
-  // With mu_ held (by `lock`, released meanwhile): an idle job asks the core for its next turn.
-  void ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock);
-  // With mu_ held (by `lock`, released meanwhile): the core started the job; its memory is made
-  // ready on the lane's stream and it runs. Throws (the caller hands the turn back) on failure.
-  void take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock);
-  // With mu_ held: the turn the core granted the waiting `job` goes back unused (no iteration
-  // counted); the job is idle. Returns the jobs to wake.
-  Wakes hand_back_turn(JobRecordState& job);
-  // With mu_ held: a wait of `job` ends now; its statistics count it.
-  static void count_wait(JobRecordState& job, SteadyClock::time_point now);
-  // With mu_ held (by `lock`): waits until the core starts the job, it is cancelled, or
-  // `deadline` passes (then returns false); a waiter also watches the clock for a decision that
-  // asked to be made again later.
-  bool wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>& lock,
-                      std::optional<SteadyClock::time_point> deadline);
-  // With mu_ held: expected_turn_locked, when spinning is on (RuntimeOptions::turn_spin).
-  [[nodiscard]] std::optional<SteadyClock::time_point> turn_due(const JobRecordState& job) const;
-  // With mu_ held: see expected_turn.
-  [[nodiscard]] std::optional<SteadyClock::time_point> expected_turn_locked(
-      const JobRecordState& job) const;
-  // With mu_ held (by `lock`, released meanwhile): watches the job's signal until it moves or
-  // `until` passes, then takes mu_ back spinning too (the thread that granted the turn may
-  // still hold it: sleeping on it would cost the wake-up the spin saves).
-  void spin_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock,
-                     SteadyClock::time_point until);
-  // With mu_ held: starts what the core decides; returns the jobs to wake (after unlocking, so
-  // they do not wake only to block on mu_).
-  Wakes run_decisions();
-  static void wake(const Wakes& jobs);
-  // One job's wake-up: its signal moves, its condition variable and its on_wake are told.
-  static void wake_one(JobRecordState& job, bool all = false);
-  // With mu_ held: starts bringing home the pages of the job that takes `lane`'s next turn.
-  void prefetch_next(std::optional<int> lane);
-  // With mu_ held: adds `iterations` iterations' GPU time to the job's attained time and
-  // profile.
-  void charge_gpu_time(JobRecordState& job, double seconds, std::uint32_t iterations = 1);
   // With mu_ held, as the job's iteration ends: its timer waits in the clock to be read when
   // `timed` (its end event was recorded), else goes back to the pool.
   void hand_off_timer(JobRecordState& job, bool timed);
@@ -190,29 +141,18 @@ class LocalTurns final : public TurnSource {
                        const std::vector<std::pair<double, std::size_t>>& samples,
                        SteadyClock::time_point now, TraceRecorder::Span span,
                        const std::function<void()>& between);
-  // The memory counters of the trace, as an iteration of `job` ends at `now`.
-  void trace_memory(const JobRecordState& job, const JobMemoryStats& mem,
-                    const DeviceMemoryStats& device, SteadyClock::time_point now);
 
-  const std::shared_ptr<MemoryManager> memory_;
   const std::shared_ptr<TraceRecorder> trace_;
   const int device_;
-  const Policy& policy_;
   const TurnParts parts_;
   const SteadyClock::time_point epoch_;
-  const std::chrono::microseconds turn_spin_;  // 0: off
-  const bool many_cpus_;                       // the process may run on more than one CPU
   const bool memory_reported_;
+  TurnMemory memory_;
 
-  mutable std::mutex mu_;  // guards everything below and every JobRecordState's mutable part
-  sched::DecisionCore core_;
-  std::unordered_map<JobId, std::shared_ptr<JobRecordState>> jobs_;  // present ones
-  // Every job present, and the last kFinishedJobsKept that left, for statistics: a process that
-  // runs jobs for weeks must not grow without bound (the soak test saw it).
-  std::vector<std::shared_ptr<JobRecordState>> history_;
-  static constexpr std::size_t kFinishedJobsKept = 256;
-  std::optional<SteadyClock::time_point> recheck_at_;
-  std::uint64_t arrivals_ = 0;
+  mutable std::mutex mu_;  // guards everything below and every JobRecordState's turn state
+  TurnJobs jobs_;
+  TurnDecisions decisions_;
+  TurnWaits waits_;
 };
 
 }  // namespace salus

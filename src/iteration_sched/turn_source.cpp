@@ -90,7 +90,7 @@ void GatedTurns::end(JobRecordState& job, const std::function<void()>& between) 
   // The turn goes back once the profile is whole (it goes with the turn, for the keeper's plans)
   // and before the rest of the iteration's bookkeeping: the next process's wait is the switch's.
   local_.end(job, [&] {
-    const std::optional<MeasuredMemory> measured = local_.measured_memory(job);
+    const std::optional<MeasuredMemory> measured = profiles_.known_memory(job);
     const std::optional<GpuTime> gpu = local_.take_gpu_time(job);
     remote_->release(job.id, measured ? &*measured : nullptr, gpu ? &*gpu : nullptr);
   });

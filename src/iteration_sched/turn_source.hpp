@@ -19,6 +19,7 @@
 
 namespace salus {
 
+class JobProfiles;
 class LocalTurns;
 struct JobRecordState;
 
@@ -53,8 +54,9 @@ class TurnSource {
 
 class GatedTurns final : public TurnSource {
  public:
-  GatedTurns(std::shared_ptr<TurnGate> remote, LocalTurns& local)
-      : remote_(std::move(remote)), local_(local) {}
+  // `profiles`: the device's, which `local` charges (what a release sends the daemon).
+  GatedTurns(std::shared_ptr<TurnGate> remote, LocalTurns& local, const JobProfiles& profiles)
+      : remote_(std::move(remote)), local_(local), profiles_(profiles) {}
   std::shared_ptr<JobRecordState> add(JobSpec spec) override;
   StreamHandle begin(JobRecordState& job) override;
   std::optional<StreamHandle> begin_until(JobRecordState& job, Deadline deadline) override;
@@ -73,6 +75,7 @@ class GatedTurns final : public TurnSource {
 
   const std::shared_ptr<TurnGate> remote_;
   LocalTurns& local_;
+  const JobProfiles& profiles_;
 };
 
 }  // namespace salus
