@@ -85,16 +85,23 @@ echo "libraries of src/: ${layers:-salus_objects (one, every layer)}"
 ds_files=$(echo src/iteration_sched/device_scheduler.hpp; grep -l 'DeviceScheduler::' src/iteration_sched/*.cpp)
 echo "DeviceScheduler lines: $(cat $ds_files | wc -l) over $(wc -w <<<"$ds_files") files"
 # The parts split out of it, each owning its fields under a lock of its own. Since stop 49 the
-# turn queue is LocalTurns (local_turns*), the scheduler a facade in front of it.
-for f in stream_bindings iteration_clock memory_waits lane_streams; do
+# turn queue is LocalTurns (local_turns*), the scheduler a facade in front of it; since the queue
+# was split, what the device learns of its jobs is JobProfiles', which the facade owns.
+for f in stream_bindings iteration_clock memory_waits lane_streams job_profiles; do
   [[ -f src/iteration_sched/$f.hpp ]] && echo "  part with its own lock: $f $(cat src/iteration_sched/$f.* | wc -l) lines"
 done
 if [[ -f src/iteration_sched/local_turns.hpp ]]; then
-  lt_files=$(echo src/iteration_sched/local_turns.hpp; grep -l 'LocalTurns::' src/iteration_sched/*.cpp)
+  # The files that define its members (a definition starts a line; a comment naming one does not).
+  lt_files=$(echo src/iteration_sched/local_turns.hpp; grep -lE '^[^/ ].*\bLocalTurns::' src/iteration_sched/*.cpp)
   echo "  part with its own lock: LocalTurns (the turn queue) $(cat $lt_files | wc -l) lines over $(wc -w <<<"$lt_files") files"
   echo "  LocalTurns fields under its mutex: $(sed -n '/mutable std::mutex mu_;/,/^};/p' src/iteration_sched/local_turns.hpp | grep -E '^\s+[A-Za-z0-9_:<>, ]+[ *&]\w+(\{[^}]*\}| = [^;]+)?;' | grep -cvE 'static |std::mutex ')"
   echo "  LocalTurns explicit lock()/unlock() calls: $(cat $lt_files | grep -cE '\.(un)?lock\(\)')"
   [[ -f src/iteration_sched/job_profile.hpp ]] && echo "  a value with no lock: job_profile $(cat src/iteration_sched/job_profile.* | wc -l) lines"
+  # Its own parts: values its mutex guards, and the memory side of a turn (no lock, no state).
+  for f in turn_jobs turn_decisions turn_waits; do
+    [[ -f src/iteration_sched/$f.hpp ]] && echo "  part under LocalTurns' mutex: $f $(cat src/iteration_sched/$f.* | wc -l) lines"
+  done
+  [[ -f src/iteration_sched/turn_memory.hpp ]] && echo "  part with no lock and no state: turn_memory $(cat src/iteration_sched/turn_memory.* | wc -l) lines"
 fi
 # Fields guarded by the scheduler's one mutex: the members declared after it in the header (none
 # once it is a facade with no mutex).
