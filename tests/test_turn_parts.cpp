@@ -296,7 +296,7 @@ struct DecisionsAlone : ::testing::Test {
   std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
   std::shared_ptr<MemoryManager> manager = std::make_shared<MemoryManager>(backend);
   std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, std::make_shared<std::atomic<bool>>(false)};
+  IterationClock clock{backend, 0, make_site_choice(false)};
   StreamBindings streams;
   MemoryWaits waits;
   LaneStreams lanes{backend, 0, false};
@@ -480,7 +480,7 @@ struct Queue : ::testing::Test {
   std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
   std::shared_ptr<MemoryManager> memory = std::make_shared<MemoryManager>(backend);
   std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, std::make_shared<std::atomic<bool>>(false)};
+  IterationClock clock{backend, 0, make_site_choice(false)};
   StreamBindings streams;
   MemoryWaits waits;
   LaneStreams lanes{backend, 0, false};

@@ -32,7 +32,6 @@ class IterationClock {
 
   // Where iterations compute now (lock-free).
   [[nodiscard]] const ComputeSite& site() const { return *site_->load(std::memory_order_relaxed); }
-  [[nodiscard]] bool on_host() const { return site().timed_on_host(); }  // TEMPORARY
 
   // A timer whose start is recorded on `stream`; none when the backend refused (the iteration of
   // `job` then goes unmeasured, and the log says so).

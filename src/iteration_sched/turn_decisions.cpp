@@ -30,10 +30,7 @@ JobView TurnDecisions::view_of(const JobRecordState& job) const {
   v.attained_seconds = job.attained_seconds;
   v.persistent_bytes = seen_.persistent_bytes;
   v.ephemeral_peak_bytes = seen_.ephemeral_peak_bytes;
-  // A curve's time axis is the iteration's wall time alone. Jobs that compute on the host share
-  // the CPU cores when they run at once, so their memory does not rise and fall on that
-  // schedule: plans then count each iteration's flat peak instead.
-  v.curve = parts_.clock.on_host() ? nullptr : &seen_.curve;
+  v.curve = parts_.clock.site().plan_curve(seen_.curve);  // or none: plans count the flat peak
   v.memory_known = seen_.memory_known;
   v.memory_resident = true;  // a job builds its weights before its first turn
   return v;

@@ -52,7 +52,7 @@ void TurnWaits::before_gate_wait(JobRecordState& job, std::unique_lock<std::mute
   job.check_usable("begin_iteration");
   if (job.state != JobState::idle) return;  // already waiting here, or running
   lock.unlock();
-  if (parts_.clock.on_host()) return;  // see ask_for_turn
+  if (!parts_.clock.site().pages_rest_while_waiting()) return;
   if (!memory_.quiesce(job.id)) throw_job_gone(job, "memory call", lock);
 }
 
@@ -60,12 +60,11 @@ void TurnWaits::ask_for_turn(JobRecordState& job, std::unique_lock<std::mutex>& 
   job.state = JobState::waiting;
   job.started = false;
   job.wait_started = SteadyClock::now();
-  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages. (Outside mu_,
-  // like every memory manager call that may take a heap lock: see allocate.) Not when jobs
-  // compute on the host: their other threads (a data loader, a tensor's holder) may touch their
-  // memory at any moment, so it never moves (new pages may still come from other tiers).
+  // Waiting for its turn, the job enqueues nothing: a safe point to move its pages, where its
+  // site lets them rest (ComputeSite::pages_rest_while_waiting). Outside mu_, like every memory
+  // manager call that may take a heap lock: see allocate.
   bool present = true;  // its memory: a cancel releases it
-  if (!parts_.clock.on_host()) {
+  if (parts_.clock.site().pages_rest_while_waiting()) {
     lock.unlock();
     present = memory_.quiesce(job.id);
     lock.lock();
@@ -108,16 +107,16 @@ bool TurnWaits::wait_for_start(JobRecordState& job, std::unique_lock<std::mutex>
 }
 
 std::optional<SteadyClock::time_point> TurnWaits::turn_due(const JobRecordState& job) const {
-  if (!spin_.on() || parts_.clock.on_host()) return std::nullopt;
+  if (!spin_.on() || !parts_.clock.site().may_spin()) return std::nullopt;
   return decisions_.expected_turn(job);
 }
 
 void TurnWaits::take_turn(JobRecordState& job, std::unique_lock<std::mutex>& lock) {
   // Its pages that went down a tier while it waited come home (prefetch may have done it).
   const StreamHandle stream = job.stream;
-  // GPU time counts from here, where the stream reaches this iteration's work; compute on the
-  // host is timed on the host instead (at end()).
-  const bool host_timed = parts_.clock.on_host();
+  // GPU time counts from here, where the stream reaches this iteration's work; a site that
+  // computes on the host is timed on the host instead (at end()).
+  const bool host_timed = parts_.clock.site().timed_on_host();
   lock.unlock();
   // Its memory is ordered after the work it enqueues on the stream (a job that computes on the
   // host may still queue work on its lane), its pages come home, its curve starts.
