@@ -22,6 +22,7 @@
 #include "iteration_sched/stream_bindings.hpp"
 #include "salus/sim.hpp"
 #include "support/fake_driver.hpp"
+#include "support/turn_parts_fixture.hpp"
 
 namespace salus {
 namespace {
@@ -406,28 +407,10 @@ TEST(JobProfile, AReportWithNoShapeIsFlatAtItsLargestRecentPeak) {
 
 // --- LocalTurns: a device's turn queue, with its parts and no facade ----------------------------
 
-struct QueueAlone : ::testing::Test {
-  std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
-  std::shared_ptr<MemoryManager> memory = std::make_shared<MemoryManager>(backend);
-  std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, make_site_choice(false)};
-  StreamBindings streams;
-  MemoryWaits waits;
-  LaneStreams lanes{backend, 0, false};
-  JobProfiles profiles;
-  LocalTurns turns{memory, std::make_shared<TraceRecorder>(), 0, *policy,
-                   TurnParts{.clock = clock,
-                             .streams = streams,
-                             .waits = waits,
-                             .lanes = lanes,
-                             .profiles = profiles},
+struct QueueAlone : test::TurnPartsOnSim {
+  LocalTurns turns{memory, std::make_shared<TraceRecorder>(), 0, *policy, parts(),
                    std::chrono::microseconds(0), false};
 
-  ~QueueAlone() override {
-    // As DeviceScheduler does: the lanes' heaps retire before their streams go.
-    for (const StreamHandle lane : lanes.all()) memory->retire_stream(0, lane);
-    lanes.clear();
-  }
   std::shared_ptr<JobRecordState> add(const std::string& name) {
     JobSpec spec;
     spec.name = name;

@@ -21,6 +21,7 @@
 #include "iteration_sched/turn_jobs.hpp"
 #include "iteration_sched/turn_memory.hpp"
 #include "salus/sim.hpp"
+#include "support/turn_parts_fixture.hpp"
 #include "waits/spin_near_due.hpp"
 
 namespace salus {
@@ -292,33 +293,15 @@ TEST_F(TurnMemoryAlone, TheTraceCountsTheDevicesMemoryAndTheJobsTiers) {
 
 // --- TurnDecisions -------------------------------------------------------------------------------
 
-struct DecisionsAlone : ::testing::Test {
-  std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
-  std::shared_ptr<MemoryManager> manager = std::make_shared<MemoryManager>(backend);
-  std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, make_site_choice(false)};
-  StreamBindings streams;
-  MemoryWaits waits;
-  LaneStreams lanes{backend, 0, false};
-  JobProfiles profiles;
-  TurnMemory memory{manager, std::make_shared<TraceRecorder>(), 0};
+struct DecisionsAlone : test::TurnPartsOnSim {
+  TurnMemory turn_memory{memory, std::make_shared<TraceRecorder>(), 0};
   TurnJobs jobs;
-  TurnDecisions decisions{
-      *policy,
-      memory.reachable_bytes(),
-      TurnParts{
-          .clock = clock, .streams = streams, .waits = waits, .lanes = lanes, .profiles = profiles},
-      jobs,
-      memory,
-      SteadyClock::now()};
+  TurnDecisions decisions{*policy, turn_memory.reachable_bytes(), parts(), jobs, turn_memory,
+                          SteadyClock::now()};
 
-  ~DecisionsAlone() override {
-    for (const StreamHandle lane : lanes.all()) manager->retire_stream(0, lane);
-    lanes.clear();
-  }
   std::shared_ptr<JobRecordState> add(const std::string& name) {
     JobSpec spec = spec_named(name);
-    const auto& job = jobs.add(manager->register_job(spec.name), spec);
+    const auto& job = jobs.add(memory->register_job(spec.name), spec);
     decisions.add(*job);
     return job;
   }
@@ -476,29 +459,10 @@ TEST(ConcurrentSpinNearDue, ASpinnerLetsTheGiverLockAndTakesTheLockBackWhenTheSi
 
 // --- TurnWaits, through the queue ----------------------------------------------------------------
 
-struct Queue : ::testing::Test {
-  std::shared_ptr<DeviceBackend> backend = make_sim_backend(SimConfig::uniform(1, 64 * MiB));
-  std::shared_ptr<MemoryManager> memory = std::make_shared<MemoryManager>(backend);
-  std::unique_ptr<Policy> policy = PolicyRegistry::with_builtins().make("fair");
-  IterationClock clock{backend, 0, make_site_choice(false)};
-  StreamBindings streams;
-  MemoryWaits waits;
-  LaneStreams lanes{backend, 0, false};
-  JobProfiles profiles;
-  LocalTurns turns{
-      memory,
-      std::make_shared<TraceRecorder>(),
-      0,
-      *policy,
-      TurnParts{
-          .clock = clock, .streams = streams, .waits = waits, .lanes = lanes, .profiles = profiles},
-      microseconds(0),
-      false};
+struct Queue : test::TurnPartsOnSim {
+  LocalTurns turns{memory, std::make_shared<TraceRecorder>(), 0, *policy, parts(), microseconds(0),
+                   false};
 
-  ~Queue() override {
-    for (const StreamHandle lane : lanes.all()) memory->retire_stream(0, lane);
-    lanes.clear();
-  }
   std::shared_ptr<JobRecordState> add(const std::string& name) {
     return turns.add(spec_named(name));
   }
