@@ -109,6 +109,11 @@ echo "DeviceScheduler fields under its mutex: $(sed -n '/mutable std::mutex mu_;
 [[ -f src/iteration_sched/turn_source.hpp ]] && echo "  turn sources (the interface and GatedTurns; no lock): $(cat src/iteration_sched/turn_source.* | wc -l) lines"
 # Job asking which kind of turns it has (a connected runtime's gate) instead of its turn source.
 echo "Job branches on the gate (runtime.cpp): $(grep -c 'gate()' src/iteration_sched/runtime.cpp)"
+# Host compute as a flag read where it matters (on_host(), an atomic<bool> host_compute), against
+# a strategy (ComputeSite) that each such place asks for the consequence it needs.
+echo "host compute read as a flag in src/: $(grep -rnE 'on_host\(\)|atomic<bool>> host_compute' src | wc -l)"
+[[ -f src/iteration_sched/compute_site.hpp ]] &&
+  echo "  compute sites (strategies): $(grep -cE '^class \w+ final : public ComputeSite' src/iteration_sched/compute_site.cpp)"
 echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"
 echo "files naming a job statistic (max_wait_seconds): $(grep -rl 'max_wait_seconds' include src python_bindings/src python_bindings/salus | wc -l)"
 # A copy of a JobStats field written out by hand (`x.max_wait_seconds = y.max_wait_seconds`, or a
