@@ -111,7 +111,7 @@ echo "DeviceScheduler fields under its mutex: $(sed -n '/mutable std::mutex mu_;
 echo "Job branches on the gate (runtime.cpp): $(grep -c 'gate()' src/iteration_sched/runtime.cpp)"
 # Host compute as a flag read where it matters (on_host(), an atomic<bool> host_compute), against
 # a strategy (ComputeSite) that each such place asks for the consequence it needs.
-echo "host compute read as a flag in src/: $(grep -rnE 'on_host\(\)|atomic<bool>> host_compute' src | wc -l)"
+echo "host compute read as a flag in src/: $(grep -rnE '(^|[^_a-z])on_host\(\)|atomic<bool>> host_compute' src | wc -l)"
 [[ -f src/iteration_sched/compute_site.hpp ]] &&
   echo "  compute sites (strategies): $(grep -cE '^class \w+ final : public ComputeSite' src/iteration_sched/compute_site.cpp)"
 echo "DeviceScheduler explicit lock()/unlock() calls: $(cat $ds_files | grep -cE '\.(un)?lock\(\)')"
