@@ -7,11 +7,10 @@ namespace {
 // Iterations enqueue their work on their lane's stream and the host waits for nothing.
 class GpuSite final : public ComputeSite {
  public:
-  bool timed_on_host() const override { return false; }
   // A block lives on the stream that uses it first: the job's lane, which also orders its
-  // memory's reuse and moves after the work enqueued there.
-  StreamHandle block_stream(StreamHandle lane) const override { return lane; }
-  bool host_access() const override { return false; }
+  // memory's reuse and moves after the work enqueued there. The host never touches it.
+  GpuSite() : ComputeSite(/*blocks_on_lane=*/true, /*host_access=*/false) {}
+  bool timed_on_host() const override { return false; }
   const MemoryCurve* plan_curve(const MemoryCurve& measured) const override { return &measured; }
   // Waiting for its turn, a job enqueues nothing: nothing touches its pages.
   bool pages_rest_while_waiting() const override { return true; }
@@ -22,12 +21,12 @@ class GpuSite final : public ComputeSite {
 // tensors on the host).
 class HostSite final : public ComputeSite {
  public:
+  // No stream orders host work: every job's blocks live on the device's default stream, one
+  // heap whose partly used pages serve every job, not one heap per lane. The host reads and
+  // writes them.
+  HostSite() : ComputeSite(/*blocks_on_lane=*/false, /*host_access=*/true) {}
   // The work is done by the time its iteration ends: the host time is the time it took.
   bool timed_on_host() const override { return true; }
-  // No stream orders host work: every job's blocks live on the device's default stream, one
-  // heap whose partly used pages serve every job, not one heap per lane.
-  StreamHandle block_stream(StreamHandle /*lane*/) const override { return {}; }
-  bool host_access() const override { return true; }
   // A curve's time axis is the iteration's wall time alone. Jobs that compute on the host share
   // the cores when they run at once, so their memory does not rise and fall on that schedule.
   const MemoryCurve* plan_curve(const MemoryCurve& /*measured*/) const override { return nullptr; }

@@ -27,10 +27,13 @@ class ComputeSite {
   // time, measured with events on its lane's stream (IterationClock).
   [[nodiscard]] virtual bool timed_on_host() const = 0;
   // The stream a job's new block lives on, given its last lane's stream (or the device default
-  // before its first iteration).
-  [[nodiscard]] virtual StreamHandle block_stream(StreamHandle lane) const = 0;
+  // before its first iteration). Asked for every block: an answer each site gives at
+  // construction, with no virtual call on the allocation path.
+  [[nodiscard]] StreamHandle block_stream(StreamHandle lane) const {
+    return blocks_on_lane_ ? lane : StreamHandle{};
+  }
   // Whether blocks must be readable and writable from the host (AllocationRequest::host_access).
-  [[nodiscard]] virtual bool host_access() const = 0;
+  [[nodiscard]] bool host_access() const { return host_access_; }
   // The curve that plans may place beside others' (JobView::curve), given the one measured;
   // nullptr: plans count the iteration's flat peak instead.
   [[nodiscard]] virtual const MemoryCurve* plan_curve(const MemoryCurve& measured) const = 0;
@@ -38,6 +41,15 @@ class ComputeSite {
   [[nodiscard]] virtual bool pages_rest_while_waiting() const = 0;
   // Whether a waiter may spin on a CPU as its turn nears (RuntimeOptions::turn_spin).
   [[nodiscard]] virtual bool may_spin() const = 0;
+
+ protected:
+  // `blocks_on_lane`: block_stream gives the lane's stream, else the device default.
+  ComputeSite(bool blocks_on_lane, bool host_access)
+      : blocks_on_lane_(blocks_on_lane), host_access_(host_access) {}
+
+ private:
+  const bool blocks_on_lane_;
+  const bool host_access_;
 };
 
 // The site in force for a runtime, shared by its devices' schedulers.
